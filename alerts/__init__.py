@@ -1,0 +1,1 @@
+"""Prometheus recording and alerting rules generated as code (the alert rules issue fills this in)."""

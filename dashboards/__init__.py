@@ -1,0 +1,1 @@
+"""Grafana dashboards generated as code with grafanalib (the dashboards issue fills this in)."""

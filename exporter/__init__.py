@@ -1,0 +1,3 @@
+"""The per-node gpufleet exporter: GPU, NIC and thermal collectors behind a cached /metrics."""
+
+__version__ = "0.1.0"

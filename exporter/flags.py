@@ -1,0 +1,47 @@
+"""Flag value types in the style of Prometheus exporters, each failing with a message argparse shows."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def duration(text: str) -> float:
+    """`500ms`, `5s`, `1m`, `1h`, or plain seconds; returns seconds, always positive."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (use for example 500ms, 5s, 1m)")
+    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"duration {text!r} must be greater than zero")
+    return seconds
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid count {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"count {text!r} must be at least 1")
+    return value
+
+
+def regex(text: str) -> re.Pattern[str]:
+    try:
+        return re.compile(text)
+    except re.error as err:
+        raise argparse.ArgumentTypeError(f"invalid regular expression {text!r}: {err}") from None
+
+
+def listen_address(text: str) -> tuple[str | None, int]:
+    """`HOST:PORT`, `:PORT` (every interface) or `[IPv6]:PORT` -> (host or None, port)."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise argparse.ArgumentTypeError(f"invalid listen address {text!r} (use HOST:PORT or :PORT)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return (host or None, int(port_text))
