@@ -1,0 +1,109 @@
+"""The collectors, one module each, sharing node_exporter's small interface.
+
+A collector has a `name`, a `default_interval` in seconds and a blocking
+`collect()` that reads the hardware and returns a `Collection`. The scheduler
+runs `collect()` in a worker thread on the collector's own interval; collectors
+never see the event loop, the HTTP server, or each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
+
+
+@dataclass(frozen=True)
+class Collection:
+    """What one collection produced.
+
+    `problems` lists what could not be read this time (one line each). A
+    collection with problems still serves the families it has, because a node
+    with one unreadable sensor should keep reporting the rest; the collector's
+    success metric says that something was missing.
+    """
+
+    families: tuple[Metric, ...]
+    problems: tuple[str, ...] = ()
+
+
+class CollectorError(Exception):
+    """A collector cannot start with the flags it was given; the message says why."""
+
+
+class Collector(Protocol):
+    name: ClassVar[str]
+    default_interval: ClassVar[float]
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        """Add the collector's own flags (beyond the common enable, interval and timeout)."""
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Collector:
+        """Build the collector from parsed flags; raises CollectorError on a bad combination."""
+
+    def collect(self) -> Collection: ...
+
+    def close(self) -> None:
+        """Release what the collector holds (NVML handles); called once at shutdown."""
+
+
+def collection(families: Sequence[Metric], problems: Sequence[str] = ()) -> Collection:
+    """Build a Collection, leaving out families that ended up without samples."""
+    return Collection(tuple(f for f in families if f.samples), tuple(problems))
+
+
+class FamilySet:
+    """Metric families created on first use, in first-use order.
+
+    Collectors whose series depend on what the hardware exposes (one family per
+    InfiniBand counter file, say) add samples by name and let this keep one
+    family per name, so a name is declared once however many devices report it.
+    """
+
+    def __init__(self) -> None:
+        self._families: dict[str, Metric] = {}
+
+    def gauge(self, name: str, documentation: str, labels: Sequence[str]) -> GaugeMetricFamily:
+        return self._get(GaugeMetricFamily, name, documentation, labels)
+
+    def counter(self, name: str, documentation: str, labels: Sequence[str]) -> CounterMetricFamily:
+        return self._get(CounterMetricFamily, name, documentation, labels)
+
+    def _get(self, kind, name, documentation, labels):
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = kind(name, documentation, labels=labels)
+        return family
+
+    def collection(self, problems: Sequence[str] = ()) -> Collection:
+        return collection(list(self._families.values()), problems)
+
+
+class SysfsCollector:
+    """Base for collectors that read only sysfs: they hold a root and nothing to release."""
+
+    name: ClassVar[str]
+    default_interval: ClassVar[float]
+
+    def __init__(self, sysfs_root: str) -> None:
+        self.sysfs_root = sysfs_root
+
+    @staticmethod
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        return None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SysfsCollector:
+        return cls(args.sysfs_root)
+
+    def close(self) -> None:
+        return None

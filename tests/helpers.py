@@ -1,0 +1,41 @@
+"""Helpers shared by the tests: parsing exposition text into comparable samples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter.collector import Collection
+from exporter.render import render
+
+FIXTURE_SYSFS = Path(__file__).parent / "fixtures" / "sys"
+
+Sample = tuple[str, frozenset[tuple[str, str]]]
+
+
+def parse(text: str | bytes) -> dict[Sample, float]:
+    """Every sample as {(name, labels): value}; fails on a duplicate series, which Prometheus would reject."""
+    if isinstance(text, bytes):
+        text = text.decode()
+    samples: dict[Sample, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = (sample.name, frozenset(sample.labels.items()))
+            assert key not in samples, f"duplicate series {key}"
+            samples[key] = sample.value
+    return samples
+
+
+def rendered(collection: Collection) -> dict[Sample, float]:
+    """A collection as /metrics would show it."""
+    return parse(render(collection.families))
+
+
+def series(name: str, **labels: str) -> Sample:
+    return (name, frozenset(labels.items()))
+
+
+def named(samples: dict[Sample, float], name: str) -> dict[frozenset[tuple[str, str]], float]:
+    """The series of one metric name, keyed by their labels."""
+    return {labels: value for (sample_name, labels), value in samples.items() if sample_name == name}

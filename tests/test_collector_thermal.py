@@ -1,0 +1,67 @@
+"""The hwmon and thermal_zone collectors on the fixture tree of a dual-socket Intel, an AMD and an NVMe drive."""
+
+from pathlib import Path
+
+from exporter.collector.hwmon import HwmonCollector
+from exporter.collector.thermal_zone import ThermalZoneCollector
+from helpers import FIXTURE_SYSFS, named, rendered, series
+
+
+def hwmon(root=FIXTURE_SYSFS):
+    collection = HwmonCollector(str(root)).collect()
+    return collection, rendered(collection)
+
+
+def test_hwmon_temperatures_with_labels_and_limits():
+    collection, samples = hwmon()
+    assert collection.problems == ()
+    package0 = dict(chip="coretemp", device="coretemp.0", sensor="temp1", label="Package id 0")
+    assert samples[series("gpufleet_hwmon_temperature_celsius", **package0)] == 45.0
+    assert samples[series("gpufleet_hwmon_temperature_max_celsius", **package0)] == 84.0
+    assert samples[series("gpufleet_hwmon_temperature_crit_celsius", **package0)] == 100.0
+    assert samples[series("gpufleet_hwmon_temperature_celsius", chip="coretemp", device="coretemp.1",
+                          sensor="temp1", label="Package id 1")] == 47.0
+    assert samples[series("gpufleet_hwmon_temperature_celsius", chip="k10temp", device="0000:00:18.3",
+                          sensor="temp1", label="Tctl")] == 52.375
+    assert samples[series("gpufleet_hwmon_temperature_celsius", chip="k10temp", device="0000:00:18.3",
+                          sensor="temp3", label="Tccd1")] == 49.25
+    assert samples[series("gpufleet_hwmon_temperature_celsius", chip="nvme", device="nvme0",
+                          sensor="temp1", label="Composite")] == 38.85
+
+
+def test_two_chips_with_the_same_driver_stay_apart():
+    _, samples = hwmon()
+    coretemps = {dict(l)["device"] for l in named(samples, "gpufleet_hwmon_temperature_celsius")
+                 if dict(l)["chip"] == "coretemp"}
+    assert coretemps == {"coretemp.0", "coretemp.1"}
+
+
+def test_sensors_without_label_or_device_fall_back_to_their_own_names():
+    _, samples = hwmon()
+    assert samples[series("gpufleet_hwmon_temperature_celsius", chip="nct6798", device="hwmon4",
+                          sensor="temp1", label="temp1")] == 36.0
+    assert samples[series("gpufleet_hwmon_fan_speed_rpm", chip="nct6798", device="hwmon4",
+                          sensor="fan1", label="fan1")] == 1200
+    assert samples[series("gpufleet_hwmon_fan_speed_rpm", chip="nct6798", device="hwmon4",
+                          sensor="fan2", label="CPU_FAN")] == 0
+    # Limits exist only where the chip has them.
+    assert len(named(samples, "gpufleet_hwmon_temperature_max_celsius")) == 4
+
+
+def test_hwmon_garbage_is_reported(sysfs: Path):
+    (sysfs / "class/hwmon/hwmon2/temp1_input").write_text("\x00\xff")
+    collection, samples = hwmon(sysfs)
+    assert collection.problems == ("class/hwmon/hwmon2/temp1_input: not ASCII text",)
+    assert len(named(samples, "gpufleet_hwmon_temperature_celsius")) == 7
+
+
+def test_thermal_zones_and_trip_points():
+    collection = ThermalZoneCollector(str(FIXTURE_SYSFS)).collect()
+    samples = rendered(collection)
+    assert collection.problems == ()
+    assert named(samples, "gpufleet_thermal_zone_temperature_celsius") == {
+        frozenset({("zone", "thermal_zone0"), ("type", "x86_pkg_temp")}): 46.0,
+        frozenset({("zone", "thermal_zone1"), ("type", "acpitz")}): 27.8,
+    }
+    assert samples[series("gpufleet_thermal_zone_trip_point_celsius", zone="thermal_zone1", type="acpitz",
+                          trip_point="0", trip_type="critical")] == 105.0
