@@ -32,8 +32,8 @@ def rendered(collection: Collection) -> dict[Sample, float]:
     return parse(render(collection.families))
 
 
-def series(name: str, **labels: str) -> Sample:
-    return (name, frozenset(labels.items()))
+def series(metric: str, /, **labels: str) -> Sample:
+    return (metric, frozenset(labels.items()))
 
 
 def named(samples: dict[Sample, float], name: str) -> dict[frozenset[tuple[str, str]], float]:

@@ -1,0 +1,246 @@
+"""What the GPU collector reads from NVML, and how each raw value becomes a metric.
+
+Each probe is one NVML call (or the one batched `nvmlDeviceGetFieldValues`
+call) that yields readings in base units. Keeping the table in one place means
+the support probe at start, the per-cycle read and the metric list in the
+README all describe the same set. Values NVML uses as "not available" markers,
+and values outside what the hardware can physically report, are dropped here
+so that no sentinel ever reaches /metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+
+@dataclass(frozen=True)
+class GpuMetric:
+    name: str
+    documentation: str
+    counter: bool = False
+    labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reading:
+    metric: GpuMetric
+    value: float
+    label_values: tuple[str, ...] = ()
+
+
+UTILIZATION = GpuMetric("gpufleet_gpu_utilization_ratio", "Share of the last sample period in which a kernel ran.")
+MEMORY_COPY_UTILIZATION = GpuMetric(
+    "gpufleet_gpu_memory_copy_utilization_ratio", "Share of the last sample period in which device memory was read or written."
+)
+ENCODER_UTILIZATION = GpuMetric("gpufleet_gpu_encoder_utilization_ratio", "Video encoder utilisation.")
+DECODER_UTILIZATION = GpuMetric("gpufleet_gpu_decoder_utilization_ratio", "Video decoder utilisation.")
+MEMORY_USED = GpuMetric("gpufleet_gpu_memory_used_bytes", "Framebuffer memory in use.")
+MEMORY_FREE = GpuMetric("gpufleet_gpu_memory_free_bytes", "Framebuffer memory free.")
+MEMORY_TOTAL = GpuMetric("gpufleet_gpu_memory_total_bytes", "Framebuffer memory installed.")
+POWER = GpuMetric("gpufleet_gpu_power_watts", "Power draw of the board.")
+POWER_LIMIT = GpuMetric("gpufleet_gpu_power_limit_watts", "Power limit the driver enforces.")
+ENERGY = GpuMetric("gpufleet_gpu_energy_joules_total", "Energy consumed since the driver was loaded.", counter=True)
+TEMPERATURE = GpuMetric("gpufleet_gpu_temperature_celsius", "GPU core temperature.")
+MEMORY_TEMPERATURE = GpuMetric("gpufleet_gpu_memory_temperature_celsius", "HBM memory temperature.")
+TEMPERATURE_THRESHOLD = GpuMetric(
+    "gpufleet_gpu_temperature_threshold_celsius",
+    "Temperature at which the GPU slows down or shuts down, and the maximum operating temperatures.",
+    labels=("threshold",),
+)
+THERMAL_MARGIN = GpuMetric(
+    "gpufleet_gpu_thermal_margin_celsius", "Degrees left before the GPU starts thermal slowdown (negative once past it)."
+)
+CLOCK = GpuMetric("gpufleet_gpu_clock_hertz", "Current clock frequency.", labels=("clock",))
+CLOCK_MAX = GpuMetric("gpufleet_gpu_clock_max_hertz", "Maximum clock frequency.", labels=("clock",))
+PERFORMANCE_STATE = GpuMetric("gpufleet_gpu_performance_state", "Performance state, 0 (P0, maximum) to 15 (P15, minimum).")
+FAN_SPEED = GpuMetric("gpufleet_gpu_fan_speed_ratio", "Intended fan speed as a share of the maximum.", labels=("fan",))
+PCIE_GENERATION = GpuMetric("gpufleet_gpu_pcie_link_generation", "Current PCIe link generation.")
+PCIE_MAX_GENERATION = GpuMetric("gpufleet_gpu_pcie_link_max_generation", "Maximum PCIe link generation of GPU and slot.")
+PCIE_WIDTH = GpuMetric("gpufleet_gpu_pcie_link_width", "Current PCIe link width in lanes.")
+PCIE_MAX_WIDTH = GpuMetric("gpufleet_gpu_pcie_link_max_width", "Maximum PCIe link width in lanes.")
+
+# Raw values NVML and its users employ to mean "no value".
+_SENTINELS = frozenset({0xFFFF, 0xFFFFFFFF, 0x7FFFFFFFFFFFFFFF, 0xFFFFFFFFFFFFFFFF})
+_PSTATE_UNKNOWN = 32
+_HERTZ_PER_MHZ = 1_000_000
+_MILLI = 1000
+_PERCENT = 100
+
+
+def checked(metric: GpuMetric, raw: float, low: float, high: float, label_values: tuple[str, ...] = (),
+            *, times: float = 1, per: float = 1) -> list[Reading]:
+    """One reading of `raw * times / per`, or none when `raw` is a sentinel or outside [low, high].
+
+    Dividing by `per` rather than multiplying by its inverse keeps 35 % at 0.35, not 0.35000000000000003.
+    """
+    if raw in _SENTINELS or not low <= raw <= high:
+        return []
+    return [Reading(metric, raw * times / per, label_values)]
+
+
+Read = Callable[[Any, Any], list[Reading]]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One NVML call. `static` ones describe the board and are read once per NVML session."""
+
+    name: str
+    read: Read
+    static: bool = False
+
+
+def _utilization(nvml: Any, handle: Any) -> list[Reading]:
+    rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+    return checked(UTILIZATION, rates.gpu, 0, 100, per=_PERCENT) + checked(
+        MEMORY_COPY_UTILIZATION, rates.memory, 0, 100, per=_PERCENT
+    )
+
+
+def _codec(metric: GpuMetric, function: str) -> Read:
+    def read(nvml: Any, handle: Any) -> list[Reading]:
+        utilization, _sampling_period_us = getattr(nvml, function)(handle)
+        return checked(metric, utilization, 0, 100, per=_PERCENT)
+
+    return read
+
+
+def _memory(nvml: Any, handle: Any) -> list[Reading]:
+    info = nvml.nvmlDeviceGetMemoryInfo(handle)
+    limit = float(2**56)
+    return (
+        checked(MEMORY_USED, info.used, 0, limit)
+        + checked(MEMORY_FREE, info.free, 0, limit)
+        + checked(MEMORY_TOTAL, info.total, 1, limit)
+    )
+
+
+def _milliwatts(metric: GpuMetric, function: str) -> Read:
+    def read(nvml: Any, handle: Any) -> list[Reading]:
+        return checked(metric, getattr(nvml, function)(handle), 0, 10_000_000, per=_MILLI)
+
+    return read
+
+
+def _temperature(nvml: Any, handle: Any) -> list[Reading]:
+    return checked(TEMPERATURE, nvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU), -50, 250)
+
+
+def _threshold(name: str, threshold: int) -> Read:
+    def read(nvml: Any, handle: Any) -> list[Reading]:
+        value = nvml.nvmlDeviceGetTemperatureThreshold(handle, threshold)
+        return checked(TEMPERATURE_THRESHOLD, value, 1, 250, (name,))
+
+    return read
+
+
+def _margin(nvml: Any, handle: Any) -> list[Reading]:
+    return checked(THERMAL_MARGIN, nvml.nvmlDeviceGetMarginTemperature(handle), -150, 250)
+
+
+def _clock(metric: GpuMetric, function: str, name: str, clock_type: int) -> Read:
+    def read(nvml: Any, handle: Any) -> list[Reading]:
+        return checked(metric, getattr(nvml, function)(handle, clock_type), 0, 100_000, (name,), times=_HERTZ_PER_MHZ)
+
+    return read
+
+
+def _performance_state(nvml: Any, handle: Any) -> list[Reading]:
+    state = nvml.nvmlDeviceGetPerformanceState(handle)
+    return [] if state == _PSTATE_UNKNOWN else checked(PERFORMANCE_STATE, state, 0, 15)
+
+
+def _fans(nvml: Any, handle: Any) -> list[Reading]:
+    readings: list[Reading] = []
+    for fan in range(nvml.nvmlDeviceGetNumFans(handle)):
+        # NVML allows more than 100% where a board overrides its fan curve.
+        readings += checked(FAN_SPEED, nvml.nvmlDeviceGetFanSpeed_v2(handle, fan), 0, 200, (str(fan),), per=_PERCENT)
+    return readings
+
+
+def _link(metric: GpuMetric, function: str) -> Read:
+    def read(nvml: Any, handle: Any) -> list[Reading]:
+        return checked(metric, getattr(nvml, function)(handle), 1, 64)
+
+    return read
+
+
+PROBES: tuple[Probe, ...] = (
+    Probe("nvmlDeviceGetUtilizationRates", _utilization),
+    Probe("nvmlDeviceGetEncoderUtilization", _codec(ENCODER_UTILIZATION, "nvmlDeviceGetEncoderUtilization")),
+    Probe("nvmlDeviceGetDecoderUtilization", _codec(DECODER_UTILIZATION, "nvmlDeviceGetDecoderUtilization")),
+    Probe("nvmlDeviceGetMemoryInfo", _memory),
+    Probe("nvmlDeviceGetPowerUsage", _milliwatts(POWER, "nvmlDeviceGetPowerUsage")),
+    Probe("nvmlDeviceGetEnforcedPowerLimit", _milliwatts(POWER_LIMIT, "nvmlDeviceGetEnforcedPowerLimit")),
+    Probe("nvmlDeviceGetTemperature", _temperature),
+    Probe("nvmlDeviceGetMarginTemperature", _margin),
+    Probe("nvmlDeviceGetClockInfo(SM)", _clock(CLOCK, "nvmlDeviceGetClockInfo", "sm", pynvml.NVML_CLOCK_SM)),
+    Probe("nvmlDeviceGetClockInfo(MEM)", _clock(CLOCK, "nvmlDeviceGetClockInfo", "memory", pynvml.NVML_CLOCK_MEM)),
+    Probe("nvmlDeviceGetPerformanceState", _performance_state),
+    Probe("nvmlDeviceGetFanSpeed_v2", _fans),
+    Probe("nvmlDeviceGetCurrPcieLinkGeneration", _link(PCIE_GENERATION, "nvmlDeviceGetCurrPcieLinkGeneration")),
+    Probe("nvmlDeviceGetCurrPcieLinkWidth", _link(PCIE_WIDTH, "nvmlDeviceGetCurrPcieLinkWidth")),
+    # Board constants: read once per NVML session.
+    Probe("nvmlDeviceGetMaxClockInfo(SM)", _clock(CLOCK_MAX, "nvmlDeviceGetMaxClockInfo", "sm", pynvml.NVML_CLOCK_SM), True),
+    Probe("nvmlDeviceGetMaxClockInfo(MEM)",
+          _clock(CLOCK_MAX, "nvmlDeviceGetMaxClockInfo", "memory", pynvml.NVML_CLOCK_MEM), True),
+    Probe("nvmlDeviceGetMaxPcieLinkGeneration", _link(PCIE_MAX_GENERATION, "nvmlDeviceGetMaxPcieLinkGeneration"), True),
+    Probe("nvmlDeviceGetMaxPcieLinkWidth", _link(PCIE_MAX_WIDTH, "nvmlDeviceGetMaxPcieLinkWidth"), True),
+    Probe("nvmlDeviceGetTemperatureThreshold(SHUTDOWN)",
+          _threshold("shutdown", pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN), True),
+    Probe("nvmlDeviceGetTemperatureThreshold(SLOWDOWN)",
+          _threshold("slowdown", pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN), True),
+    Probe("nvmlDeviceGetTemperatureThreshold(GPU_MAX)",
+          _threshold("gpu_max", pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX), True),
+    Probe("nvmlDeviceGetTemperatureThreshold(MEM_MAX)",
+          _threshold("memory_max", pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX), True),
+)
+
+
+@dataclass(frozen=True)
+class Field:
+    """A value read through the batched `nvmlDeviceGetFieldValues` call."""
+
+    field_id: int
+    description: str
+    metric: GpuMetric
+    low: float
+    high: float
+    per: float = 1
+
+
+FIELDS: tuple[Field, ...] = (
+    Field(pynvml.NVML_FI_DEV_MEMORY_TEMP, "memory temperature", MEMORY_TEMPERATURE, -50, 250),
+    Field(pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, "total energy", ENERGY, 0, float(2**62), per=_MILLI),
+)
+
+_FIELD_MEMBERS = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
+
+
+def field_value(value: Any) -> float | None:
+    """The number in one `nvmlFieldValue_t`, or None where NVML returned no value for it."""
+    if value.nvmlReturn != pynvml.NVML_SUCCESS:
+        return None
+    member = _FIELD_MEMBERS.get(value.valueType)
+    return None if member is None else getattr(value.value, member)
+
+
+def read_fields(nvml: Any, handle: Any, fields: tuple[Field, ...]) -> Iterator[tuple[Field, float | None]]:
+    """Each field with its value (None where not available), from one NVML call."""
+    if not fields:
+        return
+    values = nvml.nvmlDeviceGetFieldValues(handle, [f.field_id for f in fields])
+    for field, value in zip(fields, values):
+        yield field, field_value(value)

@@ -1,0 +1,293 @@
+"""One NVML session: initialisation with backoff, support probing, and per-cycle sampling.
+
+The session talks to anything with the `pynvml` function surface: the real
+`pynvml` module in production, `SimulatedNvml` for `--gpu.backend=sim`, and
+the test fakes. Everything above that surface is the production code path.
+
+NVML errors are sorted into four kinds, because each needs a different answer:
+
+* unsupported (NOT_SUPPORTED, FUNCTION_NOT_FOUND): the board cannot answer;
+  found once at start, logged once, and the series is never exported;
+* transient (NO_DATA, NOT_READY): skip the value this cycle, say nothing;
+* device lost (GPU_IS_LOST, GPU_NOT_FOUND, RESET_REQUIRED): drop that GPU's
+  series and reopen it on a later cycle, leaving the other GPUs alone;
+* driver lost (UNINITIALIZED, DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH,
+  UNKNOWN, ...): the whole session is gone; shut it down and re-initialise
+  with exponential backoff so a node mid-driver-reload is not hammered.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+from exporter.gpu.probes import FIELDS, PROBES, Field, Probe, Reading, checked, read_fields
+
+log = logging.getLogger(__name__)
+
+_UNSUPPORTED = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
+_TRANSIENT = frozenset({pynvml.NVML_ERROR_NO_DATA, pynvml.NVML_ERROR_NOT_READY})
+_DEVICE_LOST = frozenset(
+    {pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_GPU_NOT_FOUND, pynvml.NVML_ERROR_RESET_REQUIRED}
+)
+_DRIVER_LOST = frozenset(
+    {
+        pynvml.NVML_ERROR_UNINITIALIZED,
+        pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
+        pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+        pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
+        pynvml.NVML_ERROR_UNKNOWN,
+    }
+)
+
+
+class GpuUnavailable(Exception):
+    """NVML cannot be used right now; the message says why, for the log and the operator."""
+
+
+class _DeviceLost(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    serial: str
+    vbios: str
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    identity: GpuIdentity
+    readings: tuple[Reading, ...]
+
+
+@dataclass(frozen=True)
+class NodeSample:
+    driver_version: str
+    cuda_version: str
+    device_count: int
+    gpus: tuple[GpuSample, ...]
+    problems: tuple[str, ...]
+
+
+@dataclass
+class _Device:
+    index: int
+    handle: Any = None
+    identity: GpuIdentity | None = None
+    probes: tuple[Probe, ...] = ()
+    fields: tuple[Field, ...] = ()
+    static_readings: tuple[Reading, ...] = ()
+    unsupported: list[str] = field(default_factory=list)
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _cuda_version(raw: int) -> str:
+    """NVML encodes CUDA 12.4 as 12040."""
+    return f"{raw // 1000}.{raw % 1000 // 10}"
+
+
+class NvmlSession:
+    """Owns NVML for the GPU collector; every method runs in the collector's worker thread."""
+
+    def __init__(self, nvml: Any, *, clock: Callable[[], float] = time.monotonic,
+                 backoff_initial: float = 1.0, backoff_max: float = 60.0) -> None:
+        self._nvml = nvml
+        self._clock = clock
+        self._backoff_initial = backoff_initial
+        self._backoff_max = backoff_max
+        self._backoff = backoff_initial
+        self._next_attempt = 0.0
+        self._last_failure = ""
+        self._devices: list[_Device] | None = None
+        self._driver_version = ""
+        self._cuda_version = ""
+
+    def sample(self) -> NodeSample:
+        """Read every GPU once; raises GpuUnavailable when NVML as a whole cannot be used."""
+        if self._devices is None:
+            self._start()
+        assert self._devices is not None
+        problems: list[str] = []
+        gpus: list[GpuSample] = []
+        try:
+            for device in self._devices:
+                sample = self._sample_device(device, problems)
+                if sample is not None:
+                    gpus.append(sample)
+        except pynvml.NVMLError as err:
+            self._fail(f"NVML stopped answering: {err}")
+        return NodeSample(self._driver_version, self._cuda_version, len(self._devices), tuple(gpus), tuple(problems))
+
+    def close(self) -> None:
+        if self._devices is not None:
+            self._devices = None
+            self._shutdown()
+
+    def _start(self) -> None:
+        now = self._clock()
+        if now < self._next_attempt:
+            raise GpuUnavailable(self._last_failure)  # Same text as the failed attempt: logged once, not per tick.
+        try:
+            self._nvml.nvmlInit()
+        except pynvml.NVMLError as err:
+            self._fail(f"NVML initialisation failed: {err}", shutdown=False)
+        try:
+            self._driver_version = _text(self._nvml.nvmlSystemGetDriverVersion())
+            self._cuda_version = _cuda_version(self._nvml.nvmlSystemGetCudaDriverVersion())
+            count = self._nvml.nvmlDeviceGetCount()
+            if count == 0:
+                self._fail("NVML found no GPUs")
+            devices = [_Device(index) for index in range(count)]
+            for device in devices:
+                self._open(device, [])  # A GPU that does not open now is retried, and reported, by sample().
+        except pynvml.NVMLError as err:
+            self._fail(f"NVML initialisation failed: {err}")
+        self._log_unsupported(devices)
+        self._devices = devices
+        self._backoff = self._backoff_initial
+        log.info("NVML initialised: driver %s, CUDA %s, %d GPUs", self._driver_version, self._cuda_version, count)
+
+    def _fail(self, reason: str, shutdown: bool = True) -> None:
+        """Give up on this session and schedule the next attempt with exponential backoff."""
+        if shutdown:
+            self._shutdown()
+        self._devices = None
+        self._last_failure = reason
+        self._next_attempt = self._clock() + self._backoff
+        self._backoff = min(self._backoff * 2, self._backoff_max)
+        raise GpuUnavailable(reason)
+
+    def _shutdown(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass  # The driver is already gone; there is nothing left to release.
+
+    def _open(self, device: _Device, problems: list[str]) -> bool:
+        """Get the handle, identity and supported probes of one GPU; False where it does not answer."""
+        nvml = self._nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(device.index)
+            pci = nvml.nvmlDeviceGetPciInfo(handle)
+            identity = GpuIdentity(
+                index=device.index,
+                uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+                name=_text(nvml.nvmlDeviceGetName(handle)),
+                pci_bus_id=_text(pci.busId),
+                serial=self._optional_text(nvml.nvmlDeviceGetSerial, handle),
+                vbios=self._optional_text(nvml.nvmlDeviceGetVbiosVersion, handle),
+            )
+        except pynvml.NVMLError as err:
+            if err.value in _DRIVER_LOST:
+                raise
+            problems.append(f"GPU {device.index}: cannot open: {err}")
+            return False
+
+        probes: list[Probe] = []
+        static: list[Reading] = []
+        unsupported: list[str] = []
+        for probe in PROBES:
+            try:
+                readings = probe.read(nvml, handle)
+            except pynvml.NVMLError as err:
+                if err.value in _UNSUPPORTED:
+                    unsupported.append(probe.name)
+                    continue
+                if err.value in _DRIVER_LOST:
+                    raise
+                readings = []  # Supported but failing now: keep probing it every cycle.
+            if probe.static and readings:
+                static.extend(readings)
+            else:
+                probes.append(probe)
+
+        fields: list[Field] = []
+        try:
+            for fld, value in read_fields(nvml, handle, FIELDS):
+                if value is None:
+                    unsupported.append(f"field {fld.field_id} ({fld.description})")
+                else:
+                    fields.append(fld)
+        except pynvml.NVMLError as err:
+            if err.value in _DRIVER_LOST:
+                raise
+            unsupported.append("nvmlDeviceGetFieldValues")
+
+        device.handle = handle
+        device.identity = identity
+        device.probes = tuple(probes)
+        device.fields = tuple(fields)
+        device.static_readings = tuple(static)
+        device.unsupported = unsupported
+        return True
+
+    @staticmethod
+    def _optional_text(function: Callable[[Any], Any], handle: Any) -> str:
+        """Serial numbers and VBIOS versions are missing on some boards; an empty label is honest."""
+        try:
+            return _text(function(handle))
+        except pynvml.NVMLError as err:
+            if err.value in _DRIVER_LOST or err.value in _DEVICE_LOST:
+                raise
+            return ""
+
+    @staticmethod
+    def _log_unsupported(devices: list[_Device]) -> None:
+        """One log line per unsupported source, naming the GPUs, instead of one per GPU and source."""
+        by_source: dict[str, list[str]] = defaultdict(list)
+        for device in devices:
+            for source in device.unsupported:
+                by_source[source].append(str(device.index))
+        for source, gpus in by_source.items():
+            log.info("NVML %s is not supported on GPU %s; its series are left out", source, ", ".join(gpus))
+
+    def _sample_device(self, device: _Device, problems: list[str]) -> GpuSample | None:
+        if device.handle is None and not self._open(device, problems):
+            return None
+        assert device.identity is not None
+        readings: list[Reading] = []
+        try:
+            for probe in device.probes:
+                readings += self._guarded(probe.name, device, problems, probe.read, self._nvml, device.handle)
+            readings += self._guarded("nvmlDeviceGetFieldValues", device, problems, self._field_readings, device)
+        except _DeviceLost as lost:
+            device.handle = None  # Reopen on a later cycle: a reset GPU comes back with a new handle.
+            problems.append(f"GPU {device.index} ({device.identity.uuid}) is lost: {lost}")
+            return None
+        return GpuSample(device.identity, tuple(readings) + device.static_readings)
+
+    def _field_readings(self, device: _Device) -> list[Reading]:
+        readings: list[Reading] = []
+        for fld, value in read_fields(self._nvml, device.handle, device.fields):
+            if value is not None:
+                readings += checked(fld.metric, value, fld.low, fld.high, per=fld.per)
+        return readings
+
+    @staticmethod
+    def _guarded(name: str, device: _Device, problems: list[str],
+                 read: Callable[..., list[Reading]], *args: Any) -> list[Reading]:
+        """Run one read, sorting its NVML error into skip, problem, lost GPU or lost driver."""
+        try:
+            return read(*args)
+        except pynvml.NVMLError as err:
+            if err.value in _DRIVER_LOST:
+                raise
+            if err.value in _DEVICE_LOST:
+                raise _DeviceLost(str(err)) from err
+            if err.value not in _UNSUPPORTED | _TRANSIENT:
+                problems.append(f"GPU {device.index}: {name}: {err}")
+            return []

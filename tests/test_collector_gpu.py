@@ -1,0 +1,232 @@
+"""The GPU collector through the production NVML session, over the simulated NVML library."""
+
+import argparse
+import logging
+
+import pynvml
+import pytest
+
+from exporter.collector.gpu import GpuCollector
+from exporter.gpu.session import GpuUnavailable, NvmlSession
+from exporter.gpu.simulated import GpuTelemetry, SimulatedGpu, SimulatedNvml, TrainingLoad, steady
+from helpers import named, rendered, series
+
+UUID0 = "GPU-00000000-1111-2222-3333-444444444444"
+UUID1 = "GPU-55555555-6666-7777-8888-999999999999"
+GIB = 1024**3
+
+BUSY = GpuTelemetry(
+    utilization=0.87, memory_copy_utilization=0.41, encoder_utilization=0.0, decoder_utilization=0.05,
+    memory_used_bytes=40 * GIB, power_watts=612.5, energy_joules=123456.789, temperature_celsius=64,
+    memory_temperature_celsius=71, sm_clock_hertz=1755e6, memory_clock_hertz=2619e6, performance_state=0,
+    pcie_generation=5, pcie_width=16,
+)
+IDLE = GpuTelemetry(
+    utilization=0.0, memory_used_bytes=512 * 1024**2, power_watts=71.25, energy_joules=9000.0,
+    temperature_celsius=31, memory_temperature_celsius=36, sm_clock_hertz=345e6, memory_clock_hertz=2619e6,
+    performance_state=0, pcie_generation=4, pcie_width=8, fan_speed_ratios=(0.3, 0.35),
+)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_gpus():
+    return [
+        SimulatedGpu(index=0, uuid=UUID0, load=steady(BUSY), serial="1650923000001", pci_bus_id="00000000:18:00.0"),
+        SimulatedGpu(index=1, uuid=UUID1, load=steady(IDLE), serial="1650923000002", pci_bus_id="00000000:2A:00.0",
+                     name="NVIDIA A100-PCIE-40GB", memory_total_bytes=40 * GIB, power_limit_watts=250.0,
+                     unsupported=set()),
+    ]
+
+
+@pytest.fixture
+def clock():
+    return FakeClock()
+
+
+@pytest.fixture
+def nvml(clock):
+    return SimulatedNvml(make_gpus(), clock=clock)
+
+
+@pytest.fixture
+def collector(nvml, clock):
+    return GpuCollector(NvmlSession(nvml, clock=clock))
+
+
+def collect(collector):
+    collection = collector.collect()
+    return collection, rendered(collection)
+
+
+def gpu_series(name, gpu=0, **labels):
+    return series(name, gpu=str(gpu), uuid=UUID0 if gpu == 0 else UUID1, **labels)
+
+
+def test_every_value_matches_what_nvml_reported(collector):
+    collection, samples = collect(collector)
+    assert collection.problems == ()
+    expected = {
+        "gpufleet_gpu_utilization_ratio": 0.87,
+        "gpufleet_gpu_memory_copy_utilization_ratio": 0.41,
+        "gpufleet_gpu_encoder_utilization_ratio": 0.0,
+        "gpufleet_gpu_decoder_utilization_ratio": 0.05,
+        "gpufleet_gpu_memory_used_bytes": 40 * GIB,
+        "gpufleet_gpu_memory_free_bytes": 81559 * 1024**2 - 40 * GIB,
+        "gpufleet_gpu_memory_total_bytes": 81559 * 1024**2,
+        "gpufleet_gpu_power_watts": 612.5,
+        "gpufleet_gpu_power_limit_watts": 700.0,
+        "gpufleet_gpu_energy_joules_total": 123456.789,
+        "gpufleet_gpu_temperature_celsius": 64,
+        "gpufleet_gpu_memory_temperature_celsius": 71,
+        "gpufleet_gpu_thermal_margin_celsius": 89 - 64,
+        "gpufleet_gpu_performance_state": 0,
+        "gpufleet_gpu_pcie_link_generation": 5,
+        "gpufleet_gpu_pcie_link_max_generation": 5,
+        "gpufleet_gpu_pcie_link_width": 16,
+        "gpufleet_gpu_pcie_link_max_width": 16,
+    }
+    for name, value in expected.items():
+        assert samples[gpu_series(name)] == pytest.approx(value), name
+    assert samples[gpu_series("gpufleet_gpu_clock_hertz", clock="sm")] == 1755e6
+    assert samples[gpu_series("gpufleet_gpu_clock_hertz", clock="memory")] == 2619e6
+    assert samples[gpu_series("gpufleet_gpu_clock_max_hertz", clock="sm")] == 1980e6
+    assert named(samples, "gpufleet_gpu_temperature_threshold_celsius") and all(
+        samples[gpu_series("gpufleet_gpu_temperature_threshold_celsius", threshold=t)] == v
+        for t, v in (("shutdown", 92), ("slowdown", 89), ("gpu_max", 87), ("memory_max", 95))
+    )
+    assert samples[series("gpufleet_gpu_devices")] == 2
+    assert samples[series(
+        "gpufleet_gpu_info", gpu="1", uuid=UUID1, name="NVIDIA A100-PCIE-40GB", pci_bus_id="00000000:2A:00.0",
+        serial="1650923000002", vbios="96.00.99.00.01", driver_version="570.133.20", cuda_version="12.8",
+    )] == 1
+
+
+def test_fans_are_reported_per_fan_where_the_board_has_them(collector):
+    _, samples = collect(collector)
+    assert named(samples, "gpufleet_gpu_fan_speed_ratio") == {
+        frozenset({("gpu", "1"), ("uuid", UUID1), ("fan", "0")}): 0.3,
+        frozenset({("gpu", "1"), ("uuid", UUID1), ("fan", "1")}): 0.35,
+    }
+
+
+def test_energy_is_a_counter():
+    families = {f.name: f.type for f in GpuCollector(NvmlSession(SimulatedNvml(make_gpus()))).collect().families}
+    assert families["gpufleet_gpu_energy_joules"] == "counter"
+    assert families["gpufleet_gpu_power_watts"] == "gauge"
+
+
+def test_unsupported_sources_are_left_out_for_that_gpu_only_and_logged_once(nvml, collector, caplog):
+    nvml.gpus[1].unsupported = {"nvmlDeviceGetMarginTemperature", "field:82", "nvmlDeviceGetEncoderUtilization"}
+    with caplog.at_level(logging.INFO, logger="exporter.gpu.session"):
+        collection, samples = collect(collector)
+        collect(collector)
+    assert collection.problems == ()
+    for name in ("gpufleet_gpu_thermal_margin_celsius", "gpufleet_gpu_memory_temperature_celsius",
+                 "gpufleet_gpu_encoder_utilization_ratio"):
+        assert gpu_series(name, gpu=0) in samples
+        assert gpu_series(name, gpu=1) not in samples, name
+    lines = [r.getMessage() for r in caplog.records if "not supported" in r.getMessage()]
+    assert "NVML nvmlDeviceGetMarginTemperature is not supported on GPU 1; its series are left out" in lines
+    assert "NVML field 82 (memory temperature) is not supported on GPU 1; its series are left out" in lines
+    assert len(lines) == 4  # GPU 0's missing fans, and the three above: once each, not once per collection.
+
+
+def test_sentinel_values_never_reach_metrics(nvml, collector):
+    nvml.gpus[0].load = steady(GpuTelemetry(temperature_celsius=0xFFFFFFFF, memory_temperature_celsius=0xFFFFFFFF,
+                                            performance_state=32, power_watts=70.0))
+    _, samples = collect(collector)
+    for name in ("gpufleet_gpu_temperature_celsius", "gpufleet_gpu_memory_temperature_celsius",
+                 "gpufleet_gpu_performance_state"):
+        assert gpu_series(name) not in samples, name
+    assert samples[gpu_series("gpufleet_gpu_power_watts")] == 70.0
+
+
+def test_a_failing_call_drops_only_its_values_and_is_reported(nvml, collector):
+    nvml.gpus[0].errors["nvmlDeviceGetPowerUsage"] = pynvml.NVML_ERROR_NO_PERMISSION
+    collection, samples = collect(collector)
+    assert gpu_series("gpufleet_gpu_power_watts") not in samples
+    assert samples[gpu_series("gpufleet_gpu_temperature_celsius")] == 64
+    assert samples[gpu_series("gpufleet_gpu_power_watts", gpu=1)] == 71.25
+    assert collection.problems == ("GPU 0: nvmlDeviceGetPowerUsage: Insufficient Permissions",)
+
+
+def test_a_lost_gpu_loses_its_series_and_the_others_keep_reporting(nvml, collector):
+    collect(collector)
+    nvml.gpus[1].errors["*"] = pynvml.NVML_ERROR_GPU_IS_LOST
+    collection, samples = collect(collector)
+    assert collection.problems == (f"GPU 1 ({UUID1}) is lost: GPU is lost",)
+    assert not [key for key in samples if ("gpu", "1") in key[1]]
+    assert samples[gpu_series("gpufleet_gpu_utilization_ratio")] == 0.87
+    assert samples[series("gpufleet_gpu_devices")] == 2
+
+    nvml.gpus[1].errors.clear()  # The GPU answers again (after a reset): it is reopened.
+    collection, samples = collect(collector)
+    assert collection.problems == ()
+    assert samples[gpu_series("gpufleet_gpu_power_watts", gpu=1)] == 71.25
+
+
+def test_a_driver_reload_reinitialises_nvml_with_backoff(nvml, collector, clock):
+    collect(collector)
+    nvml.reload_driver()
+    with pytest.raises(GpuUnavailable, match="NVML stopped answering: Uninitialized"):
+        collector.collect()
+    nvml.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED  # The driver is still coming back.
+    clock.now += 1.0
+    with pytest.raises(GpuUnavailable, match="NVML initialisation failed: Driver Not Loaded"):
+        collector.collect()
+    nvml.init_error = None
+    clock.now += 1.0  # Backoff has doubled to 2 s: no new attempt yet, the last reason is repeated.
+    with pytest.raises(GpuUnavailable, match="Driver Not Loaded"):
+        collector.collect()
+    clock.now += 1.0
+    collection, samples = collect(collector)
+    assert collection.problems == ()
+    assert samples[gpu_series("gpufleet_gpu_utilization_ratio")] == 0.87
+
+
+def test_a_missing_library_is_a_clear_error(nvml, collector):
+    nvml.init_error = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+    with pytest.raises(GpuUnavailable, match="^NVML initialisation failed: NVML Shared Library Not Found$"):
+        collector.collect()
+
+
+def test_no_gpus_is_a_failure_not_an_empty_success(clock):
+    collector = GpuCollector(NvmlSession(SimulatedNvml([], clock=clock), clock=clock))
+    with pytest.raises(GpuUnavailable, match="NVML found no GPUs"):
+        collector.collect()
+
+
+def nvml_present() -> bool:
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+@pytest.mark.skipif(nvml_present(), reason="this machine has an NVIDIA driver")
+def test_auto_backend_never_invents_gpus_without_a_driver():
+    args = argparse.Namespace(gpu_backend="auto", sim_gpus=8, sim_seed=0)
+    collector = GpuCollector.from_args(args)
+    with pytest.raises(GpuUnavailable, match="NVML initialisation failed"):
+        collector.collect()
+
+
+def test_training_load_moves_power_and_utilisation_together_and_energy_never_decreases():
+    gpu = SimulatedGpu(index=0, uuid=UUID0, load=TrainingLoad(seed=1, index=0))
+    readings = [gpu.load(gpu, t) for t in range(0, 600, 7)]
+    energies = [r.energy_joules for r in readings]
+    assert energies == sorted(energies) and energies[0] >= 0
+    busiest = max(readings, key=lambda r: r.utilization)
+    quietest = min(readings, key=lambda r: r.utilization)
+    assert busiest.power_watts > quietest.power_watts
+    assert busiest.sm_clock_hertz > quietest.sm_clock_hertz
+    assert all(r.power_watts <= gpu.power_limit_watts for r in readings)
