@@ -39,3 +39,30 @@ def series(metric: str, /, **labels: str) -> Sample:
 def named(samples: dict[Sample, float], name: str) -> dict[frozenset[tuple[str, str]], float]:
     """The series of one metric name, keyed by their labels."""
     return {labels: value for (sample_name, labels), value in samples.items() if sample_name == name}
+
+
+def nvml_present() -> bool:
+    """Whether this machine has a working NVIDIA driver (tests that assume none skip there)."""
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+async def eventually(check, timeout: float = 5.0, interval: float = 0.02):
+    """Await `check()` until it returns a truthy value, at most `timeout` seconds; returns that value."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = await check()
+        if result:
+            return result
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(interval)

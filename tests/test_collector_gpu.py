@@ -9,7 +9,7 @@ import pytest
 from exporter.collector.gpu import GpuCollector
 from exporter.gpu.session import GpuUnavailable, NvmlSession
 from exporter.gpu.simulated import GpuTelemetry, SimulatedGpu, SimulatedNvml, TrainingLoad, steady
-from helpers import named, rendered, series
+from helpers import named, nvml_present, rendered, series
 
 UUID0 = "GPU-00000000-1111-2222-3333-444444444444"
 UUID1 = "GPU-55555555-6666-7777-8888-999999999999"
@@ -201,15 +201,6 @@ def test_no_gpus_is_a_failure_not_an_empty_success(clock):
     collector = GpuCollector(NvmlSession(SimulatedNvml([], clock=clock), clock=clock))
     with pytest.raises(GpuUnavailable, match="NVML found no GPUs"):
         collector.collect()
-
-
-def nvml_present() -> bool:
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return False
-    pynvml.nvmlShutdown()
-    return True
 
 
 @pytest.mark.skipif(nvml_present(), reason="this machine has an NVIDIA driver")

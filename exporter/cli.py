@@ -1,0 +1,120 @@
+"""`gpufleet exporter`: flags, start-up checks and the serving loop."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from exporter.collector import Collector, CollectorError
+from exporter.collector.gpu import GpuCollector
+from exporter.collector.hwmon import HwmonCollector
+from exporter.collector.infiniband import InfinibandCollector
+from exporter.collector.network import NetworkCollector
+from exporter.collector.thermal_zone import ThermalZoneCollector
+from exporter.exposition import Exposition
+from exporter.flags import duration, listen_address
+from exporter.logfmt import configure_logging
+from exporter.scheduler import ScheduledCollector
+from exporter.server import build_app
+
+DEFAULT_LISTEN_ADDRESS = ":19400"
+COLLECTORS: tuple[type[Collector], ...] = (
+    GpuCollector,
+    NetworkCollector,
+    InfinibandCollector,
+    HwmonCollector,
+    ThermalZoneCollector,
+)
+
+log = logging.getLogger("exporter")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "exporter",
+        help="run the per-node exporter",
+        description="Collect GPU, NIC and thermal metrics on this node and serve them on /metrics.",
+    )
+    parser.add_argument("--web.listen-address", dest="listen_address", type=listen_address,
+                        default=DEFAULT_LISTEN_ADDRESS, metavar="HOST:PORT", help="address to serve /metrics on (default: %(default)s)")
+    parser.add_argument("--path.sysfs", dest="sysfs_root", default="/sys", metavar="PATH", help="sysfs mount point (default: %(default)s)")
+    parser.add_argument("--path.procfs", dest="procfs_root", default="/proc", metavar="PATH",
+                        help="procfs mount point, for collectors that read process information (default: %(default)s)")
+    parser.add_argument("--log.level", dest="log_level", choices=("debug", "info", "warn", "error"), default="info",
+                        help="least severe log level written (default: %(default)s)")
+    for collector in COLLECTORS:
+        name = collector.name
+        group = parser.add_argument_group(f"collector {name}")
+        group.add_argument(f"--collector.{name}", dest=f"collector_{name}", action=argparse.BooleanOptionalAction,
+                           default=True, help=f"enable the {name} collector (default: enabled)")
+        group.add_argument(f"--collector.{name}.interval", dest=f"collector_{name}_interval", type=duration,
+                           default=collector.default_interval, metavar="DURATION",
+                           help="time between collections, in seconds or as 500ms, 5s, 1m (default: %(default)ss)")
+        group.add_argument(f"--collector.{name}.timeout", dest=f"collector_{name}_timeout", type=duration,
+                           metavar="DURATION", help="abandon a collection after this long (default: the interval)")
+        collector.add_arguments(group)
+    parser.set_defaults(handler=run)
+
+
+def scheduled_collectors(args: argparse.Namespace) -> list[ScheduledCollector]:
+    """The enabled collectors with their intervals; raises CollectorError on a bad combination of flags."""
+    scheduled = []
+    for collector in COLLECTORS:
+        name = collector.name
+        if not getattr(args, f"collector_{name}"):
+            continue
+        interval = getattr(args, f"collector_{name}_interval")
+        timeout = getattr(args, f"collector_{name}_timeout") or interval
+        if timeout > interval:
+            raise CollectorError(
+                f"--collector.{name}.timeout ({timeout:g}s) must not exceed --collector.{name}.interval ({interval:g}s)"
+            )
+        scheduled.append(ScheduledCollector(collector.from_args(args), interval, timeout))
+    return scheduled
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    try:
+        collectors = scheduled_collectors(args)
+    except CollectorError as err:
+        print(f"gpufleet exporter: error: {err}", file=sys.stderr)
+        return 1
+    try:
+        asyncio.run(serve(collectors, *args.listen_address))
+    except OSError as err:
+        print(f"gpufleet exporter: error: cannot listen on {args.listen_address[0] or '*'}:{args.listen_address[1]}: "
+              f"{err.strerror or err}", file=sys.stderr)
+        return 1
+    finally:
+        for collector in collectors:
+            collector.close()
+    return 0
+
+
+async def serve(collectors: Sequence[ScheduledCollector], host: str | None, port: int) -> None:
+    """Serve until SIGINT or SIGTERM, then stop the collectors' tasks and the server."""
+    runner = web.AppRunner(build_app(Exposition(collectors)), access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+        log.info("listening on %s:%d with collectors %s", host or "*", port, ", ".join(c.name for c in collectors))
+        tasks = [asyncio.create_task(c.run(), name=f"collector-{c.name}") for c in collectors]
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        log.info("shutting down")
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        await runner.cleanup()
+

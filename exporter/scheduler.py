@@ -1,0 +1,124 @@
+"""Runs each collector on its own interval, off the event loop, with a timeout.
+
+A collection runs in a worker thread of its own, so a hung NVML call or a
+stuck sysfs read can hold at most one thread per collector: while it is still
+running, later ticks are skipped and counted instead of queued. A collection
+that outlives its timeout is reported as failed at once and its result, should
+it ever arrive, is thrown away. Each outcome replaces an immutable
+`CollectorState`, which the exposition reads without locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+
+from exporter.collector import Collection, Collector
+from exporter.render import render
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CollectorState:
+    """The latest outcome of one collector, as the self-metrics report it."""
+
+    success: bool = False
+    duration_seconds: float = 0.0
+    last_success_timestamp: float | None = None
+    skipped: int = 0
+    body: bytes = b""
+
+
+class ScheduledCollector:
+    def __init__(self, collector: Collector, interval: float, timeout: float) -> None:
+        self.collector = collector
+        self.name = collector.name
+        self.interval = interval
+        self.timeout = timeout
+        self.state = CollectorState()
+        self._running: concurrent.futures.Future[tuple[Collection, bytes]] | None = None
+        self._problems: tuple[str, ...] = ()
+
+    async def run(self) -> None:
+        """Tick forever at a fixed rate; a tick that cannot start is skipped, never delayed."""
+        loop = asyncio.get_running_loop()
+        next_tick = loop.time()
+        while True:
+            await self.tick()
+            next_tick += self.interval
+            now = loop.time()
+            if next_tick < now:  # The event loop was starved: skip the ticks that are already past.
+                missed = int((now - next_tick) // self.interval) + 1
+                next_tick += missed * self.interval
+                self._update(replace(self.state, skipped=self.state.skipped + missed))
+            await asyncio.sleep(next_tick - now)
+
+    async def tick(self) -> None:
+        if self._running is not None and not self._running.done():
+            log.debug("collector=%s tick skipped: the previous collection is still running", self.name)
+            self._update(replace(self.state, skipped=self.state.skipped + 1))
+            return
+        started = time.perf_counter()
+        self._running = self._start_collection()
+        try:
+            collection, body = await asyncio.wait_for(asyncio.wrap_future(self._running), self.timeout)
+        except asyncio.TimeoutError:
+            self._failed(started, f"collection timed out after {self.timeout:g}s; later ticks are skipped until it returns")
+        except Exception as err:  # noqa: BLE001 - a broken collector must not take the exporter down.
+            self._failed(started, f"collection failed: {err}")
+        else:
+            duration = time.perf_counter() - started
+            self._report(collection.problems)
+            ok = not collection.problems
+            self._update(
+                CollectorState(
+                    success=ok,
+                    duration_seconds=duration,
+                    last_success_timestamp=time.time() if ok else self.state.last_success_timestamp,
+                    skipped=self.state.skipped,
+                    body=body,
+                )
+            )
+
+    def close(self) -> None:
+        self.collector.close()
+
+    def _start_collection(self) -> concurrent.futures.Future[tuple[Collection, bytes]]:
+        """Run one collection in a fresh daemon thread, so a hung call never blocks exit."""
+        future: concurrent.futures.Future[tuple[Collection, bytes]] = concurrent.futures.Future()
+
+        def work() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                collection = self.collector.collect()
+                future.set_result((collection, render(collection.families)))
+            except BaseException as err:  # noqa: BLE001 - handed to the event loop, which logs it.
+                future.set_exception(err)
+
+        threading.Thread(target=work, name=f"collector-{self.name}", daemon=True).start()
+        return future
+
+    def _failed(self, started: float, message: str) -> None:
+        self._report((message,))
+        # A failed collection serves no values: stale numbers would look like live ones.
+        self._update(
+            replace(self.state, success=False, duration_seconds=time.perf_counter() - started, body=b"")
+        )
+
+    def _report(self, problems: tuple[str, ...]) -> None:
+        """Log problems when they change, not every tick, so a missing driver is one line, not thousands."""
+        for problem in problems:
+            if problem not in self._problems:
+                log.warning("collector=%s %s", self.name, problem)
+        if self._problems and not problems:
+            log.info("collector=%s recovered", self.name)
+        self._problems = problems
+
+    def _update(self, state: CollectorState) -> None:
+        self.state = state

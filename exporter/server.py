@@ -1,0 +1,69 @@
+"""The HTTP side: /metrics from the cached exposition, a landing page, and /healthz.
+
+Handlers never touch the hardware or wait on a collector; they hand out bytes
+the exposition already holds, so a scrape stays fast while a collector hangs.
+"""
+
+from __future__ import annotations
+
+import html
+
+from aiohttp import web
+
+from exporter import __version__
+from exporter.exposition import Exposition
+from exporter.render import CONTENT_TYPE
+
+EXPOSITION_KEY: web.AppKey[Exposition] = web.AppKey("exposition", Exposition)
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """True when the client lists gzip without refusing it (`gzip;q=0`)."""
+    for entry in accept_encoding.split(","):
+        coding, _, params = entry.strip().partition(";")
+        if coding.strip().lower() in ("gzip", "*"):
+            quality = params.strip().removeprefix("q=").strip()
+            try:
+                return not params.strip() or float(quality) > 0
+            except ValueError:
+                return False
+    return False
+
+
+async def metrics(request: web.Request) -> web.Response:
+    exposition = request.app[EXPOSITION_KEY]
+    headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding", "Cache-Control": "no-store"}
+    if accepts_gzip(request.headers.get("Accept-Encoding", "")):
+        headers["Content-Encoding"] = "gzip"
+        return web.Response(body=exposition.gzipped(), headers=headers)
+    return web.Response(body=exposition.body(), headers=headers)
+
+
+async def landing(request: web.Request) -> web.Response:
+    rows = "".join(
+        f"<tr><td>{html.escape(c.name)}</td><td>{'ok' if c.state.success else 'failing'}</td>"
+        f"<td>{c.interval:g}s</td></tr>"
+        for c in request.app[EXPOSITION_KEY].collectors
+    )
+    page = (
+        "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>gpufleet exporter</title></head><body>"
+        f"<h1>gpufleet exporter {html.escape(__version__)}</h1>"
+        "<p><a href=\"metrics\">Metrics</a> &middot; <a href=\"healthz\">Health</a></p>"
+        f"<table><tr><th>collector</th><th>last collection</th><th>interval</th></tr>{rows}</table>"
+        "</body></html>"
+    )
+    return web.Response(text=page, content_type="text/html")
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness: the event loop answers. Collector health is in the metrics, where alerts can see it."""
+    return web.Response(text="ok\n")
+
+
+def build_app(exposition: Exposition) -> web.Application:
+    app = web.Application()
+    app[EXPOSITION_KEY] = exposition
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/", landing)
+    app.router.add_get("/healthz", healthz)
+    return app

@@ -1,0 +1,149 @@
+"""`gpufleet exporter` as a user runs it: a subprocess on 127.0.0.1, scraped over HTTP, checked by promtool."""
+
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from helpers import FIXTURE_SYSFS, named, nvml_present, parse, series
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def gpufleet(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "gpufleet", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return response.read()
+
+
+@pytest.fixture
+def exporter():
+    port = free_port()
+    process = gpufleet("exporter", "--gpu.backend=sim", "--sim.gpus=8", f"--path.sysfs={FIXTURE_SYSFS}",
+                       f"--web.listen-address=127.0.0.1:{port}", "--collector.gpu.interval=1s")
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            samples = parse(get(f"{url}/metrics"))
+            if all(v == 1 for v in named(samples, "gpufleet_collector_success").values()) and len(
+                named(samples, "gpufleet_collector_success")
+            ) == 5:
+                break
+        except OSError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"exporter did not become ready:\n{process.communicate()[0]}")
+        time.sleep(0.1)
+    yield process, url
+    if process.poll() is None:
+        process.kill()
+        process.wait(5)
+
+
+def test_scrape_has_every_collector_and_exact_fixture_values(exporter):
+    _, url = exporter
+    samples = parse(get(f"{url}/metrics"))
+    assert set(dict(l)["collector"] for l in named(samples, "gpufleet_collector_success")) == {
+        "gpu", "network", "infiniband", "hwmon", "thermal_zone"}
+    assert samples[series("gpufleet_gpu_devices")] == 8
+    assert len(named(samples, "gpufleet_gpu_info")) == 8
+    for name in ("gpufleet_gpu_utilization_ratio", "gpufleet_gpu_power_watts", "gpufleet_gpu_energy_joules_total",
+                 "gpufleet_gpu_temperature_celsius", "gpufleet_gpu_memory_used_bytes"):
+        assert len(named(samples, name)) == 8, name
+    for labels, watts in named(samples, "gpufleet_gpu_power_watts").items():
+        assert 0 < watts <= samples[("gpufleet_gpu_power_limit_watts", labels)]
+    assert not named(samples, "gpufleet_gpu_fan_speed_ratio")  # The simulated SXM boards have no fans.
+    assert samples[series("gpufleet_infiniband_port_xmit_data_bytes_total", device="mlx5_0", port="1")] == (
+        123456789012345 * 4)
+    assert samples[series("gpufleet_network_receive_bytes_total", device="eno1")] == 9876543210123
+    assert samples[series("gpufleet_hwmon_temperature_celsius", chip="k10temp", device="0000:00:18.3",
+                          sensor="temp1", label="Tctl")] == 52.375
+    assert samples[series("gpufleet_thermal_zone_temperature_celsius", zone="thermal_zone0", type="x86_pkg_temp")] == 46
+    assert any(name == "gpufleet_exporter_build_info" for name, _ in samples)
+    assert samples[series("process_open_fds")] > 0
+
+
+def test_promtool_finds_nothing_to_complain_about(exporter):
+    _, url = exporter
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is missing: install Debian's prometheus package (.ci/run does)")
+    body = get(f"{url}/metrics")
+    result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=30)
+    assert result.returncode == 0 and result.stdout == b"" and result.stderr == b"", result
+
+
+def test_energy_counter_keeps_rising_between_collections(exporter):
+    _, url = exporter
+    first = named(parse(get(f"{url}/metrics")), "gpufleet_gpu_energy_joules_total")
+    time.sleep(1.2)
+    second = named(parse(get(f"{url}/metrics")), "gpufleet_gpu_energy_joules_total")
+    assert first.keys() == second.keys()
+    assert all(second[gpu] > first[gpu] for gpu in first)
+
+
+def test_sigterm_stops_it_cleanly(exporter):
+    process, _ = exporter
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=10)
+    assert process.returncode == 0
+    assert 'msg="shutting down"' in output
+    assert "Traceback" not in output
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--collector.gpu.interval=often"], 2, "invalid duration 'often'"),
+        (["--web.listen-address=localhost"], 2, "invalid listen address 'localhost'"),
+        (["--web.listen-address=:0"], 2, "invalid listen address ':0'"),
+        (["--gpu.backend=sim", "--sim.gpus=0"], 2, "count '0' must be at least 1"),
+        (["--collector.network.device-exclude=("], 2, "invalid regular expression"),
+        (["--gpu.backend=cuda"], 2, "invalid choice: 'cuda'"),
+        (["--no-such-flag"], 2, "unrecognized arguments: --no-such-flag"),
+        (["--gpu.backend=sim", "--collector.gpu.interval=5s", "--collector.gpu.timeout=10s"], 1,
+         "--collector.gpu.timeout (10s) must not exceed --collector.gpu.interval (5s)"),
+    ],
+)
+def test_bad_flags_get_a_clear_message_and_no_traceback(args, code, message):
+    process = gpufleet("exporter", *args)
+    output, _ = process.communicate(timeout=20)
+    assert process.returncode == code
+    assert message in output
+    assert "Traceback" not in output
+
+
+def test_a_port_already_in_use_is_a_clear_error():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process = gpufleet("exporter", "--gpu.backend=sim", f"--path.sysfs={FIXTURE_SYSFS}",
+                           f"--web.listen-address=127.0.0.1:{port}")
+        output, _ = process.communicate(timeout=20)
+    assert process.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in output
+    assert "Traceback" not in output
+
+
+@pytest.mark.skipif(nvml_present(), reason="this machine has an NVIDIA driver")
+def test_nvml_backend_without_a_driver_refuses_to_start():
+    process = gpufleet("exporter", "--gpu.backend=nvml", f"--web.listen-address=127.0.0.1:{free_port()}")
+    output, _ = process.communicate(timeout=20)
+    assert process.returncode == 1
+    assert "--gpu.backend=nvml needs a working NVML" in output

@@ -1,0 +1,128 @@
+"""The scheduler and /metrics together, in process, with a real aiohttp server on 127.0.0.1."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from exporter.collector.gpu import GpuCollector
+from exporter.collector.network import NetworkCollector
+from exporter.exposition import Exposition
+from exporter.gpu.session import NvmlSession
+from exporter.gpu.simulated import SimulatedNvml, simulated_gpus
+from exporter.scheduler import ScheduledCollector
+from exporter.server import build_app
+from helpers import FIXTURE_SYSFS, eventually, named, parse, series
+
+
+class HangingNvml(SimulatedNvml):
+    """Simulated NVML whose power reading blocks, like a driver stuck in an ioctl, until released."""
+
+    def __init__(self) -> None:
+        super().__init__(simulated_gpus(2))
+        self.hanging = False
+        self.release = threading.Event()
+        self.entered = threading.Event()
+
+    def nvmlDeviceGetPowerUsage(self, gpu):
+        if self.hanging:
+            self.entered.set()
+            self.release.wait(timeout=30)
+        return super().nvmlDeviceGetPowerUsage(gpu)
+
+
+@pytest.fixture
+async def running():
+    nvml = HangingNvml()
+    gpu = ScheduledCollector(GpuCollector(NvmlSession(nvml)), interval=0.3, timeout=0.2)
+    network = ScheduledCollector(NetworkCollector(str(FIXTURE_SYSFS)), interval=0.3, timeout=0.3)
+    collectors = [gpu, network]
+    client = TestClient(TestServer(build_app(Exposition(collectors)), host="127.0.0.1"))
+    await client.start_server()
+    tasks = [asyncio.create_task(c.run()) for c in collectors]
+    try:
+        yield nvml, client
+    finally:
+        nvml.release.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.close()
+
+
+async def scrape(client):
+    started = time.perf_counter()
+    response = await client.get("/metrics")
+    assert response.status == 200
+    body = await response.read()
+    return parse(body), time.perf_counter() - started
+
+
+def success(samples, collector):
+    return samples.get(series("gpufleet_collector_success", collector=collector))
+
+
+async def test_a_hung_nvml_call_never_delays_a_scrape_and_fails_only_its_collector(running):
+    nvml, client = running
+
+    async def gpu_ok():
+        samples, _ = await scrape(client)
+        return samples if success(samples, "gpu") == 1 else None
+
+    samples = await eventually(gpu_ok)
+    assert samples[series("gpufleet_gpu_devices")] == 2
+
+    nvml.hanging = True
+    assert await asyncio.to_thread(nvml.entered.wait, 5)
+    latencies = []
+
+    async def gpu_failed():
+        samples, latency = await scrape(client)
+        latencies.append(latency)
+        return samples if success(samples, "gpu") == 0 else None
+
+    samples = await eventually(gpu_failed)
+    # No stale GPU values while failing; the network collector carries on.
+    assert not [name for name, _ in samples if name.startswith("gpufleet_gpu_")]
+    assert success(samples, "network") == 1
+    assert samples[series("gpufleet_network_up", device="eno1")] == 1
+
+    # While the call stays hung, ticks are skipped and counted rather than piling up threads.
+    threads_before = threading.active_count()
+
+    async def skipped_twice():
+        samples, latency = await scrape(client)
+        latencies.append(latency)
+        return samples.get(series("gpufleet_collector_skipped_total", collector="gpu"), 0) >= 2
+
+    await eventually(skipped_twice)
+    assert threading.active_count() <= threads_before + 1  # At most the network collector's own worker.
+    assert max(latencies) < 0.1, latencies
+
+    nvml.hanging = False
+    nvml.release.set()
+    samples = await eventually(gpu_ok)
+    assert samples[series("gpufleet_gpu_devices")] == 2
+    assert len(named(samples, "gpufleet_gpu_power_watts")) == 2
+
+
+async def test_a_collector_that_raises_is_reported_and_the_exporter_keeps_serving():
+    class Broken:
+        name = "broken"
+        default_interval = 1.0
+
+        def collect(self):
+            raise RuntimeError("unexpected failure inside the collector")
+
+        def close(self):
+            return None
+
+    broken = ScheduledCollector(Broken(), interval=0.2, timeout=0.2)
+    await broken.tick()
+    assert broken.state.success is False
+    body = parse(Exposition([broken]).body())
+    assert body[series("gpufleet_collector_success", collector="broken")] == 0
+    assert series("gpufleet_collector_last_success_timestamp_seconds", collector="broken") not in body
+    assert body[series("gpufleet_collector_skipped_total", collector="broken")] == 0
