@@ -2,6 +2,8 @@
 
 import argparse
 import logging
+import shutil
+import subprocess
 
 import pynvml
 import pytest
@@ -221,3 +223,20 @@ def test_training_load_moves_power_and_utilisation_together_and_energy_never_dec
     assert busiest.power_watts > quietest.power_watts
     assert busiest.sm_clock_hertz > quietest.sm_clock_hertz
     assert all(r.power_watts <= gpu.power_limit_watts for r in readings)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not nvml_present() or shutil.which("nvidia-smi") is None, reason="needs an NVIDIA GPU and driver")
+def test_real_gpus_match_nvidia_smi():
+    smi = subprocess.run(
+        ["nvidia-smi", "--query-gpu=index,uuid,pci.bus_id,memory.total", "--format=csv,noheader,nounits"],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout
+    collection, samples = collect(GpuCollector(NvmlSession(pynvml)))
+    assert collection.problems == ()
+    for line in smi.strip().splitlines():
+        index, uuid, bus_id, memory_mib = (part.strip() for part in line.split(","))
+        info = [dict(l) for l in named(samples, "gpufleet_gpu_info") if dict(l)["gpu"] == index]
+        assert len(info) == 1 and info[0]["uuid"] == uuid and info[0]["pci_bus_id"].lower() == bus_id.lower()
+        total = samples[series("gpufleet_gpu_memory_total_bytes", gpu=index, uuid=uuid)]
+        assert total == int(memory_mib) * 1024**2

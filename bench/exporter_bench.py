@@ -1,0 +1,207 @@
+"""Benchmark of `gpufleet exporter` against Debian's prometheus-node-exporter on the same sysfs tree.
+
+Usage: .venv/bin/python bench/exporter_bench.py [--cpu-seconds 60] [--node-exporter PATH]
+
+It builds a node-sized sysfs tree (8 InfiniBand ports, 4 Ethernet interfaces,
+32 hwmon sensors), starts the exporter with 8 simulated GPUs on it and
+node_exporter with the matching collectors (netclass, infiniband, hwmon,
+thermal_zone) and no cap on parallel scrapes, and prints:
+
+* scrape latency p50/p99 with 1 and with 50 concurrent scrapers, for both
+  exporters, asking for gzip as Prometheus does;
+* the exporter's CPU use as a share of one core over --cpu-seconds at its
+  default intervals, scraped every 15 s as a Prometheus would;
+* the exporter's peak resident memory (VmHWM).
+
+Everything listens on 127.0.0.1 only; every loop is bounded by a count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import psutil
+
+SINGLE_REQUESTS = 2000
+CONCURRENT_SCRAPERS = 50
+REQUESTS_PER_SCRAPER = 100
+
+
+def build_sysfs(root: Path) -> None:
+    def write(relative: str, value: object) -> None:
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{value}\n")
+
+    for index in range(8):
+        device = f"mlx5_{index}"
+        for name, value in (("board_id", "MT_0000000838"), ("fw_ver", "28.39.1002"), ("hca_type", "MT4129"),
+                            ("node_guid", f"946d:ae03:008a:1b{index:02x}")):
+            write(f"class/infiniband/{device}/{name}", value)
+        port = f"class/infiniband/{device}/ports/1"
+        write(f"{port}/rate", "400 Gb/sec (4X NDR)")
+        write(f"{port}/state", "4: ACTIVE")
+        write(f"{port}/phys_state", "5: LinkUp")
+        write(f"{port}/link_layer", "InfiniBand")
+        for counter in ("port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets", "port_xmit_wait",
+                        "symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors", "port_xmit_discards",
+                        "port_rcv_remote_physical_errors", "local_link_integrity_errors",
+                        "excessive_buffer_overrun_errors", "VL15_dropped", "unicast_xmit_packets",
+                        "unicast_rcv_packets", "multicast_xmit_packets", "multicast_rcv_packets"):
+            write(f"{port}/counters/{counter}", 123456789 + index)
+        for counter in ("out_of_buffer", "out_of_sequence", "local_ack_timeout_err", "duplicate_request",
+                        "rnr_nak_retry_err", "packet_seq_err", "implied_nak_seq_err"):
+            write(f"{port}/hw_counters/{counter}", index)
+    for index in range(4):
+        device = f"eth{index}"
+        for stat in ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_errors", "tx_errors", "rx_dropped",
+                     "tx_dropped", "multicast", "collisions", "rx_crc_errors", "rx_missed_errors"):
+            write(f"class/net/{device}/statistics/{stat}", 987654321 + index)
+        for name, value in (("speed", 100000), ("operstate", "up"), ("carrier_changes", 2), ("mtu", 9000),
+                            ("address", f"b4:96:91:a1:22:{index:02x}"), ("duplex", "full")):
+            write(f"class/net/{device}/{name}", value)
+    for chip in range(2):
+        hwmon = f"class/hwmon/hwmon{chip}"
+        write(f"{hwmon}/name", "coretemp")
+        for sensor in range(1, 17):
+            write(f"{hwmon}/temp{sensor}_input", 40000 + sensor * 500)
+            write(f"{hwmon}/temp{sensor}_label", f"Core {sensor - 1}")
+            write(f"{hwmon}/temp{sensor}_max", 84000)
+            write(f"{hwmon}/temp{sensor}_crit", 100000)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_ready(url: str, process: subprocess.Popen, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"{process.args[0]} exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit(f"{url} did not answer within {seconds}s")
+
+
+async def latencies(url: str, scrapers: int, requests_each: int) -> list[float]:
+    results: list[float] = []
+    connector = aiohttp.TCPConnector(limit=scrapers)
+    async with aiohttp.ClientSession(connector=connector, headers={"Accept-Encoding": "gzip"}) as session:
+
+        async def scraper() -> None:
+            for _ in range(requests_each):
+                started = time.perf_counter()
+                async with session.get(url) as response:
+                    await response.read()
+                    if response.status != 200:
+                        raise SystemExit(f"{url} answered {response.status}")
+                results.append(time.perf_counter() - started)
+
+        await asyncio.gather(*(scraper() for _ in range(scrapers)))
+    return results
+
+
+def percentile(values: list[float], share: float) -> float:
+    return statistics.quantiles(values, n=1000, method="inclusive")[int(share * 1000) - 1]
+
+
+def latency_row(name: str, url: str) -> dict[str, float]:
+    asyncio.run(latencies(url, 1, 50))  # Warm up connections and caches.
+    single = asyncio.run(latencies(url, 1, SINGLE_REQUESTS))
+    many = asyncio.run(latencies(url, CONCURRENT_SCRAPERS, REQUESTS_PER_SCRAPER))
+    row = {
+        "p50_1": percentile(single, 0.5) * 1000, "p99_1": percentile(single, 0.99) * 1000,
+        "p50_50": percentile(many, 0.5) * 1000, "p99_50": percentile(many, 0.99) * 1000,
+    }
+    print(f"{name:<16} {row['p50_1']:>9.2f} {row['p99_1']:>9.2f} {row['p50_50']:>10.2f} {row['p99_50']:>10.2f}")
+    return row
+
+
+def peak_rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return psutil.Process(pid).memory_info().rss
+
+
+def cpu_share(pid: int, url: str, seconds: float) -> float:
+    """CPU of the process over `seconds`, scraped every 15 s like a Prometheus would."""
+    process = psutil.Process(pid)
+    before = process.cpu_times()
+    started = time.monotonic()
+    for _ in range(int(seconds // 15) + 1):
+        with urllib.request.urlopen(url, timeout=2) as response:
+            response.read()
+        remaining = started + seconds - time.monotonic()
+        if remaining <= 0:
+            break
+        time.sleep(min(15.0, remaining))
+    after = process.cpu_times()
+    elapsed = time.monotonic() - started
+    return (after.user - before.user + after.system - before.system) / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu-seconds", type=float, default=60.0)
+    parser.add_argument("--node-exporter", default=shutil.which("prometheus-node-exporter") or "node_exporter")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sysfs = Path(tmp) / "sys"
+        build_sysfs(sysfs)
+        ours_port, theirs_port = free_port(), free_port()
+        ours = subprocess.Popen(
+            [sys.executable, "-m", "gpufleet", "exporter", "--gpu.backend=sim", "--sim.gpus=8", f"--path.sysfs={sysfs}",
+             f"--web.listen-address=127.0.0.1:{ours_port}", "--log.level=warn"])
+        theirs = subprocess.Popen(
+            [args.node_exporter, "--collector.disable-defaults", "--collector.netclass", "--collector.infiniband",
+             "--collector.hwmon", "--collector.thermal_zone", f"--path.sysfs={sysfs}",
+             "--web.max-requests=0",  # Its default of 40 answers 503 to the 50-scraper run.
+             f"--web.listen-address=127.0.0.1:{theirs_port}", "--log.level=warn"],
+            stderr=subprocess.DEVNULL)
+        try:
+            ours_url = f"http://127.0.0.1:{ours_port}/metrics"
+            theirs_url = f"http://127.0.0.1:{theirs_port}/metrics"
+            wait_ready(ours_url, ours)
+            wait_ready(theirs_url, theirs)
+            time.sleep(1)  # Let every collector finish its first collection.
+            with urllib.request.urlopen(ours_url) as response:
+                body = response.read()
+            series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+            print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}; "
+                  f"gpufleet /metrics: {len(body)} bytes, {series} series")
+            print(f"{'scrape latency':<16} {'p50 1 ms':>9} {'p99 1 ms':>9} {'p50 50 ms':>10} {'p99 50 ms':>10}")
+            ours_row = latency_row("gpufleet", ours_url)
+            theirs_row = latency_row("node_exporter", theirs_url)
+            print(f"p99 at 50 scrapers, gpufleet / node_exporter: {ours_row['p99_50'] / theirs_row['p99_50']:.2f}")
+            share = cpu_share(ours.pid, ours_url, args.cpu_seconds)
+            print(f"gpufleet CPU over {args.cpu_seconds:g}s at default intervals: {share * 100:.2f}% of one core")
+            print(f"gpufleet peak RSS: {peak_rss_bytes(ours.pid) / 2**20:.1f} MiB")
+        finally:
+            for process in (ours, theirs):
+                process.terminate()
+                process.wait(10)
+
+
+if __name__ == "__main__":
+    main()
