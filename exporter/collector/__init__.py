@@ -19,6 +19,8 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
+from exporter.sysfs import SysfsReader
+
 
 @dataclass(frozen=True)
 class Collection:
@@ -56,11 +58,6 @@ class Collector(Protocol):
         """Release what the collector holds (NVML handles); called once at shutdown."""
 
 
-def collection(families: Sequence[Metric], problems: Sequence[str] = ()) -> Collection:
-    """Build a Collection, leaving out families that ended up without samples."""
-    return Collection(tuple(f for f in families if f.samples), tuple(problems))
-
-
 class FamilySet:
     """Metric families created on first use, in first-use order.
 
@@ -85,11 +82,16 @@ class FamilySet:
         return family
 
     def collection(self, problems: Sequence[str] = ()) -> Collection:
-        return collection(list(self._families.values()), problems)
+        """The families that received samples, with the problems met while filling them."""
+        return Collection(tuple(f for f in self._families.values() if f.samples), tuple(problems))
 
 
 class SysfsCollector:
-    """Base for collectors that read only sysfs: they hold a root and nothing to release."""
+    """Base for collectors that read only sysfs: they hold a root and nothing to release.
+
+    `collect()` gives each collection a fresh reader, so the problems it reports
+    are those of this collection only; subclasses fill the families in `read()`.
+    """
 
     name: ClassVar[str]
     default_interval: ClassVar[float]
@@ -104,6 +106,15 @@ class SysfsCollector:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SysfsCollector:
         return cls(args.sysfs_root)
+
+    def collect(self) -> Collection:
+        sysfs = SysfsReader(self.sysfs_root)
+        families = FamilySet()
+        self.read(sysfs, families)
+        return families.collection(sysfs.problems)
+
+    def read(self, sysfs: SysfsReader, families: FamilySet) -> None:
+        raise NotImplementedError
 
     def close(self) -> None:
         return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 
-from exporter.collector import Collection, FamilySet, SysfsCollector
+from exporter.collector import FamilySet, SysfsCollector
 from exporter.sysfs import SysfsReader
 
 _LABELS = ("chip", "device", "sensor", "label")
@@ -34,12 +34,9 @@ class HwmonCollector(SysfsCollector):
     name = "hwmon"
     default_interval = 15.0
 
-    def collect(self) -> Collection:
-        sysfs = SysfsReader(self.sysfs_root)
-        families = FamilySet()
+    def read(self, sysfs: SysfsReader, families: FamilySet) -> None:
         for hwmon in sysfs.listdir("class/hwmon"):
             self._collect_chip(sysfs, families, hwmon)
-        return families.collection(sysfs.problems)
 
     def _collect_chip(self, sysfs: SysfsReader, families: FamilySet, hwmon: str) -> None:
         base = sysfs.path(f"class/hwmon/{hwmon}")

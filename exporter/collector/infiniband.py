@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from exporter.collector import Collection, FamilySet, SysfsCollector
+from exporter.collector import FamilySet, SysfsCollector
 from exporter.sysfs import SysfsReader
 
 _PORT_LABELS = ("device", "port")
@@ -56,9 +56,7 @@ class InfinibandCollector(SysfsCollector):
     name = "infiniband"
     default_interval = 5.0
 
-    def collect(self) -> Collection:
-        sysfs = SysfsReader(self.sysfs_root)
-        families = FamilySet()
+    def read(self, sysfs: SysfsReader, families: FamilySet) -> None:
         for device in sysfs.listdir("class/infiniband"):
             base = sysfs.path(f"class/infiniband/{device}")
             families.gauge(
@@ -71,7 +69,6 @@ class InfinibandCollector(SysfsCollector):
             )
             for port in sysfs.listdir(f"class/infiniband/{device}/ports"):
                 self._collect_port(sysfs, families, device, port)
-        return families.collection(sysfs.problems)
 
     def _collect_port(self, sysfs: SysfsReader, families: FamilySet, device: str, port: str) -> None:
         port_dir = f"class/infiniband/{device}/ports/{port}"

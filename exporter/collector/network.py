@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from exporter.collector import Collection, FamilySet, SysfsCollector
+from exporter.collector import FamilySet, SysfsCollector
 from exporter.flags import regex
 from exporter.sysfs import SysfsReader
 
@@ -61,13 +61,10 @@ class NetworkCollector(SysfsCollector):
             return False
         return self.exclude is None or not self.exclude.search(device)
 
-    def collect(self) -> Collection:
-        sysfs = SysfsReader(self.sysfs_root)
-        families = FamilySet()
+    def read(self, sysfs: SysfsReader, families: FamilySet) -> None:
         for device in sysfs.listdir("class/net"):
             if self.wanted(device):
                 self._collect_device(sysfs, families, device)
-        return families.collection(sysfs.problems)
 
     def _collect_device(self, sysfs: SysfsReader, families: FamilySet, device: str) -> None:
         base = sysfs.path(f"class/net/{device}")

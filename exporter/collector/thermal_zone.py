@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from exporter.collector import Collection, FamilySet, SysfsCollector
+from exporter.collector import FamilySet, SysfsCollector
 from exporter.sysfs import SysfsReader
 
 _ZONE = re.compile(r"^thermal_zone\d+$")
@@ -21,9 +21,7 @@ class ThermalZoneCollector(SysfsCollector):
     name = "thermal_zone"
     default_interval = 15.0
 
-    def collect(self) -> Collection:
-        sysfs = SysfsReader(self.sysfs_root)
-        families = FamilySet()
+    def read(self, sysfs: SysfsReader, families: FamilySet) -> None:
         for zone in sysfs.listdir("class/thermal"):
             if not _ZONE.match(zone):
                 continue
@@ -47,4 +45,3 @@ class ThermalZoneCollector(SysfsCollector):
                     "Temperature of a thermal zone trip point (passive, active, hot, critical).",
                     ("zone", "type", "trip_point", "trip_type"),
                 ).add_metric([zone, zone_type, match.group(1), trip_type], trip_temperature / _MILLI)
-        return families.collection(sysfs.problems)

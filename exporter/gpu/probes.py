@@ -242,5 +242,5 @@ def read_fields(nvml: Any, handle: Any, fields: tuple[Field, ...]) -> Iterator[t
     if not fields:
         return
     values = nvml.nvmlDeviceGetFieldValues(handle, [f.field_id for f in fields])
-    for field, value in zip(fields, values):
+    for field, value in zip(fields, values, strict=True):
         yield field, field_value(value)

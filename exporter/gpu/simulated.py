@@ -328,7 +328,7 @@ class SimulatedNvml:
             ),
         }
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
-        for slot, field_id in zip(values, field_ids):
+        for slot, field_id in zip(values, field_ids, strict=True):
             slot.fieldId = field_id
             slot.timestamp = int(time.time() * 1e6)
             answer = answers.get(field_id)
