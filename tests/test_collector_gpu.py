@@ -199,6 +199,17 @@ def test_a_missing_library_is_a_clear_error(nvml, collector):
         collector.collect()
 
 
+def test_missing_metadata_leaves_its_label_empty_and_the_values_flowing(nvml, collector):
+    nvml.gpus[0].unsupported |= {"nvmlDeviceGetSerial", "nvmlDeviceGetVbiosVersion"}
+    nvml.cuda_version = None  # Not answered by this driver.
+    collection, samples = collect(collector)
+    assert collection.problems == ()
+    info = [dict(l) for l in named(samples, "gpufleet_gpu_info") if dict(l)["gpu"] == "0"]
+    assert info == [dict(gpu="0", uuid=UUID0, name="NVIDIA H100 80GB HBM3", pci_bus_id="00000000:18:00.0",
+                         serial="", vbios="", driver_version="570.133.20", cuda_version="")]
+    assert samples[gpu_series("gpufleet_gpu_power_watts")] == 612.5
+
+
 def test_no_gpus_is_a_failure_not_an_empty_success(clock):
     collector = GpuCollector(NvmlSession(SimulatedNvml([], clock=clock), clock=clock))
     with pytest.raises(GpuUnavailable, match="NVML found no GPUs"):

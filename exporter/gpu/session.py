@@ -147,7 +147,7 @@ class NvmlSession:
             self._fail(f"NVML initialisation failed: {err}", shutdown=False)
         try:
             self._driver_version = _text(self._nvml.nvmlSystemGetDriverVersion())
-            self._cuda_version = _cuda_version(self._nvml.nvmlSystemGetCudaDriverVersion())
+            self._cuda_version = self._optional(lambda: _cuda_version(self._nvml.nvmlSystemGetCudaDriverVersion()))
             count = self._nvml.nvmlDeviceGetCount()
             if count == 0:
                 self._fail("NVML found no GPUs")
@@ -188,8 +188,8 @@ class NvmlSession:
                 uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
                 name=_text(nvml.nvmlDeviceGetName(handle)),
                 pci_bus_id=_text(pci.busId),
-                serial=self._optional_text(nvml.nvmlDeviceGetSerial, handle),
-                vbios=self._optional_text(nvml.nvmlDeviceGetVbiosVersion, handle),
+                serial=self._optional(lambda: _text(nvml.nvmlDeviceGetSerial(handle))),
+                vbios=self._optional(lambda: _text(nvml.nvmlDeviceGetVbiosVersion(handle))),
             )
         except pynvml.NVMLError as err:
             if err.value in _DRIVER_LOST:
@@ -236,10 +236,10 @@ class NvmlSession:
         return True
 
     @staticmethod
-    def _optional_text(function: Callable[[Any], Any], handle: Any) -> str:
-        """Serial numbers and VBIOS versions are missing on some boards; an empty label is honest."""
+    def _optional(read: Callable[[], str]) -> str:
+        """Metadata some boards or drivers lack (serial, VBIOS, CUDA version): an empty label is honest."""
         try:
-            return _text(function(handle))
+            return read()
         except pynvml.NVMLError as err:
             if err.value in _DRIVER_LOST or err.value in _DEVICE_LOST:
                 raise

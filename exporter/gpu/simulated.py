@@ -163,7 +163,7 @@ class SimulatedNvml:
     """
 
     def __init__(self, gpus: list[SimulatedGpu], *, clock: Callable[[], float] = time.monotonic,
-                 driver_version: str = "570.133.20", cuda_version: int = 12080) -> None:
+                 driver_version: str = "570.133.20", cuda_version: int | None = 12080) -> None:
         self.gpus = gpus
         self.clock = clock
         self.driver_version = driver_version
@@ -203,6 +203,8 @@ class SimulatedNvml:
 
     def nvmlSystemGetCudaDriverVersion(self) -> int:
         self._system()
+        if self.cuda_version is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return self.cuda_version
 
     def nvmlDeviceGetCount(self) -> int:
