@@ -63,12 +63,78 @@ PCIE_MAX_GENERATION = GpuMetric("gpufleet_gpu_pcie_link_max_generation", "Maximu
 PCIE_WIDTH = GpuMetric("gpufleet_gpu_pcie_link_width", "Current PCIe link width in lanes.")
 PCIE_MAX_WIDTH = GpuMetric("gpufleet_gpu_pcie_link_max_width", "Maximum PCIe link width in lanes.")
 
+ECC_ENABLED = GpuMetric("gpufleet_gpu_ecc_enabled", "1 when ECC is on now.")
+ECC_PENDING_ENABLED = GpuMetric("gpufleet_gpu_ecc_pending_enabled", "1 when ECC will be on after the next reboot.")
+ECC_ERRORS = GpuMetric(
+    "gpufleet_gpu_ecc_errors_total",
+    "ECC errors: corrected (single-bit) or uncorrected (double-bit); volatile since the driver loaded, "
+    "aggregate over the board's life.",
+    counter=True,
+    labels=("error", "scope"),
+)
+REMAPPED_ROWS = GpuMetric("gpufleet_gpu_remapped_rows", "Memory rows remapped, by the error that caused it.",
+                          labels=("cause",))
+ROW_REMAP_PENDING = GpuMetric("gpufleet_gpu_row_remap_pending", "1 when a row remap waits for a GPU reset.")
+ROW_REMAP_FAILED = GpuMetric("gpufleet_gpu_row_remap_failed", "1 when a row remap failed: a candidate for RMA.")
+RETIRED_PAGES = GpuMetric("gpufleet_gpu_retired_pages", "Memory pages retired (GPUs before Ampere), by cause.",
+                          labels=("cause",))
+RETIRED_PAGES_PENDING = GpuMetric("gpufleet_gpu_retired_pages_pending",
+                                  "1 when a page retirement waits for a reboot (GPUs before Ampere).")
+PCIE_REPLAYS = GpuMetric("gpufleet_gpu_pcie_replays_total", "PCIe replays: link-level retransmissions.", counter=True)
+CLOCK_EVENT_ACTIVE = GpuMetric("gpufleet_gpu_clock_event_active",
+                               "1 while this reason holds the clocks below their target (a throttle reason).",
+                               labels=("reason",))
+VIOLATION = GpuMetric(
+    "gpufleet_gpu_violation_seconds_total",
+    "Time the clocks were held below the requested clocks by this performance policy.",
+    counter=True,
+    labels=("policy",),
+)
+NVLINK_UP = GpuMetric("gpufleet_gpu_nvlink_up", "1 when the NVLink is active.", labels=("link",))
+NVLINK_ERRORS = GpuMetric("gpufleet_gpu_nvlink_errors_total", "NVLink data-link errors, by kind.", counter=True,
+                          labels=("link", "error"))
+NVLINK_TRANSMIT = GpuMetric("gpufleet_gpu_nvlink_transmit_bytes_total", "NVLink data transmitted.", counter=True,
+                            labels=("link",))
+NVLINK_RECEIVE = GpuMetric("gpufleet_gpu_nvlink_receive_bytes_total", "NVLink data received.", counter=True,
+                           labels=("link",))
+
 # Raw values NVML and its users employ to mean "no value".
 _SENTINELS = frozenset({0xFFFF, 0xFFFFFFFF, 0x7FFFFFFFFFFFFFFF, 0xFFFFFFFFFFFFFFFF})
 _PSTATE_UNKNOWN = 32
 _HERTZ_PER_MHZ = 1_000_000
 _MILLI = 1000
 _PERCENT = 100
+_NANO = 1_000_000_000
+_KIB = 1024
+_COUNTER_MAX = float(2**64)
+
+# Clock event (throttle) reasons, named as in nvidia-smi -q, with their bits.
+CLOCK_EVENT_REASONS = (
+    ("gpu_idle", pynvml.nvmlClocksEventReasonGpuIdle),
+    ("applications_clocks_setting", pynvml.nvmlClocksEventReasonApplicationsClocksSetting),
+    ("sw_power_cap", pynvml.nvmlClocksEventReasonSwPowerCap),
+    ("hw_slowdown", pynvml.nvmlClocksEventReasonHwSlowdown),
+    ("sync_boost", pynvml.nvmlClocksEventReasonSyncBoost),
+    ("sw_thermal_slowdown", pynvml.nvmlClocksEventReasonSwThermalSlowdown),
+    ("hw_thermal_slowdown", pynvml.nvmlClocksEventReasonHwThermalSlowdown),
+    ("hw_power_brake_slowdown", pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown),
+    ("display_clock_setting", pynvml.nvmlClocksEventReasonDisplayClockSetting),
+)
+# Performance policies whose violation time NVML accumulates (nvmlDeviceGetViolationStatus, in ns).
+VIOLATION_POLICIES = (
+    ("power", pynvml.NVML_PERF_POLICY_POWER),
+    ("thermal", pynvml.NVML_PERF_POLICY_THERMAL),
+    ("sync_boost", pynvml.NVML_PERF_POLICY_SYNC_BOOST),
+    ("board_limit", pynvml.NVML_PERF_POLICY_BOARD_LIMIT),
+    ("low_utilization", pynvml.NVML_PERF_POLICY_LOW_UTILIZATION),
+    ("reliability", pynvml.NVML_PERF_POLICY_RELIABILITY),
+)
+NVLINK_ERROR_COUNTERS = (
+    ("crc_flit", pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+    ("crc_data", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
+    ("replay", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
+    ("recovery", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
+)
 
 
 def checked(metric: GpuMetric, raw: float, low: float, high: float, label_values: tuple[str, ...] = (),
@@ -169,6 +235,61 @@ def _link(metric: GpuMetric, function: str) -> Read:
     return read
 
 
+def _clock_events(nvml: Any, handle: Any) -> list[Reading]:
+    try:
+        mask = nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
+    except pynvml.NVMLError as err:  # Drivers before R535 know only the older name.
+        if err.value != pynvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+            raise
+        mask = nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
+    return [Reading(CLOCK_EVENT_ACTIVE, 1.0 if mask & bit else 0.0, (name,)) for name, bit in CLOCK_EVENT_REASONS]
+
+
+def _violation(name: str, policy: int) -> Read:
+    def read(nvml: Any, handle: Any) -> list[Reading]:
+        status = nvml.nvmlDeviceGetViolationStatus(handle, policy)
+        return checked(VIOLATION, status.violationTime, 0, _COUNTER_MAX - 2, (name,), per=_NANO)
+
+    return read
+
+
+def _nvlink_state(link: int) -> Read:
+    def read(nvml: Any, handle: Any) -> list[Reading]:
+        state = nvml.nvmlDeviceGetNvLinkState(handle, link)
+        return [Reading(NVLINK_UP, 1.0 if state == pynvml.NVML_FEATURE_ENABLED else 0.0, (str(link),))]
+
+    return read
+
+
+def _nvlink_errors(link: int, name: str, counter: int) -> Read:
+    def read(nvml: Any, handle: Any) -> list[Reading]:
+        value = nvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, counter)
+        return checked(NVLINK_ERRORS, value, 0, _COUNTER_MAX - 2, (str(link), name))
+
+    return read
+
+
+def nvlink_probes(links: list[int]) -> list[Probe]:
+    """Per-link state and error counters, for the links a GPU was found to have."""
+    probes = []
+    for link in links:
+        probes.append(Probe(f"nvmlDeviceGetNvLinkState({link})", _nvlink_state(link)))
+        probes += [Probe(f"nvmlDeviceGetNvLinkErrorCounter({link}, {name})", _nvlink_errors(link, name, counter))
+                   for name, counter in NVLINK_ERROR_COUNTERS]
+    return probes
+
+
+def nvlink_fields(links: list[int]) -> list[Field]:
+    """Per-link throughput counters, read in the batched field call with the link as scope."""
+    fields = []
+    for link in links:
+        fields.append(Field(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, f"NVLink {link} data transmitted",
+                            NVLINK_TRANSMIT, 0, _COUNTER_MAX - 2, times=_KIB, scope=link, label_values=(str(link),)))
+        fields.append(Field(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, f"NVLink {link} data received",
+                            NVLINK_RECEIVE, 0, _COUNTER_MAX - 2, times=_KIB, scope=link, label_values=(str(link),)))
+    return fields
+
+
 PROBES: tuple[Probe, ...] = (
     Probe("nvmlDeviceGetUtilizationRates", _utilization),
     Probe("nvmlDeviceGetEncoderUtilization", _codec(ENCODER_UTILIZATION, "nvmlDeviceGetEncoderUtilization")),
@@ -184,6 +305,8 @@ PROBES: tuple[Probe, ...] = (
     Probe("nvmlDeviceGetFanSpeed_v2", _fans),
     Probe("nvmlDeviceGetCurrPcieLinkGeneration", _link(PCIE_GENERATION, "nvmlDeviceGetCurrPcieLinkGeneration")),
     Probe("nvmlDeviceGetCurrPcieLinkWidth", _link(PCIE_WIDTH, "nvmlDeviceGetCurrPcieLinkWidth")),
+    Probe("nvmlDeviceGetCurrentClocksEventReasons", _clock_events),
+    *(Probe(f"nvmlDeviceGetViolationStatus({name})", _violation(name, policy)) for name, policy in VIOLATION_POLICIES),
     # Board constants: read once per NVML session.
     Probe("nvmlDeviceGetMaxClockInfo(SM)", _clock(CLOCK_MAX, "nvmlDeviceGetMaxClockInfo", "sm", pynvml.NVML_CLOCK_SM), True),
     Probe("nvmlDeviceGetMaxClockInfo(MEM)",
@@ -211,11 +334,36 @@ class Field:
     low: float
     high: float
     per: float = 1
+    times: float = 1
+    scope: int | None = None  # The link, for per-link fields.
+    label_values: tuple[str, ...] = ()
+
+
+def _ecc(field_id: int, error: str, scope: str) -> Field:
+    return Field(field_id, f"ECC {error} {scope}", ECC_ERRORS, 0, _COUNTER_MAX - 2, label_values=(error, scope))
 
 
 FIELDS: tuple[Field, ...] = (
     Field(pynvml.NVML_FI_DEV_MEMORY_TEMP, "memory temperature", MEMORY_TEMPERATURE, -50, 250),
     Field(pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, "total energy", ENERGY, 0, float(2**62), per=_MILLI),
+    Field(pynvml.NVML_FI_DEV_ECC_CURRENT, "ECC mode", ECC_ENABLED, 0, 1),
+    Field(pynvml.NVML_FI_DEV_ECC_PENDING, "pending ECC mode", ECC_PENDING_ENABLED, 0, 1),
+    _ecc(pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, "corrected", "volatile"),
+    _ecc(pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, "uncorrected", "volatile"),
+    _ecc(pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL, "corrected", "aggregate"),
+    _ecc(pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL, "uncorrected", "aggregate"),
+    Field(pynvml.NVML_FI_DEV_REMAPPED_COR, "remapped rows (correctable)", REMAPPED_ROWS, 0, 2**31,
+          label_values=("correctable",)),
+    Field(pynvml.NVML_FI_DEV_REMAPPED_UNC, "remapped rows (uncorrectable)", REMAPPED_ROWS, 0, 2**31,
+          label_values=("uncorrectable",)),
+    Field(pynvml.NVML_FI_DEV_REMAPPED_PENDING, "row remap pending", ROW_REMAP_PENDING, 0, 1),
+    Field(pynvml.NVML_FI_DEV_REMAPPED_FAILURE, "row remap failure", ROW_REMAP_FAILED, 0, 1),
+    Field(pynvml.NVML_FI_DEV_RETIRED_SBE, "retired pages (single-bit)", RETIRED_PAGES, 0, 2**31,
+          label_values=("single_bit",)),
+    Field(pynvml.NVML_FI_DEV_RETIRED_DBE, "retired pages (double-bit)", RETIRED_PAGES, 0, 2**31,
+          label_values=("double_bit",)),
+    Field(pynvml.NVML_FI_DEV_RETIRED_PENDING, "retired pages pending", RETIRED_PAGES_PENDING, 0, 1),
+    Field(pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, "PCIe replays", PCIE_REPLAYS, 0, _COUNTER_MAX - 2),
 )
 
 _FIELD_MEMBERS = {
@@ -241,6 +389,8 @@ def read_fields(nvml: Any, handle: Any, fields: tuple[Field, ...]) -> Iterator[t
     """Each field with its value (None where not available), from one NVML call."""
     if not fields:
         return
-    values = nvml.nvmlDeviceGetFieldValues(handle, [f.field_id for f in fields])
+    values = nvml.nvmlDeviceGetFieldValues(
+        handle, [f.field_id if f.scope is None else (f.field_id, f.scope) for f in fields]
+    )
     for field, value in zip(fields, values, strict=True):
         yield field, field_value(value)

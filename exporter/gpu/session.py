@@ -27,25 +27,22 @@ from typing import Any
 
 import pynvml
 
-from exporter.gpu.probes import FIELDS, PROBES, Field, Probe, Reading, checked, read_fields
+from exporter.gpu.nvml import DEVICE_LOST, DRIVER_LOST, TRANSIENT, UNSUPPORTED, as_text
+from exporter.gpu.probes import (
+    ECC_ENABLED,
+    ECC_ERRORS,
+    FIELDS,
+    PROBES,
+    Field,
+    Probe,
+    Reading,
+    checked,
+    nvlink_fields,
+    nvlink_probes,
+    read_fields,
+)
 
 log = logging.getLogger(__name__)
-
-_UNSUPPORTED = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
-_TRANSIENT = frozenset({pynvml.NVML_ERROR_NO_DATA, pynvml.NVML_ERROR_NOT_READY})
-_DEVICE_LOST = frozenset(
-    {pynvml.NVML_ERROR_GPU_IS_LOST, pynvml.NVML_ERROR_GPU_NOT_FOUND, pynvml.NVML_ERROR_RESET_REQUIRED}
-)
-_DRIVER_LOST = frozenset(
-    {
-        pynvml.NVML_ERROR_UNINITIALIZED,
-        pynvml.NVML_ERROR_DRIVER_NOT_LOADED,
-        pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH,
-        pynvml.NVML_ERROR_LIBRARY_NOT_FOUND,
-        pynvml.NVML_ERROR_UNKNOWN,
-    }
-)
-
 
 class GpuUnavailable(Exception):
     """NVML cannot be used right now; the message says why, for the log and the operator."""
@@ -77,6 +74,7 @@ class NodeSample:
     cuda_version: str
     device_count: int
     gpus: tuple[GpuSample, ...]
+    lost: tuple[GpuIdentity, ...]  # GPUs seen before that did not answer this time.
     problems: tuple[str, ...]
 
 
@@ -89,10 +87,6 @@ class _Device:
     fields: tuple[Field, ...] = ()
     static_readings: tuple[Reading, ...] = ()
     unsupported: list[str] = field(default_factory=list)
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def _cuda_version(raw: int) -> str:
@@ -113,6 +107,7 @@ class NvmlSession:
         self._next_attempt = 0.0
         self._last_failure = ""
         self._devices: list[_Device] | None = None
+        self._known: dict[int, GpuIdentity] = {}
         self._driver_version = ""
         self._cuda_version = ""
 
@@ -130,7 +125,15 @@ class NvmlSession:
                     gpus.append(sample)
         except pynvml.NVMLError as err:
             self._fail(f"NVML stopped answering: {err}")
-        return NodeSample(self._driver_version, self._cuda_version, len(self._devices), tuple(gpus), tuple(problems))
+        answered = {gpu.identity.index for gpu in gpus}
+        lost = tuple(identity for index, identity in sorted(self._known.items()) if index not in answered)
+        return NodeSample(
+            self._driver_version, self._cuda_version, len(self._devices), tuple(gpus), lost, tuple(problems)
+        )
+
+    def known_gpus(self) -> tuple[GpuIdentity, ...]:
+        """Every GPU this exporter has seen answer, also while NVML as a whole is down."""
+        return tuple(identity for _, identity in sorted(self._known.items()))
 
     def close(self) -> None:
         if self._devices is not None:
@@ -146,7 +149,7 @@ class NvmlSession:
         except pynvml.NVMLError as err:
             self._fail(f"NVML initialisation failed: {err}", shutdown=False)
         try:
-            self._driver_version = _text(self._nvml.nvmlSystemGetDriverVersion())
+            self._driver_version = as_text(self._nvml.nvmlSystemGetDriverVersion())
             self._cuda_version = self._optional(lambda: _cuda_version(self._nvml.nvmlSystemGetCudaDriverVersion()))
             count = self._nvml.nvmlDeviceGetCount()
             if count == 0:
@@ -185,14 +188,15 @@ class NvmlSession:
             pci = nvml.nvmlDeviceGetPciInfo(handle)
             identity = GpuIdentity(
                 index=device.index,
-                uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
-                name=_text(nvml.nvmlDeviceGetName(handle)),
-                pci_bus_id=_text(pci.busId),
-                serial=self._optional(lambda: _text(nvml.nvmlDeviceGetSerial(handle))),
-                vbios=self._optional(lambda: _text(nvml.nvmlDeviceGetVbiosVersion(handle))),
+                uuid=as_text(nvml.nvmlDeviceGetUUID(handle)),
+                name=as_text(nvml.nvmlDeviceGetName(handle)),
+                pci_bus_id=as_text(pci.busId),
+                serial=self._optional(lambda: as_text(nvml.nvmlDeviceGetSerial(handle))),
+                vbios=self._optional(lambda: as_text(nvml.nvmlDeviceGetVbiosVersion(handle))),
             )
+            links = self._nvlinks(handle)
         except pynvml.NVMLError as err:
-            if err.value in _DRIVER_LOST:
+            if err.value in DRIVER_LOST:
                 raise
             problems.append(f"GPU {device.index}: cannot open: {err}")
             return False
@@ -200,14 +204,14 @@ class NvmlSession:
         probes: list[Probe] = []
         static: list[Reading] = []
         unsupported: list[str] = []
-        for probe in PROBES:
+        for probe in (*PROBES, *nvlink_probes(links)):
             try:
                 readings = probe.read(nvml, handle)
             except pynvml.NVMLError as err:
-                if err.value in _UNSUPPORTED:
+                if err.value in UNSUPPORTED:
                     unsupported.append(probe.name)
                     continue
-                if err.value in _DRIVER_LOST:
+                if err.value in DRIVER_LOST:
                     raise
                 readings = []  # Supported but failing now: keep probing it every cycle.
             if probe.static and readings:
@@ -217,13 +221,13 @@ class NvmlSession:
 
         fields: list[Field] = []
         try:
-            for fld, value in read_fields(nvml, handle, FIELDS):
+            for fld, value in read_fields(nvml, handle, (*FIELDS, *nvlink_fields(links))):
                 if value is None:
                     unsupported.append(f"field {fld.field_id} ({fld.description})")
                 else:
                     fields.append(fld)
         except pynvml.NVMLError as err:
-            if err.value in _DRIVER_LOST:
+            if err.value in DRIVER_LOST:
                 raise
             unsupported.append("nvmlDeviceGetFieldValues")
 
@@ -233,7 +237,21 @@ class NvmlSession:
         device.fields = tuple(fields)
         device.static_readings = tuple(static)
         device.unsupported = unsupported
+        self._known[device.index] = identity
         return True
+
+    def _nvlinks(self, handle: Any) -> list[int]:
+        """The NVLinks this GPU has: the ones whose state NVML answers for (none on PCIe boards)."""
+        links = []
+        for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+            try:
+                self._nvml.nvmlDeviceGetNvLinkState(handle, link)
+            except pynvml.NVMLError as err:
+                if err.value in DRIVER_LOST or err.value in DEVICE_LOST:
+                    raise
+                continue
+            links.append(link)
+        return links
 
     @staticmethod
     def _optional(read: Callable[[], str]) -> str:
@@ -241,7 +259,7 @@ class NvmlSession:
         try:
             return read()
         except pynvml.NVMLError as err:
-            if err.value in _DRIVER_LOST or err.value in _DEVICE_LOST:
+            if err.value in DRIVER_LOST or err.value in DEVICE_LOST:
                 raise
             return ""
 
@@ -274,7 +292,10 @@ class NvmlSession:
         readings: list[Reading] = []
         for fld, value in read_fields(self._nvml, device.handle, device.fields):
             if value is not None:
-                readings += checked(fld.metric, value, fld.low, fld.high, per=fld.per)
+                readings += checked(fld.metric, value, fld.low, fld.high, fld.label_values, times=fld.times, per=fld.per)
+        if any(r.metric is ECC_ENABLED and r.value == 0 for r in readings):
+            # With ECC off the counters hold nothing meaningful; zeros would read as "healthy".
+            readings = [r for r in readings if r.metric is not ECC_ERRORS]
         return readings
 
     @staticmethod
@@ -284,10 +305,10 @@ class NvmlSession:
         try:
             return read(*args)
         except pynvml.NVMLError as err:
-            if err.value in _DRIVER_LOST:
+            if err.value in DRIVER_LOST:
                 raise
-            if err.value in _DEVICE_LOST:
+            if err.value in DEVICE_LOST:
                 raise _DeviceLost(str(err)) from err
-            if err.value not in _UNSUPPORTED | _TRANSIENT:
+            if err.value not in UNSUPPORTED | TRANSIENT:
                 problems.append(f"GPU {device.index}: {name}: {err}")
             return []

@@ -16,6 +16,7 @@ import math
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -78,9 +79,31 @@ class SimulatedGpu:
             pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX: 95,
         }
     )
-    # NVML function names (and "field:<id>") this board answers with NOT_SUPPORTED.
+    # Health state, changed by fault injection; counters only ever grow.
+    ecc_mode: int = 1
+    ecc_pending_mode: int = 1
+    ecc_errors: dict[tuple[str, str], int] = field(default_factory=dict)  # (error, scope) -> count
+    remapped_rows: dict[str, int] = field(default_factory=dict)  # cause -> rows
+    row_remap_pending: bool = False
+    row_remap_failed: bool = False
+    retired_pages: dict[str, int] = field(default_factory=dict)  # cause -> pages (pre-Ampere boards)
+    retired_pages_pending: bool = False
+    pcie_replays: int = 0
+    nvlinks: int = 18
+    nvlinks_down: set[int] = field(default_factory=set)
+    nvlink_errors: dict[tuple[int, str], int] = field(default_factory=dict)  # (link, kind) -> count
+    clock_events: int = 0  # Extra clock event reason bits, beyond the idle bit the load implies.
+    violation_seconds: dict[int, float] = field(default_factory=dict)  # perf policy -> seconds
+    # NVML function names (and "field:<id>") this board answers with NOT_SUPPORTED. Hopper has no
+    # page retirement (row remapping replaced it) and SXM boards have no fans.
     unsupported: set[str] = field(
-        default_factory=lambda: {"nvmlDeviceGetNumFans", "nvmlDeviceGetFanSpeed_v2"}
+        default_factory=lambda: {
+            "nvmlDeviceGetNumFans",
+            "nvmlDeviceGetFanSpeed_v2",
+            f"field:{pynvml.NVML_FI_DEV_RETIRED_SBE}",
+            f"field:{pynvml.NVML_FI_DEV_RETIRED_DBE}",
+            f"field:{pynvml.NVML_FI_DEV_RETIRED_PENDING}",
+        }
     )
     # Injected faults: NVML function name (or "*" for every call) -> NVML error code.
     errors: dict[str, int] = field(default_factory=dict)
@@ -155,11 +178,40 @@ def _error(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
 
 
+_NVLINK_COUNTER_NAMES = {
+    pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
+    pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data",
+    pynvml.NVML_NVLINK_ERROR_DL_REPLAY: "replay",
+    pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
+}
+_IDLE_BELOW = 0.05
+_UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+_ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+
+
+@dataclass(frozen=True, eq=False)
+class _Handle:
+    """A device handle: valid only for the driver generation that issued it, as after a real reload."""
+
+    gpu: SimulatedGpu
+    generation: int
+
+
+class _EventSet:
+    """An NVML event set: XID events queued for the GPUs registered with it."""
+
+    def __init__(self, generation: int) -> None:
+        self.generation = generation
+        self.handles: dict[int, _Handle] = {}  # GPU index -> the handle it was registered with.
+        self.queue: deque[Any] = deque()
+        self.ready = threading.Condition()
+
+
 class SimulatedNvml:
     """The subset of pynvml the exporter calls, answered from `SimulatedGpu` objects.
 
-    Handles are the `SimulatedGpu` objects themselves. Calls before `nvmlInit`
-    or after `nvmlShutdown` fail with UNINITIALIZED, as the real library does.
+    Calls before `nvmlInit`, after `nvmlShutdown`, or with a handle obtained
+    before a driver reload fail with UNINITIALIZED, as the real library does.
     """
 
     def __init__(self, gpus: list[SimulatedGpu], *, clock: Callable[[], float] = time.monotonic,
@@ -171,6 +223,8 @@ class SimulatedNvml:
         self.init_error: int | None = None  # An NVML error code nvmlInit fails with, to simulate a missing driver.
         self._loaded_at = clock()
         self._initialised = 0
+        self._generation = 0  # Bumped by a driver reload: event sets from before it stop working.
+        self._event_sets: list[_EventSet] = []
         self._lock = threading.Lock()
 
     # Library lifecycle -------------------------------------------------------------------------
@@ -188,10 +242,58 @@ class SimulatedNvml:
             self._initialised -= 1
 
     def reload_driver(self) -> None:
-        """What a driver reload does to callers: open sessions die and counters restart from zero."""
+        """What a driver reload does to callers: open sessions and event sets die, counters restart from zero."""
         with self._lock:
             self._initialised = 0
             self._loaded_at = self.clock()
+            self._generation += 1
+            event_sets = list(self._event_sets)
+        for event_set in event_sets:
+            with event_set.ready:
+                event_set.ready.notify_all()
+
+    def inject_xid(self, index: int, xid: int) -> None:
+        """Raise a critical XID event on GPU `index`, as the driver would."""
+        with self._lock:
+            event_sets = [e for e in self._event_sets if index in e.handles and e.generation == self._generation]
+        for event_set in event_sets:
+            with event_set.ready:
+                event_set.queue.append(
+                    SimpleNamespace(device=event_set.handles[index], eventType=pynvml.nvmlEventTypeXidCriticalError,
+                                    eventData=xid, gpuInstanceId=0, computeInstanceId=0)
+                )
+                event_set.ready.notify_all()
+
+    # Events --------------------------------------------------------------------------------------
+
+    def nvmlEventSetCreate(self) -> _EventSet:
+        self._system()
+        with self._lock:
+            event_set = _EventSet(self._generation)
+            self._event_sets.append(event_set)
+        return event_set
+
+    def nvmlDeviceRegisterEvents(self, handle: _Handle, event_types: int, event_set: _EventSet) -> None:
+        gpu = self._check(handle, "nvmlDeviceRegisterEvents")
+        if event_types & pynvml.nvmlEventTypeXidCriticalError:
+            event_set.handles[gpu.index] = handle
+
+    def nvmlEventSetWait_v2(self, event_set: _EventSet, timeout_ms: int) -> Any:
+        deadline = time.monotonic() + timeout_ms / 1000
+        with event_set.ready:
+            while not event_set.queue:
+                if event_set.generation != self._generation:
+                    raise _error(pynvml.NVML_ERROR_UNKNOWN)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise _error(pynvml.NVML_ERROR_TIMEOUT)
+                event_set.ready.wait(remaining)
+            return event_set.queue.popleft()
+
+    def nvmlEventSetFree(self, event_set: _EventSet) -> None:
+        with self._lock:
+            if event_set in self._event_sets:
+                self._event_sets.remove(event_set)
 
     def _system(self) -> None:
         if not self._initialised:
@@ -211,135 +313,192 @@ class SimulatedNvml:
         self._system()
         return len(self.gpus)
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> SimulatedGpu:
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> _Handle:
         self._system()
         if not 0 <= index < len(self.gpus):
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        gpu = self.gpus[index]
-        self._check(gpu, "nvmlDeviceGetHandleByIndex")
-        return gpu
+        handle = _Handle(self.gpus[index], self._generation)
+        self._check(handle, "nvmlDeviceGetHandleByIndex")
+        return handle
 
     # Per-device calls ---------------------------------------------------------------------------
 
-    def _check(self, gpu: SimulatedGpu, function: str) -> None:
+    def _check(self, handle: _Handle, function: str) -> SimulatedGpu:
+        """The board behind a handle, after the checks the real library makes, and the injected faults."""
         self._system()
+        if handle.generation != self._generation:  # A handle from before a driver reload is dead.
+            raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
+        gpu = handle.gpu
         code = gpu.errors.get(function, gpu.errors.get("*"))
         if code is not None:
             raise _error(code)
         if function in gpu.unsupported:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return gpu
 
-    def _now(self, gpu: SimulatedGpu, function: str) -> GpuTelemetry:
-        self._check(gpu, function)
-        return gpu.load(gpu, self.clock() - self._loaded_at)
+    def _now(self, handle: _Handle, function: str) -> tuple[SimulatedGpu, GpuTelemetry]:
+        gpu = self._check(handle, function)
+        return gpu, gpu.load(gpu, self.clock() - self._loaded_at)
 
-    def nvmlDeviceGetUUID(self, gpu: SimulatedGpu) -> str:
-        self._check(gpu, "nvmlDeviceGetUUID")
+    def _telemetry(self, handle: _Handle, function: str) -> GpuTelemetry:
+        return self._now(handle, function)[1]
+
+    def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
+        gpu = self._check(handle, "nvmlDeviceGetUUID")
         return gpu.uuid
 
-    def nvmlDeviceGetName(self, gpu: SimulatedGpu) -> str:
-        self._check(gpu, "nvmlDeviceGetName")
+    def nvmlDeviceGetName(self, handle: _Handle) -> str:
+        gpu = self._check(handle, "nvmlDeviceGetName")
         return gpu.name
 
-    def nvmlDeviceGetSerial(self, gpu: SimulatedGpu) -> str:
-        self._check(gpu, "nvmlDeviceGetSerial")
+    def nvmlDeviceGetSerial(self, handle: _Handle) -> str:
+        gpu = self._check(handle, "nvmlDeviceGetSerial")
         return gpu.serial
 
-    def nvmlDeviceGetVbiosVersion(self, gpu: SimulatedGpu) -> str:
-        self._check(gpu, "nvmlDeviceGetVbiosVersion")
+    def nvmlDeviceGetVbiosVersion(self, handle: _Handle) -> str:
+        gpu = self._check(handle, "nvmlDeviceGetVbiosVersion")
         return gpu.vbios
 
-    def nvmlDeviceGetPciInfo(self, gpu: SimulatedGpu) -> Any:
-        self._check(gpu, "nvmlDeviceGetPciInfo")
+    def nvmlDeviceGetPciInfo(self, handle: _Handle) -> Any:
+        gpu = self._check(handle, "nvmlDeviceGetPciInfo")
         return SimpleNamespace(busId=gpu.pci_bus_id)
 
-    def nvmlDeviceGetUtilizationRates(self, gpu: SimulatedGpu) -> Any:
-        now = self._now(gpu, "nvmlDeviceGetUtilizationRates")
+    def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> Any:
+        gpu, now = self._now(handle, "nvmlDeviceGetUtilizationRates")
         return SimpleNamespace(gpu=round(now.utilization * 100), memory=round(now.memory_copy_utilization * 100))
 
-    def nvmlDeviceGetEncoderUtilization(self, gpu: SimulatedGpu) -> list[int]:
-        return [round(self._now(gpu, "nvmlDeviceGetEncoderUtilization").encoder_utilization * 100), 167000]
+    def nvmlDeviceGetEncoderUtilization(self, handle: _Handle) -> list[int]:
+        return [round(self._telemetry(handle, "nvmlDeviceGetEncoderUtilization").encoder_utilization * 100), 167000]
 
-    def nvmlDeviceGetDecoderUtilization(self, gpu: SimulatedGpu) -> list[int]:
-        return [round(self._now(gpu, "nvmlDeviceGetDecoderUtilization").decoder_utilization * 100), 167000]
+    def nvmlDeviceGetDecoderUtilization(self, handle: _Handle) -> list[int]:
+        return [round(self._telemetry(handle, "nvmlDeviceGetDecoderUtilization").decoder_utilization * 100), 167000]
 
-    def nvmlDeviceGetMemoryInfo(self, gpu: SimulatedGpu) -> Any:
-        used = self._now(gpu, "nvmlDeviceGetMemoryInfo").memory_used_bytes
+    def nvmlDeviceGetMemoryInfo(self, handle: _Handle) -> Any:
+        gpu, now = self._now(handle, "nvmlDeviceGetMemoryInfo")
+        used = now.memory_used_bytes
         return SimpleNamespace(total=gpu.memory_total_bytes, used=used, free=gpu.memory_total_bytes - used)
 
-    def nvmlDeviceGetPowerUsage(self, gpu: SimulatedGpu) -> int:
-        return round(self._now(gpu, "nvmlDeviceGetPowerUsage").power_watts * 1000)
+    def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:
+        return round(self._telemetry(handle, "nvmlDeviceGetPowerUsage").power_watts * 1000)
 
-    def nvmlDeviceGetEnforcedPowerLimit(self, gpu: SimulatedGpu) -> int:
-        self._check(gpu, "nvmlDeviceGetEnforcedPowerLimit")
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: _Handle) -> int:
+        gpu = self._check(handle, "nvmlDeviceGetEnforcedPowerLimit")
         return round(gpu.power_limit_watts * 1000)
 
-    def nvmlDeviceGetTemperature(self, gpu: SimulatedGpu, sensor: int) -> int:
-        return round(self._now(gpu, "nvmlDeviceGetTemperature").temperature_celsius)
+    def nvmlDeviceGetTemperature(self, handle: _Handle, sensor: int) -> int:
+        return round(self._telemetry(handle, "nvmlDeviceGetTemperature").temperature_celsius)
 
-    def nvmlDeviceGetTemperatureThreshold(self, gpu: SimulatedGpu, threshold: int) -> int:
-        self._check(gpu, "nvmlDeviceGetTemperatureThreshold")
+    def nvmlDeviceGetTemperatureThreshold(self, handle: _Handle, threshold: int) -> int:
+        gpu = self._check(handle, "nvmlDeviceGetTemperatureThreshold")
         if threshold not in gpu.thresholds_celsius:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return gpu.thresholds_celsius[threshold]
 
-    def nvmlDeviceGetMarginTemperature(self, gpu: SimulatedGpu) -> int:
-        now = self._now(gpu, "nvmlDeviceGetMarginTemperature")
+    def nvmlDeviceGetMarginTemperature(self, handle: _Handle) -> int:
+        gpu, now = self._now(handle, "nvmlDeviceGetMarginTemperature")
         slowdown = gpu.thresholds_celsius[pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN]
         return slowdown - round(now.temperature_celsius)
 
-    def nvmlDeviceGetClockInfo(self, gpu: SimulatedGpu, clock_type: int) -> int:
-        now = self._now(gpu, "nvmlDeviceGetClockInfo")
+    def nvmlDeviceGetClockInfo(self, handle: _Handle, clock_type: int) -> int:
+        gpu, now = self._now(handle, "nvmlDeviceGetClockInfo")
         hertz = now.memory_clock_hertz if clock_type == pynvml.NVML_CLOCK_MEM else now.sm_clock_hertz
         return round(hertz / 1e6)
 
-    def nvmlDeviceGetMaxClockInfo(self, gpu: SimulatedGpu, clock_type: int) -> int:
-        self._check(gpu, "nvmlDeviceGetMaxClockInfo")
+    def nvmlDeviceGetMaxClockInfo(self, handle: _Handle, clock_type: int) -> int:
+        gpu = self._check(handle, "nvmlDeviceGetMaxClockInfo")
         hertz = gpu.memory_clock_max_hertz if clock_type == pynvml.NVML_CLOCK_MEM else gpu.sm_clock_max_hertz
         return round(hertz / 1e6)
 
-    def nvmlDeviceGetPerformanceState(self, gpu: SimulatedGpu) -> int:
-        return self._now(gpu, "nvmlDeviceGetPerformanceState").performance_state
+    def nvmlDeviceGetPerformanceState(self, handle: _Handle) -> int:
+        return self._telemetry(handle, "nvmlDeviceGetPerformanceState").performance_state
 
-    def nvmlDeviceGetNumFans(self, gpu: SimulatedGpu) -> int:
-        return len(self._now(gpu, "nvmlDeviceGetNumFans").fan_speed_ratios)
+    def nvmlDeviceGetNumFans(self, handle: _Handle) -> int:
+        return len(self._telemetry(handle, "nvmlDeviceGetNumFans").fan_speed_ratios)
 
-    def nvmlDeviceGetFanSpeed_v2(self, gpu: SimulatedGpu, fan: int) -> int:
-        return round(self._now(gpu, "nvmlDeviceGetFanSpeed_v2").fan_speed_ratios[fan] * 100)
+    def nvmlDeviceGetFanSpeed_v2(self, handle: _Handle, fan: int) -> int:
+        return round(self._telemetry(handle, "nvmlDeviceGetFanSpeed_v2").fan_speed_ratios[fan] * 100)
 
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, gpu: SimulatedGpu) -> int:
-        return self._now(gpu, "nvmlDeviceGetCurrPcieLinkGeneration").pcie_generation
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: _Handle) -> int:
+        return self._telemetry(handle, "nvmlDeviceGetCurrPcieLinkGeneration").pcie_generation
 
-    def nvmlDeviceGetCurrPcieLinkWidth(self, gpu: SimulatedGpu) -> int:
-        return self._now(gpu, "nvmlDeviceGetCurrPcieLinkWidth").pcie_width
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: _Handle) -> int:
+        return self._telemetry(handle, "nvmlDeviceGetCurrPcieLinkWidth").pcie_width
 
-    def nvmlDeviceGetMaxPcieLinkGeneration(self, gpu: SimulatedGpu) -> int:
-        self._check(gpu, "nvmlDeviceGetMaxPcieLinkGeneration")
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: _Handle) -> int:
+        gpu = self._check(handle, "nvmlDeviceGetMaxPcieLinkGeneration")
         return gpu.pcie_max_generation
 
-    def nvmlDeviceGetMaxPcieLinkWidth(self, gpu: SimulatedGpu) -> int:
-        self._check(gpu, "nvmlDeviceGetMaxPcieLinkWidth")
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: _Handle) -> int:
+        gpu = self._check(handle, "nvmlDeviceGetMaxPcieLinkWidth")
         return gpu.pcie_max_width
 
-    def nvmlDeviceGetFieldValues(self, gpu: SimulatedGpu, field_ids: list[int]) -> Any:
-        now = self._now(gpu, "nvmlDeviceGetFieldValues")
-        answers = {
-            pynvml.NVML_FI_DEV_MEMORY_TEMP: (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, round(now.memory_temperature_celsius)),
-            pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: (
-                pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, int(now.energy_joules * 1000)
-            ),
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: _Handle) -> int:
+        gpu, now = self._now(handle, "nvmlDeviceGetCurrentClocksEventReasons")
+        idle = pynvml.nvmlClocksEventReasonGpuIdle if now.utilization < _IDLE_BELOW else 0
+        return gpu.clock_events | idle
+
+    def nvmlDeviceGetViolationStatus(self, handle: _Handle, policy: int) -> Any:
+        gpu = self._check(handle, "nvmlDeviceGetViolationStatus")
+        seconds = gpu.violation_seconds.get(policy, 0.0)
+        return SimpleNamespace(referenceTime=int(time.time() * 1e6), violationTime=int(seconds * 1e9))
+
+    def _link(self, handle: _Handle, function: str, link: int) -> SimulatedGpu:
+        gpu = self._check(handle, function)
+        if gpu.nvlinks == 0:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < gpu.nvlinks:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return gpu
+
+    def nvmlDeviceGetNvLinkState(self, handle: _Handle, link: int) -> int:
+        gpu = self._link(handle, "nvmlDeviceGetNvLinkState", link)
+        return pynvml.NVML_FEATURE_DISABLED if link in gpu.nvlinks_down else pynvml.NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: _Handle, link: int, counter: int) -> int:
+        gpu = self._link(handle, "nvmlDeviceGetNvLinkErrorCounter", link)
+        return gpu.nvlink_errors.get((link, _NVLINK_COUNTER_NAMES[counter]), 0)
+
+    def _field_answers(self, gpu: SimulatedGpu, now: GpuTelemetry) -> dict[int, tuple[int, int]]:
+        ecc = gpu.ecc_errors
+        return {
+            pynvml.NVML_FI_DEV_MEMORY_TEMP: (_UINT, round(now.memory_temperature_celsius)),
+            pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: (_ULL, int(now.energy_joules * 1000)),
+            pynvml.NVML_FI_DEV_ECC_CURRENT: (_UINT, gpu.ecc_mode),
+            pynvml.NVML_FI_DEV_ECC_PENDING: (_UINT, gpu.ecc_pending_mode),
+            pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: (_ULL, ecc.get(("corrected", "volatile"), 0)),
+            pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: (_ULL, ecc.get(("uncorrected", "volatile"), 0)),
+            pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: (_ULL, ecc.get(("corrected", "aggregate"), 0)),
+            pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: (_ULL, ecc.get(("uncorrected", "aggregate"), 0)),
+            pynvml.NVML_FI_DEV_REMAPPED_COR: (_UINT, gpu.remapped_rows.get("correctable", 0)),
+            pynvml.NVML_FI_DEV_REMAPPED_UNC: (_UINT, gpu.remapped_rows.get("uncorrectable", 0)),
+            pynvml.NVML_FI_DEV_REMAPPED_PENDING: (_UINT, int(gpu.row_remap_pending)),
+            pynvml.NVML_FI_DEV_REMAPPED_FAILURE: (_UINT, int(gpu.row_remap_failed)),
+            pynvml.NVML_FI_DEV_RETIRED_SBE: (_ULL, gpu.retired_pages.get("single_bit", 0)),
+            pynvml.NVML_FI_DEV_RETIRED_DBE: (_ULL, gpu.retired_pages.get("double_bit", 0)),
+            pynvml.NVML_FI_DEV_RETIRED_PENDING: (_UINT, int(gpu.retired_pages_pending)),
+            pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: (_ULL, gpu.pcie_replays),
         }
+
+    def nvmlDeviceGetFieldValues(self, handle: _Handle, field_ids: list[Any]) -> Any:
+        gpu, now = self._now(handle, "nvmlDeviceGetFieldValues")
+        answers = self._field_answers(gpu, now)
+        # NVLink traffic follows the load: a KiB per 4 mJ keeps the counter moving with power.
+        nvlink_kib = int(now.energy_joules * 250)
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
-        for slot, field_id in zip(values, field_ids, strict=True):
-            slot.fieldId = field_id
+        for slot, requested in zip(values, field_ids, strict=True):
+            field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
+            slot.fieldId, slot.scopeId = field_id, scope
             slot.timestamp = int(time.time() * 1e6)
-            answer = answers.get(field_id)
+            if field_id in (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX):
+                answer = (_ULL, nvlink_kib) if scope < gpu.nvlinks else None
+            else:
+                answer = answers.get(field_id)
             if answer is None or f"field:{field_id}" in gpu.unsupported:
                 slot.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
                 continue
             slot.nvmlReturn = pynvml.NVML_SUCCESS
             slot.valueType = answer[0]
-            if answer[0] == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+            if answer[0] == _UINT:
                 slot.value.uiVal = answer[1]
             else:
                 slot.value.ullVal = answer[1]
