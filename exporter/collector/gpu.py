@@ -1,56 +1,114 @@
-"""GPU metrics through NVML, one series per GPU labelled by index and UUID.
+"""GPU metrics and health through NVML, one series per GPU labelled by index and UUID.
 
-The collector only turns an `NvmlSession` sample into metric families; what is
-read, and how NVML errors are handled, lives in `exporter.gpu`. Which NVML
-library sits behind the session is chosen by `--gpu.backend`: `auto` and
-`nvml` use the real driver, `sim` a simulated one. `auto` never falls back to
-simulated GPUs, so a node whose driver is missing reports a failing GPU
-collector rather than invented data.
+The collector turns an `NvmlSession` sample, the XID ledger and the PCI bus
+into metric families; what is read, and how NVML errors are handled, lives in
+`exporter.gpu`. Which NVML library sits behind the session is chosen by
+`--gpu.backend`: `auto` and `nvml` use the real driver, `sim` a simulated one.
+`auto` never falls back to simulated GPUs, so a node whose driver is missing
+reports a failing GPU collector rather than invented data.
+
+When NVML fails as a whole, the collection still serves what does not depend
+on it: `gpufleet_gpu_up` 0 for every GPU seen before, the XID counts (the XID
+that took the driver down is the one an operator needs), and the GPUs on the
+PCI bus.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import Any, ClassVar, Protocol
 
 import pynvml
 
 from exporter.collector import Collection, CollectorError, FamilySet
 from exporter.flags import positive_int
-from exporter.gpu.session import GpuUnavailable, NodeSample, NvmlSession
+from exporter.gpu.session import GpuIdentity, GpuUnavailable, NodeSample, NvmlSession
 from exporter.gpu.simulated import SimulatedNvml, simulated_gpus
+from exporter.gpu.xid import KmsgXidReader, NvmlXidWatcher, XidLedger
+from exporter.sysfs import SysfsReader
 
 _GPU_LABELS = ("gpu", "uuid")
 _INFO_LABELS = ("gpu", "uuid", "name", "pci_bus_id", "serial", "vbios", "driver_version", "cuda_version")
+_NVIDIA_VENDOR = "0x10de"
+_DISPLAY_CLASSES = frozenset({0x0300, 0x0302})  # VGA and 3D controllers; NVSwitches (0x0680) are not GPUs.
 
 
-def families_for(sample: NodeSample) -> Collection:
-    """The metric families of one NVML sample."""
-    families = FamilySet()
+class XidSource(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self, timeout: float = 5.0) -> None: ...
+
+
+def _identity_series(families: FamilySet, identity: GpuIdentity, up: bool, sample: NodeSample | None) -> None:
+    base = [str(identity.index), identity.uuid]
+    families.gauge("gpufleet_gpu_up", "1 when the GPU answers NVML, 0 when it is lost.", _GPU_LABELS).add_metric(
+        base, 1.0 if up else 0.0
+    )
+    families.gauge("gpufleet_gpu_info", "GPU metadata; the value is always 1.", _INFO_LABELS).add_metric(
+        base + [identity.name, identity.pci_bus_id, identity.serial, identity.vbios,
+                sample.driver_version if sample else "", sample.cuda_version if sample else ""],
+        1.0,
+    )
+
+
+def add_sample(families: FamilySet, sample: NodeSample) -> None:
+    """The metric families of one NVML sample: values for GPUs that answered, `up` 0 for the lost."""
     families.gauge("gpufleet_gpu_devices", "GPUs that NVML enumerates.", ()).add_metric([], sample.device_count)
     for gpu in sample.gpus:
-        identity = gpu.identity
-        base = [str(identity.index), identity.uuid]
-        families.gauge("gpufleet_gpu_info", "GPU metadata; the value is always 1.", _INFO_LABELS).add_metric(
-            base + [identity.name, identity.pci_bus_id, identity.serial, identity.vbios,
-                    sample.driver_version, sample.cuda_version],
-            1.0,
-        )
+        _identity_series(families, gpu.identity, True, sample)
+        base = [str(gpu.identity.index), gpu.identity.uuid]
         for reading in gpu.readings:
             metric = reading.metric
             make = families.counter if metric.counter else families.gauge
             make(metric.name, metric.documentation, _GPU_LABELS + metric.labels).add_metric(
                 base + list(reading.label_values), reading.value
             )
-    return families.collection(sample.problems)
+    for identity in sample.lost:
+        _identity_series(families, identity, False, sample)
+
+
+def add_xids(families: FamilySet, ledger: XidLedger) -> None:
+    labels = ("gpu", "uuid", "xid")
+    for count in ledger.snapshot():
+        values = [str(count.gpu), count.uuid, str(count.xid)]
+        families.counter("gpufleet_gpu_xid_errors_total", "Critical XID events, every occurrence counted.",
+                         labels).add_metric(values, count.count)
+        families.gauge("gpufleet_gpu_xid_last_timestamp_seconds", "Unix time of the latest event of this XID.",
+                       labels).add_metric(values, count.last_timestamp)
+    families.gauge("gpufleet_gpu_xid_events_registered",
+                   "1 while NVML XID events are registered for at least one GPU.", ()).add_metric(
+        [], 1.0 if ledger.watching else 0.0
+    )
+
+
+def add_pci_devices(families: FamilySet, sysfs: SysfsReader) -> None:
+    """NVIDIA GPUs the kernel sees on the PCI bus, whether or not NVML still lists them."""
+    if not sysfs.path("bus/pci/devices").is_dir():
+        return
+    count = 0
+    for device in sysfs.listdir("bus/pci/devices"):
+        base = sysfs.path(f"bus/pci/devices/{device}")
+        if sysfs.text(base / "vendor") != _NVIDIA_VENDOR:
+            continue
+        device_class = sysfs.integer(base / "class")
+        if device_class is not None and device_class >> 8 in _DISPLAY_CLASSES:
+            count += 1
+    families.gauge("gpufleet_gpu_pci_devices", "NVIDIA GPUs on the PCI bus, as the kernel lists them.", ()).add_metric(
+        [], count
+    )
 
 
 class GpuCollector:
     name: ClassVar[str] = "gpu"
     default_interval: ClassVar[float] = 5.0
 
-    def __init__(self, session: NvmlSession) -> None:
+    def __init__(self, session: NvmlSession, *, sysfs_root: str | None = None, xids: XidLedger | None = None,
+                 xid_sources: Sequence[XidSource] = ()) -> None:
         self.session = session
+        self.sysfs_root = sysfs_root
+        self.xids = xids if xids is not None else XidLedger()
+        self.xid_sources = tuple(xid_sources)
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,6 +121,10 @@ class GpuCollector:
                             help="number of simulated GPUs with --gpu.backend=sim (default: %(default)s)")
         parser.add_argument("--sim.seed", dest="sim_seed", type=int, default=0, metavar="N",
                             help="seed of the simulated GPUs' identities and load (default: %(default)s)")
+        parser.add_argument("--collector.gpu.xid-kmsg", dest="gpu_xid_kmsg", action=argparse.BooleanOptionalAction,
+                            default=False, help="also count XIDs from the kernel log (default: off)")
+        parser.add_argument("--path.kmsg", dest="kmsg_path", default="/dev/kmsg", metavar="PATH",
+                            help="kernel log to follow with --collector.gpu.xid-kmsg (default: %(default)s)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GpuCollector:
@@ -75,10 +137,37 @@ class GpuCollector:
                 session.sample()
             except GpuUnavailable as err:
                 raise CollectorError(f"--gpu.backend=nvml needs a working NVML: {err}") from None
-        return cls(session)
+        ledger = XidLedger()
+        sources: list[XidSource] = [NvmlXidWatcher(library, ledger)]
+        if args.gpu_xid_kmsg:
+            sources.append(KmsgXidReader(args.kmsg_path, ledger))
+        collector = cls(session, sysfs_root=args.sysfs_root, xids=ledger, xid_sources=sources)
+        for source in sources:
+            source.start()
+        return collector
 
     def collect(self) -> Collection:
-        return families_for(self.session.sample())
+        families = FamilySet()
+        problems: list[str] = []
+        try:
+            sample = self.session.sample()
+        except GpuUnavailable as err:
+            problems.append(str(err))
+            for identity in self.session.known_gpus():
+                _identity_series(families, identity, False, None)
+        else:
+            add_sample(families, sample)
+            problems.extend(sample.problems)
+            for gpu in sample.gpus:  # Lets kernel-log XIDs be matched to GPUs even if NVML events are off.
+                self.xids.register_gpu(gpu.identity.index, gpu.identity.uuid, gpu.identity.pci_bus_id)
+        add_xids(families, self.xids)
+        if self.sysfs_root is not None:
+            sysfs = SysfsReader(self.sysfs_root)
+            add_pci_devices(families, sysfs)
+            problems.extend(sysfs.problems)
+        return families.collection(problems)
 
     def close(self) -> None:
+        for source in self.xid_sources:
+            source.stop()
         self.session.close()

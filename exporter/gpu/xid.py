@@ -1,0 +1,330 @@
+"""XID errors: every critical XID event, counted per GPU and code.
+
+dcgm-exporter exports the last XID code as a gauge, so a repeated XID is
+invisible. Here every event increments `gpufleet_gpu_xid_errors_total`, so two
+identical XIDs count twice.
+
+Events come from two sources, each in a thread of its own:
+
+* `NvmlXidWatcher` registers every GPU for critical XID events and waits on
+  the event set with a bounded wait. After a driver loss it re-registers with
+  backoff. The counts live in the `XidLedger`, not in the NVML session, so
+  they survive failed collections and driver reloads.
+* `KmsgXidReader` (optional) follows the kernel log for `NVRM: Xid` lines. This
+  catches the XID that took NVML down with it. A kernel-log XID is counted
+  only if NVML did not report the same GPU and code within the de-duplication
+  window; it is held back for that long before it counts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from exporter.gpu.nvml import DRIVER_LOST, as_text
+
+log = logging.getLogger(__name__)
+
+PciKey = tuple[int, int, int]  # PCI domain, bus, device: what both NVML and the kernel log name.
+
+_PCI = re.compile(r"^(?:[0-9a-fA-F]+:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?$")
+_XID_LINE = re.compile(
+    r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\): (\d+)\s*,"
+)
+
+
+def pci_key(bus_id: str) -> PciKey | None:
+    """`00000000:18:00.0` (NVML) and `0000:18:00` (kernel log) both -> (0, 0x18, 0)."""
+    match = _PCI.match(bus_id.strip())
+    if not match:
+        return None
+    return int(match.group(1), 16), int(match.group(2), 16), int(match.group(3), 16)
+
+
+def parse_xid_line(line: str) -> tuple[PciKey, int] | None:
+    """The GPU and XID code of an `NVRM: Xid (PCI:0000:18:00): 79, ...` kernel log line, else None."""
+    match = _XID_LINE.search(line)
+    if not match:
+        return None
+    key = pci_key(match.group(1))
+    return None if key is None else (key, int(match.group(2)))
+
+
+@dataclass(frozen=True)
+class XidCount:
+    gpu: int
+    uuid: str
+    xid: int
+    count: int
+    last_timestamp: float
+
+
+@dataclass
+class _Event:
+    pci: PciKey
+    xid: int
+    at: float
+    matched: bool = False
+
+
+class XidLedger:
+    """XID counts per GPU and code, shared by the event sources and read by the GPU collector."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.time, dedup_window: float = 10.0) -> None:
+        self._clock = clock
+        self._window = dedup_window
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[int, str, int], tuple[int, float]] = {}
+        self._gpus: dict[PciKey, tuple[int, str]] = {}
+        self._nvml_events: list[_Event] = []
+        self._kmsg_pending: list[_Event] = []
+        self.watching = False  # True while NVML events are registered for at least one GPU.
+
+    def register_gpu(self, index: int, uuid: str, pci_bus_id: str) -> None:
+        key = pci_key(pci_bus_id)
+        if key is not None:
+            with self._lock:
+                self._gpus[key] = (index, uuid)
+
+    def record_nvml(self, index: int, uuid: str, pci_bus_id: str, xid: int) -> None:
+        now = self._clock()
+        with self._lock:
+            self._count(index, uuid, xid, now)
+            event = _Event(pci_key(pci_bus_id) or (-1, -1, -1), xid, now)
+            for pending in self._kmsg_pending:
+                if not pending.matched and (pending.pci, pending.xid) == (event.pci, xid):
+                    pending.matched = event.matched = True
+                    break
+            self._nvml_events.append(event)
+            self._expire(now)
+
+    def record_kmsg(self, pci: PciKey, xid: int) -> None:
+        now = self._clock()
+        with self._lock:
+            for event in self._nvml_events:
+                if not event.matched and (event.pci, event.xid) == (pci, xid) and now - event.at <= self._window:
+                    event.matched = True
+                    return
+            self._kmsg_pending.append(_Event(pci, xid, now))
+            self._expire(now)
+
+    def snapshot(self) -> list[XidCount]:
+        now = self._clock()
+        with self._lock:
+            self._expire(now)
+            return [XidCount(gpu, uuid, xid, count, last) for (gpu, uuid, xid), (count, last) in sorted(self._counts.items())]
+
+    def _count(self, index: int, uuid: str, xid: int, at: float) -> None:
+        count, _ = self._counts.get((index, uuid, xid), (0, 0.0))
+        self._counts[(index, uuid, xid)] = (count + 1, at)
+
+    def _expire(self, now: float) -> None:
+        """Count kernel-log XIDs that NVML did not report within the window; forget old events."""
+        keep = []
+        for pending in self._kmsg_pending:
+            if pending.matched:
+                continue
+            if now - pending.at < self._window:
+                keep.append(pending)
+                continue
+            gpu = self._gpus.get(pending.pci)
+            if gpu is None:
+                log.warning("XID %d in the kernel log for PCI %04x:%02x:%02x, a GPU NVML never listed; not counted",
+                            pending.xid, *pending.pci)
+            else:
+                self._count(gpu[0], gpu[1], pending.xid, pending.at)
+        self._kmsg_pending = keep
+        self._nvml_events = [e for e in self._nvml_events if now - e.at <= self._window]
+
+
+def _handle_key(handle: Any) -> int:
+    """A hashable identity for an NVML device handle (a ctypes pointer, or a simulated object)."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value or 0
+    except (TypeError, ctypes.ArgumentError):
+        return id(handle)
+
+
+class _Backoff:
+    def __init__(self, initial: float, maximum: float) -> None:
+        self.initial, self.maximum, self.delay = initial, maximum, initial
+
+    def next(self) -> float:
+        delay, self.delay = self.delay, min(self.delay * 2, self.maximum)
+        return delay
+
+    def reset(self) -> None:
+        self.delay = self.initial
+
+
+class NvmlXidWatcher:
+    """Waits for critical XID events on every GPU, in a daemon thread, and records them in the ledger."""
+
+    def __init__(self, nvml: Any, ledger: XidLedger, *, wait_ms: int = 1000,
+                 backoff_initial: float = 1.0, backoff_max: float = 60.0) -> None:
+        self._nvml = nvml
+        self._ledger = ledger
+        self._wait_ms = wait_ms
+        self._backoff = _Backoff(backoff_initial, backoff_max)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="xid-nvml", daemon=True)
+        self._last_failure = ""
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._watch()
+            except pynvml.NVMLError as err:
+                self._ledger.watching = False
+                if str(err) != self._last_failure:
+                    log.warning("XID events from NVML unavailable: %s; re-registering with backoff", err)
+                    self._last_failure = str(err)
+            except Exception:  # noqa: BLE001 - the thread must outlive any surprise from the library.
+                self._ledger.watching = False
+                log.exception("XID watcher failed; re-registering with backoff")
+            self._stop.wait(self._backoff.next())
+
+    def _watch(self) -> None:
+        nvml = self._nvml
+        nvml.nvmlInit()
+        event_set = None
+        try:
+            event_set = nvml.nvmlEventSetCreate()
+            gpus = self._register(event_set)
+            if not gpus:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+            self._ledger.watching = True
+            self._backoff.reset()
+            if self._last_failure:
+                log.info("XID events from NVML registered again for %d GPUs", len(gpus))
+                self._last_failure = ""
+            while not self._stop.is_set():
+                try:
+                    data = nvml.nvmlEventSetWait_v2(event_set, self._wait_ms)
+                except pynvml.NVMLError as err:
+                    if err.value == pynvml.NVML_ERROR_TIMEOUT:
+                        continue
+                    raise
+                gpu = gpus.get(_handle_key(data.device))
+                if gpu is not None and data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+                    self._ledger.record_nvml(gpu[0], gpu[1], gpu[2], int(data.eventData))
+        finally:
+            self._ledger.watching = False
+            self._release(event_set)
+
+    def _release(self, event_set: Any) -> None:
+        """Free the event set and our NVML reference; after a driver loss both calls may fail, harmlessly."""
+        try:
+            if event_set is not None:
+                self._nvml.nvmlEventSetFree(event_set)
+        except pynvml.NVMLError:
+            pass
+        try:
+            self._nvml.nvmlShutdown()
+        except pynvml.NVMLError:
+            pass
+
+    def _register(self, event_set: Any) -> dict[int, tuple[int, str, str]]:
+        """Register each GPU for critical XID events; a GPU that cannot be registered is skipped."""
+        nvml = self._nvml
+        gpus: dict[int, tuple[int, str, str]] = {}
+        for index in range(nvml.nvmlDeviceGetCount()):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = as_text(nvml.nvmlDeviceGetUUID(handle))
+                bus_id = as_text(nvml.nvmlDeviceGetPciInfo(handle).busId)
+                nvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
+            except pynvml.NVMLError as err:
+                if err.value in DRIVER_LOST:
+                    raise
+                log.info("GPU %d: XID events cannot be registered: %s", index, err)
+                continue
+            self._ledger.register_gpu(index, uuid, bus_id)
+            gpus[_handle_key(handle)] = (index, uuid, bus_id)
+        return gpus
+
+
+class KmsgXidReader:
+    """Follows the kernel log (`/dev/kmsg`, or any file that grows) for NVRM XID lines.
+
+    It starts at the end of the log, so XIDs from before the exporter started are
+    not counted again after every restart.
+    """
+
+    def __init__(self, path: str, ledger: XidLedger, *, poll_seconds: float = 0.5, retry_seconds: float = 10.0) -> None:
+        self._path = path
+        self._ledger = ledger
+        self._poll = poll_seconds
+        self._retry = retry_seconds
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="xid-kmsg", daemon=True)
+        self._opened = threading.Event()  # Set once the log is open and positioned at its end.
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_opened(self, timeout: float) -> bool:
+        return self._opened.wait(timeout)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        reported = ""
+        while not self._stop.is_set():
+            try:
+                self._follow()
+            except OSError as err:
+                reason = err.strerror or str(err)
+                if reason != reported:  # The path is the operator's own flag, so naming its file is safe.
+                    log.warning("kernel log %s unreadable: %s; retrying every %gs",
+                                os.path.basename(self._path), reason, self._retry)
+                    reported = reason
+            self._stop.wait(self._retry)
+
+    def _follow(self) -> None:
+        fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            os.lseek(fd, 0, os.SEEK_END)
+            self._opened.set()
+            partial = b""
+            while not self._stop.is_set():
+                try:
+                    chunk = os.read(fd, 8192)
+                except BlockingIOError:
+                    chunk = b""
+                except OSError as err:
+                    if err.errno == errno.EPIPE:  # /dev/kmsg overwrote records we had not read: carry on.
+                        continue
+                    raise
+                if not chunk:
+                    self._stop.wait(self._poll)
+                    continue
+                lines = (partial + chunk).split(b"\n")
+                partial = lines.pop()
+                for line in lines:
+                    parsed = parse_xid_line(line.decode("utf-8", errors="replace"))
+                    if parsed is not None:
+                        self._ledger.record_kmsg(*parsed)
+        finally:
+            os.close(fd)

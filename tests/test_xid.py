@@ -1,0 +1,149 @@
+"""The kernel-log XID parser and reader, and the ledger that keeps NVML and kernel-log XIDs from double counting."""
+
+import asyncio
+from pathlib import Path
+
+from exporter.gpu.xid import KmsgXidReader, XidLedger, parse_xid_line, pci_key
+from helpers import eventually
+
+FIXTURE_LOG = Path(__file__).parent / "fixtures" / "kmsg" / "xid.log"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_parser_finds_every_nvrm_xid_line_and_nothing_else():
+    parsed = [parse_xid_line(line) for line in FIXTURE_LOG.read_text().splitlines()]
+    assert [p for p in parsed if p is not None] == [
+        ((0, 0x18, 0), 79),
+        ((0, 0x2A, 0), 48),
+        ((0, 0x2A, 0), 63),
+        ((0, 0x3A, 0), 13),
+        ((0, 0x3A, 0), 13),
+        ((0, 0x5D, 0), 31),  # The old format, without "PCI:".
+        ((0, 0xDB, 0), 119),
+    ]
+    # mlx5, amdgpu, the "fallen off the bus" follow-up, a malformed bus id and a line without a code are ignored.
+    assert parsed.count(None) == 5
+
+
+def test_nvml_and_kernel_bus_ids_name_the_same_gpu():
+    assert pci_key("00000000:18:00.0") == pci_key("0000:18:00") == (0, 0x18, 0)
+    assert pci_key("0001:2A:00.0") == (1, 0x2A, 0)
+    assert pci_key("garbage") is None
+
+
+def ledger_with_two_gpus(clock):
+    ledger = XidLedger(clock=clock, dedup_window=10.0)
+    ledger.register_gpu(0, "GPU-a", "00000000:18:00.0")
+    ledger.register_gpu(1, "GPU-b", "00000000:2A:00.0")
+    return ledger
+
+
+def counts(ledger):
+    return {(c.gpu, c.xid): c.count for c in ledger.snapshot()}
+
+
+def test_an_xid_reported_by_nvml_and_the_kernel_log_counts_once():
+    clock = Clock()
+    ledger = ledger_with_two_gpus(clock)
+    ledger.record_nvml(0, "GPU-a", "00000000:18:00.0", 79)
+    clock.now += 0.4
+    ledger.record_kmsg((0, 0x18, 0), 79)
+    clock.now += 30
+    assert counts(ledger) == {(0, 79): 1}
+
+
+def test_kernel_log_first_then_nvml_still_counts_once():
+    clock = Clock()
+    ledger = ledger_with_two_gpus(clock)
+    ledger.record_kmsg((0, 0x18, 0), 48)
+    clock.now += 2
+    ledger.record_nvml(0, "GPU-a", "00000000:18:00.0", 48)
+    clock.now += 30
+    assert counts(ledger) == {(0, 48): 1}
+
+
+def test_an_xid_only_the_kernel_saw_counts_after_the_window():
+    clock = Clock()
+    ledger = ledger_with_two_gpus(clock)
+    ledger.record_kmsg((0, 0x2A, 0), 79)  # NVML went down with the GPU and never reported it.
+    clock.now += 5
+    assert counts(ledger) == {}
+    clock.now += 5
+    snapshot = ledger.snapshot()
+    assert [(c.gpu, c.uuid, c.xid, c.count) for c in snapshot] == [(1, "GPU-b", 79, 1)]
+    assert snapshot[0].last_timestamp == 1_800_000_000.0
+
+
+def test_repeats_are_not_swallowed_by_the_deduplication():
+    clock = Clock()
+    ledger = ledger_with_two_gpus(clock)
+    for _ in range(2):  # Two XID 13 on one GPU, each seen by both sources.
+        ledger.record_nvml(1, "GPU-b", "00000000:2A:00.0", 13)
+        ledger.record_kmsg((0, 0x2A, 0), 13)
+        clock.now += 1
+    ledger.record_kmsg((0, 0x2A, 0), 13)  # A third only the kernel saw.
+    clock.now += 30
+    assert counts(ledger) == {(1, 13): 3}
+
+
+def test_an_xid_on_a_gpu_nvml_never_listed_is_not_counted(caplog):
+    clock = Clock()
+    ledger = ledger_with_two_gpus(clock)
+    ledger.record_kmsg((0, 0xDB, 0), 119)
+    clock.now += 30
+    assert counts(ledger) == {}
+    assert "PCI 0000:db:00, a GPU NVML never listed" in caplog.text
+
+
+async def test_the_reader_follows_a_growing_log_from_its_end(tmp_path):
+    log = tmp_path / "kmsg"
+    log.write_text(FIXTURE_LOG.read_text())  # History from before the exporter started: not counted.
+    ledger = XidLedger(dedup_window=0.0)
+    ledger.register_gpu(0, "GPU-a", "00000000:18:00.0")
+    ledger.register_gpu(2, "GPU-c", "00000000:3A:00.0")
+    reader = KmsgXidReader(str(log), ledger, poll_seconds=0.02)
+    reader.start()
+    try:
+        assert await asyncio.to_thread(reader.wait_opened, 5)
+        with log.open("a") as handle:
+            handle.write("4,3001,1600000000,-;NVRM: Xid (PCI:0000:3a:00): 94, pid=9, Contained ECC error.\n")
+            handle.write("4,3002,1600000001,-;NVRM: Xid (PCI:0000:3a:00): 94, pid=9, Contained ECC error.\n")
+            handle.write("4,3003,1600000002,-;NVRM: Xid (PCI:0000:18:00): 4")  # Written in two parts.
+            handle.flush()
+            await asyncio.sleep(0.1)
+            handle.write("3, pid=9, Uncontained ECC error.\n")
+
+        async def all_seen():
+            return counts(ledger) == {(2, 94): 2, (0, 43): 1}
+
+        await eventually(all_seen, timeout=5)
+    finally:
+        reader.stop()
+
+
+async def test_the_reader_survives_a_missing_log_and_picks_it_up_later(tmp_path):
+    log = tmp_path / "kmsg"
+    ledger = XidLedger(dedup_window=0.0)
+    ledger.register_gpu(0, "GPU-a", "00000000:18:00.0")
+    reader = KmsgXidReader(str(log), ledger, poll_seconds=0.02, retry_seconds=0.05)
+    reader.start()
+    try:
+        await asyncio.sleep(0.1)
+        log.write_text("")
+        assert await asyncio.to_thread(reader.wait_opened, 5)
+        with log.open("a") as handle:
+            handle.write("NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus.\n")
+
+        async def seen():
+            return counts(ledger) == {(0, 79): 1}
+
+        await eventually(seen, timeout=5)
+    finally:
+        reader.stop()
