@@ -189,6 +189,8 @@ def test_a_driver_reload_reinitialises_nvml_with_backoff(nvml, collector, clock)
     assert named(samples, "gpufleet_gpu_up") == {
         frozenset({("gpu", "0"), ("uuid", UUID0)}): 0, frozenset({("gpu", "1"), ("uuid", UUID1)}): 0}
     assert not named(samples, "gpufleet_gpu_power_watts")
+    # The board's metadata keeps its labels through the outage, so the info series does not churn.
+    assert {dict(l)["driver_version"] for l in named(samples, "gpufleet_gpu_info")} == {"570.133.20"}
     nvml.init_error = pynvml.NVML_ERROR_DRIVER_NOT_LOADED  # The driver is still coming back.
     clock.now += 1.0
     assert collector.collect().problems == ("NVML initialisation failed: Driver Not Loaded",)

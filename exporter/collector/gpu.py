@@ -40,15 +40,13 @@ class XidSource(Protocol):
     def stop(self, timeout: float = 5.0) -> None: ...
 
 
-def _identity_series(families: FamilySet, identity: GpuIdentity, up: bool, sample: NodeSample | None) -> None:
+def _identity_series(families: FamilySet, identity: GpuIdentity, up: bool, driver: str, cuda: str) -> None:
     base = [str(identity.index), identity.uuid]
     families.gauge("gpufleet_gpu_up", "1 when the GPU answers NVML, 0 when it is lost.", _GPU_LABELS).add_metric(
         base, 1.0 if up else 0.0
     )
     families.gauge("gpufleet_gpu_info", "GPU metadata; the value is always 1.", _INFO_LABELS).add_metric(
-        base + [identity.name, identity.pci_bus_id, identity.serial, identity.vbios,
-                sample.driver_version if sample else "", sample.cuda_version if sample else ""],
-        1.0,
+        base + [identity.name, identity.pci_bus_id, identity.serial, identity.vbios, driver, cuda], 1.0
     )
 
 
@@ -56,7 +54,7 @@ def add_sample(families: FamilySet, sample: NodeSample) -> None:
     """The metric families of one NVML sample: values for GPUs that answered, `up` 0 for the lost."""
     families.gauge("gpufleet_gpu_devices", "GPUs that NVML enumerates.", ()).add_metric([], sample.device_count)
     for gpu in sample.gpus:
-        _identity_series(families, gpu.identity, True, sample)
+        _identity_series(families, gpu.identity, True, sample.driver_version, sample.cuda_version)
         base = [str(gpu.identity.index), gpu.identity.uuid]
         for reading in gpu.readings:
             metric = reading.metric
@@ -65,7 +63,7 @@ def add_sample(families: FamilySet, sample: NodeSample) -> None:
                 base + list(reading.label_values), reading.value
             )
     for identity in sample.lost:
-        _identity_series(families, identity, False, sample)
+        _identity_series(families, identity, False, sample.driver_version, sample.cuda_version)
 
 
 def add_xids(families: FamilySet, ledger: XidLedger) -> None:
@@ -154,7 +152,7 @@ class GpuCollector:
         except GpuUnavailable as err:
             problems.append(str(err))
             for identity in self.session.known_gpus():
-                _identity_series(families, identity, False, None)
+                _identity_series(families, identity, False, self.session.driver_version, self.session.cuda_version)
         else:
             add_sample(families, sample)
             problems.extend(sample.problems)

@@ -30,3 +30,18 @@ DRIVER_LOST = frozenset(
 def as_text(value: Any) -> str:
     """NVML strings arrive as str from recent nvidia-ml-py and as bytes from older releases."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class Backoff:
+    """Exponential backoff for re-initialising NVML: a node mid-driver-reload is not hammered."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self.initial, self.maximum, self.delay = initial, maximum, initial
+
+    def next(self) -> float:
+        """The delay before the next attempt; each call doubles the one after, up to the maximum."""
+        delay, self.delay = self.delay, min(self.delay * 2, self.maximum)
+        return delay
+
+    def reset(self) -> None:
+        self.delay = self.initial

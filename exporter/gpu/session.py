@@ -27,7 +27,7 @@ from typing import Any
 
 import pynvml
 
-from exporter.gpu.nvml import DEVICE_LOST, DRIVER_LOST, TRANSIENT, UNSUPPORTED, as_text
+from exporter.gpu.nvml import DEVICE_LOST, DRIVER_LOST, TRANSIENT, UNSUPPORTED, Backoff, as_text
 from exporter.gpu.probes import (
     ECC_ENABLED,
     ECC_ERRORS,
@@ -43,6 +43,7 @@ from exporter.gpu.probes import (
 )
 
 log = logging.getLogger(__name__)
+
 
 class GpuUnavailable(Exception):
     """NVML cannot be used right now; the message says why, for the log and the operator."""
@@ -101,15 +102,14 @@ class NvmlSession:
                  backoff_initial: float = 1.0, backoff_max: float = 60.0) -> None:
         self._nvml = nvml
         self._clock = clock
-        self._backoff_initial = backoff_initial
-        self._backoff_max = backoff_max
-        self._backoff = backoff_initial
+        self._backoff = Backoff(backoff_initial, backoff_max)
         self._next_attempt = 0.0
         self._last_failure = ""
         self._devices: list[_Device] | None = None
         self._known: dict[int, GpuIdentity] = {}
-        self._driver_version = ""
-        self._cuda_version = ""
+        # The last versions NVML reported, kept through outages so metadata labels do not churn.
+        self.driver_version = ""
+        self.cuda_version = ""
 
     def sample(self) -> NodeSample:
         """Read every GPU once; raises GpuUnavailable when NVML as a whole cannot be used."""
@@ -128,7 +128,7 @@ class NvmlSession:
         answered = {gpu.identity.index for gpu in gpus}
         lost = tuple(identity for index, identity in sorted(self._known.items()) if index not in answered)
         return NodeSample(
-            self._driver_version, self._cuda_version, len(self._devices), tuple(gpus), lost, tuple(problems)
+            self.driver_version, self.cuda_version, len(self._devices), tuple(gpus), lost, tuple(problems)
         )
 
     def known_gpus(self) -> tuple[GpuIdentity, ...]:
@@ -149,8 +149,8 @@ class NvmlSession:
         except pynvml.NVMLError as err:
             self._fail(f"NVML initialisation failed: {err}", shutdown=False)
         try:
-            self._driver_version = as_text(self._nvml.nvmlSystemGetDriverVersion())
-            self._cuda_version = self._optional(lambda: _cuda_version(self._nvml.nvmlSystemGetCudaDriverVersion()))
+            self.driver_version = as_text(self._nvml.nvmlSystemGetDriverVersion())
+            self.cuda_version = self._optional(lambda: _cuda_version(self._nvml.nvmlSystemGetCudaDriverVersion()))
             count = self._nvml.nvmlDeviceGetCount()
             if count == 0:
                 self._fail("NVML found no GPUs")
@@ -161,8 +161,8 @@ class NvmlSession:
             self._fail(f"NVML initialisation failed: {err}")
         self._log_unsupported(devices)
         self._devices = devices
-        self._backoff = self._backoff_initial
-        log.info("NVML initialised: driver %s, CUDA %s, %d GPUs", self._driver_version, self._cuda_version, count)
+        self._backoff.reset()
+        log.info("NVML initialised: driver %s, CUDA %s, %d GPUs", self.driver_version, self.cuda_version, count)
 
     def _fail(self, reason: str, shutdown: bool = True) -> None:
         """Give up on this session and schedule the next attempt with exponential backoff."""
@@ -170,8 +170,7 @@ class NvmlSession:
             self._shutdown()
         self._devices = None
         self._last_failure = reason
-        self._next_attempt = self._clock() + self._backoff
-        self._backoff = min(self._backoff * 2, self._backoff_max)
+        self._next_attempt = self._clock() + self._backoff.next()
         raise GpuUnavailable(reason)
 
     def _shutdown(self) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 import pynvml
 
-from exporter.gpu.nvml import DRIVER_LOST, as_text
+from exporter.gpu.nvml import DRIVER_LOST, Backoff, as_text
 
 log = logging.getLogger(__name__)
 
@@ -155,18 +155,6 @@ def _handle_key(handle: Any) -> int:
         return id(handle)
 
 
-class _Backoff:
-    def __init__(self, initial: float, maximum: float) -> None:
-        self.initial, self.maximum, self.delay = initial, maximum, initial
-
-    def next(self) -> float:
-        delay, self.delay = self.delay, min(self.delay * 2, self.maximum)
-        return delay
-
-    def reset(self) -> None:
-        self.delay = self.initial
-
-
 class NvmlXidWatcher:
     """Waits for critical XID events on every GPU, in a daemon thread, and records them in the ledger."""
 
@@ -175,7 +163,7 @@ class NvmlXidWatcher:
         self._nvml = nvml
         self._ledger = ledger
         self._wait_ms = wait_ms
-        self._backoff = _Backoff(backoff_initial, backoff_max)
+        self._backoff = Backoff(backoff_initial, backoff_max)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="xid-nvml", daemon=True)
         self._last_failure = ""
