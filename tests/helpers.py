@@ -41,6 +41,16 @@ def named(samples: dict[Sample, float], name: str) -> dict[frozenset[tuple[str, 
     return {labels: value for (sample_name, labels), value in samples.items() if sample_name == name}
 
 
+class FakeClock:
+    """A clock the test moves by hand: `clock.now += 1`."""
+
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def nvml_present() -> bool:
     """Whether this machine has a working NVIDIA driver (tests that assume none skip there)."""
     import pynvml

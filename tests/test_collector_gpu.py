@@ -11,7 +11,7 @@ import pytest
 from exporter.collector.gpu import GpuCollector
 from exporter.gpu.session import NvmlSession
 from exporter.gpu.simulated import GpuTelemetry, SimulatedGpu, SimulatedNvml, TrainingLoad, steady
-from helpers import named, nvml_present, rendered, series
+from helpers import FakeClock, named, nvml_present, rendered, series
 
 UUID0 = "GPU-00000000-1111-2222-3333-444444444444"
 UUID1 = "GPU-55555555-6666-7777-8888-999999999999"
@@ -28,14 +28,6 @@ IDLE = GpuTelemetry(
     temperature_celsius=31, memory_temperature_celsius=36, sm_clock_hertz=345e6, memory_clock_hertz=2619e6,
     performance_state=0, pcie_generation=4, pcie_width=8, fan_speed_ratios=(0.3, 0.35),
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def make_gpus():

@@ -4,17 +4,9 @@ import asyncio
 from pathlib import Path
 
 from exporter.gpu.xid import KmsgXidReader, XidLedger, parse_xid_line, pci_key
-from helpers import eventually
+from helpers import FakeClock, eventually
 
 FIXTURE_LOG = Path(__file__).parent / "fixtures" / "kmsg" / "xid.log"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_800_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_the_parser_finds_every_nvrm_xid_line_and_nothing_else():
@@ -50,7 +42,7 @@ def counts(ledger):
 
 
 def test_an_xid_reported_by_nvml_and_the_kernel_log_counts_once():
-    clock = Clock()
+    clock = FakeClock()
     ledger = ledger_with_two_gpus(clock)
     ledger.record_nvml(0, "GPU-a", "00000000:18:00.0", 79)
     clock.now += 0.4
@@ -60,7 +52,7 @@ def test_an_xid_reported_by_nvml_and_the_kernel_log_counts_once():
 
 
 def test_kernel_log_first_then_nvml_still_counts_once():
-    clock = Clock()
+    clock = FakeClock()
     ledger = ledger_with_two_gpus(clock)
     ledger.record_kmsg((0, 0x18, 0), 48)
     clock.now += 2
@@ -70,7 +62,7 @@ def test_kernel_log_first_then_nvml_still_counts_once():
 
 
 def test_an_xid_only_the_kernel_saw_counts_after_the_window():
-    clock = Clock()
+    clock = FakeClock()
     ledger = ledger_with_two_gpus(clock)
     ledger.record_kmsg((0, 0x2A, 0), 79)  # NVML went down with the GPU and never reported it.
     clock.now += 5
@@ -82,7 +74,7 @@ def test_an_xid_only_the_kernel_saw_counts_after_the_window():
 
 
 def test_repeats_are_not_swallowed_by_the_deduplication():
-    clock = Clock()
+    clock = FakeClock()
     ledger = ledger_with_two_gpus(clock)
     for _ in range(2):  # Two XID 13 on one GPU, each seen by both sources.
         ledger.record_nvml(1, "GPU-b", "00000000:2A:00.0", 13)
@@ -94,7 +86,7 @@ def test_repeats_are_not_swallowed_by_the_deduplication():
 
 
 def test_an_xid_on_a_gpu_nvml_never_listed_is_not_counted(caplog):
-    clock = Clock()
+    clock = FakeClock()
     ledger = ledger_with_two_gpus(clock)
     ledger.record_kmsg((0, 0xDB, 0), 119)
     clock.now += 30
