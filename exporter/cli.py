@@ -63,8 +63,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def scheduled_collectors(args: argparse.Namespace) -> list[ScheduledCollector]:
-    """The enabled collectors with their intervals; raises CollectorError on a bad combination of flags."""
-    scheduled = []
+    """The enabled collectors with their intervals; raises CollectorError on a bad combination of flags.
+
+    Every flag is checked before any collector is built, and a collector that refuses to start closes
+    those built before it, so a rejected start-up leaves no threads or temporary files behind.
+    """
+    enabled = []
     for collector in COLLECTORS:
         name = collector.name
         if not getattr(args, f"collector_{name}"):
@@ -75,7 +79,15 @@ def scheduled_collectors(args: argparse.Namespace) -> list[ScheduledCollector]:
             raise CollectorError(
                 f"--collector.{name}.timeout ({timeout:g}s) must not exceed --collector.{name}.interval ({interval:g}s)"
             )
-        scheduled.append(ScheduledCollector(collector.from_args(args), interval, timeout))
+        enabled.append((collector, interval, timeout))
+    scheduled: list[ScheduledCollector] = []
+    try:
+        for collector, interval, timeout in enabled:
+            scheduled.append(ScheduledCollector(collector.from_args(args), interval, timeout))
+    except CollectorError:
+        for built in scheduled:
+            built.close()
+        raise
     return scheduled
 
 

@@ -51,8 +51,12 @@ def exporter():
         time.sleep(0.1)
     yield process, url
     if process.poll() is None:
-        process.kill()
-        process.wait(5)
+        process.terminate()  # A clean stop removes the simulated procfs tree it made.
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
 
 
 def test_scrape_has_every_collector_and_exact_fixture_values(exporter):
@@ -68,6 +72,10 @@ def test_scrape_has_every_collector_and_exact_fixture_values(exporter):
     for labels, watts in named(samples, "gpufleet_gpu_power_watts").items():
         assert 0 < watts <= samples[("gpufleet_gpu_power_limit_watts", labels)]
     assert not named(samples, "gpufleet_gpu_fan_speed_ratio")  # The simulated SXM boards have no fans.
+    # The simulated processes go through the real attribution path: half a Slurm job, half a Kubernetes pod.
+    schedulers = sorted(dict(l)["scheduler"] for l in named(samples, "gpufleet_gpu_job_info"))
+    assert schedulers == ["kubernetes"] * 4 + ["slurm"] * 4
+    assert set(named(samples, "gpufleet_gpu_processes").values()) == {1}
     assert samples[series("gpufleet_infiniband_port_xmit_data_bytes_total", device="mlx5_0", port="1")] == (
         123456789012345 * 4)
     assert samples[series("gpufleet_network_receive_bytes_total", device="eno1")] == 9876543210123
