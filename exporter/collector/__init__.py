@@ -75,6 +75,10 @@ class FamilySet:
     def counter(self, name: str, documentation: str, labels: Sequence[str]) -> CounterMetricFamily:
         return self._get(CounterMetricFamily, name, documentation, labels)
 
+    def add(self, family: Metric) -> None:
+        """A family built by the caller, for series whose label sets differ."""
+        self._families[family.name] = family
+
     def _get(self, kind, name, documentation, labels):
         family = self._families.get(name)
         if family is None:

@@ -16,15 +16,18 @@ PCI bus.
 from __future__ import annotations
 
 import argparse
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import pynvml
 
 from exporter.collector import Collection, CollectorError, FamilySet
 from exporter.flags import positive_int
+from exporter.gpu.jobs import JobAttribution
 from exporter.gpu.session import GpuIdentity, GpuUnavailable, NodeSample, NvmlSession
-from exporter.gpu.simulated import SimulatedNvml, simulated_gpus
+from exporter.gpu.simulated import SimulatedNvml, simulated_gpus, write_procfs
 from exporter.gpu.xid import KmsgXidReader, NvmlXidWatcher, XidLedger
 from exporter.sysfs import SysfsReader
 
@@ -101,12 +104,14 @@ class GpuCollector:
     name: ClassVar[str] = "gpu"
     default_interval: ClassVar[float] = 5.0
 
-    def __init__(self, session: NvmlSession, *, sysfs_root: str | None = None, xids: XidLedger | None = None,
-                 xid_sources: Sequence[XidSource] = ()) -> None:
+    def __init__(self, session: NvmlSession, *, sysfs_root: str | None = None, jobs: JobAttribution | None = None,
+                 xids: XidLedger | None = None, xid_sources: Sequence[XidSource] = ()) -> None:
         self.session = session
         self.sysfs_root = sysfs_root
+        self.jobs = jobs
         self.xids = xids if xids is not None else XidLedger()
         self.xid_sources = tuple(xid_sources)
+        self.simulated_procfs: tempfile.TemporaryDirectory[str] | None = None
 
     @staticmethod
     def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -123,12 +128,24 @@ class GpuCollector:
                             default=False, help="also count XIDs from the kernel log (default: off)")
         parser.add_argument("--path.kmsg", dest="kmsg_path", default="/dev/kmsg", metavar="PATH",
                             help="kernel log to follow with --collector.gpu.xid-kmsg (default: %(default)s)")
+        parser.add_argument("--job.mapping-dir", dest="job_mapping_dir", metavar="DIR",
+                            help="dcgm-exporter style job mapping: one file per GPU index listing job ids")
+        parser.add_argument("--collector.gpu.process-memory", dest="gpu_process_memory",
+                            action=argparse.BooleanOptionalAction, default=False,
+                            help="export GPU memory per process (series churn with pids; default: off)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> GpuCollector:
         library: Any = pynvml
+        procfs_root = args.procfs_root
+        simulated_procfs = None
         if args.gpu_backend == "sim":
-            library = SimulatedNvml(simulated_gpus(args.sim_gpus, args.sim_seed))
+            gpus = simulated_gpus(args.sim_gpus, args.sim_seed)
+            library = SimulatedNvml(gpus)
+            # Simulated processes get simulated cgroup files, so attribution runs its production path.
+            simulated_procfs = tempfile.TemporaryDirectory(prefix="gpufleet-sim-proc-")
+            write_procfs(Path(simulated_procfs.name), gpus)
+            procfs_root = simulated_procfs.name
         session = NvmlSession(library)
         if args.gpu_backend == "nvml":
             try:
@@ -139,7 +156,9 @@ class GpuCollector:
         sources: list[XidSource] = [NvmlXidWatcher(library, ledger)]
         if args.gpu_xid_kmsg:
             sources.append(KmsgXidReader(args.kmsg_path, ledger))
-        collector = cls(session, sysfs_root=args.sysfs_root, xids=ledger, xid_sources=sources)
+        jobs = JobAttribution(procfs_root, args.job_mapping_dir, args.gpu_process_memory)
+        collector = cls(session, sysfs_root=args.sysfs_root, jobs=jobs, xids=ledger, xid_sources=sources)
+        collector.simulated_procfs = simulated_procfs
         for source in sources:
             source.start()
         return collector
@@ -156,6 +175,8 @@ class GpuCollector:
         else:
             add_sample(families, sample)
             problems.extend(sample.problems)
+            if self.jobs is not None:
+                self.jobs.add(families, sample.gpus, problems)
             for gpu in sample.gpus:  # Lets kernel-log XIDs be matched to GPUs even if NVML events are off.
                 self.xids.register_gpu(gpu.identity.index, gpu.identity.uuid, gpu.identity.pci_bus_id)
         add_xids(families, self.xids)
@@ -169,3 +190,5 @@ class GpuCollector:
         for source in self.xid_sources:
             source.stop()
         self.session.close()
+        if self.simulated_procfs is not None:
+            self.simulated_procfs.cleanup()

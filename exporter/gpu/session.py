@@ -23,7 +23,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pynvml
 
@@ -43,6 +43,7 @@ from exporter.gpu.probes import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class GpuUnavailable(Exception):
@@ -64,9 +65,16 @@ class GpuIdentity:
 
 
 @dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_memory_bytes: int | None  # None where NVML cannot tell (it hides it in some containers).
+
+
+@dataclass(frozen=True)
 class GpuSample:
     identity: GpuIdentity
     readings: tuple[Reading, ...]
+    processes: tuple[GpuProcess, ...] | None = None  # None where the GPU cannot list its processes.
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,7 @@ class _Device:
     probes: tuple[Probe, ...] = ()
     fields: tuple[Field, ...] = ()
     static_readings: tuple[Reading, ...] = ()
+    lists_processes: bool = False
     unsupported: list[str] = field(default_factory=list)
 
 
@@ -230,6 +239,16 @@ class NvmlSession:
                 raise
             unsupported.append("nvmlDeviceGetFieldValues")
 
+        try:
+            nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            device.lists_processes = True
+        except pynvml.NVMLError as err:
+            if err.value in DRIVER_LOST:
+                raise
+            device.lists_processes = err.value not in UNSUPPORTED
+            if not device.lists_processes:
+                unsupported.append("nvmlDeviceGetComputeRunningProcesses")
+
         device.handle = handle
         device.identity = identity
         device.probes = tuple(probes)
@@ -277,15 +296,25 @@ class NvmlSession:
             return None
         assert device.identity is not None
         readings: list[Reading] = []
+        processes = None
         try:
             for probe in device.probes:
-                readings += self._guarded(probe.name, device, problems, probe.read, self._nvml, device.handle)
-            readings += self._guarded("nvmlDeviceGetFieldValues", device, problems, self._field_readings, device)
+                readings += self._guarded(probe.name, device, problems, probe.read, self._nvml, device.handle) or []
+            readings += self._guarded("nvmlDeviceGetFieldValues", device, problems, self._field_readings, device) or []
+            if device.lists_processes:
+                processes = self._guarded("nvmlDeviceGetComputeRunningProcesses", device, problems,
+                                          self._processes, device)
         except _DeviceLost as lost:
             device.handle = None  # Reopen on a later cycle: a reset GPU comes back with a new handle.
             problems.append(f"GPU {device.index} ({device.identity.uuid}) is lost: {lost}")
             return None
-        return GpuSample(device.identity, tuple(readings) + device.static_readings)
+        return GpuSample(device.identity, tuple(readings) + device.static_readings, processes)
+
+    def _processes(self, device: _Device) -> tuple[GpuProcess, ...]:
+        return tuple(
+            GpuProcess(int(p.pid), p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None)
+            for p in self._nvml.nvmlDeviceGetComputeRunningProcesses(device.handle)
+        )
 
     def _field_readings(self, device: _Device) -> list[Reading]:
         readings: list[Reading] = []
@@ -298,9 +327,8 @@ class NvmlSession:
         return readings
 
     @staticmethod
-    def _guarded(name: str, device: _Device, problems: list[str],
-                 read: Callable[..., list[Reading]], *args: Any) -> list[Reading]:
-        """Run one read, sorting its NVML error into skip, problem, lost GPU or lost driver."""
+    def _guarded(name: str, device: _Device, problems: list[str], read: Callable[..., T], *args: Any) -> T | None:
+        """Run one read, sorting its NVML error into skip (None), problem (None), lost GPU or lost driver."""
         try:
             return read(*args)
         except pynvml.NVMLError as err:
@@ -310,4 +338,4 @@ class NvmlSession:
                 raise _DeviceLost(str(err)) from err
             if err.value not in UNSUPPORTED | TRANSIENT:
                 problems.append(f"GPU {device.index}: {name}: {err}")
-            return []
+            return None

@@ -19,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Protocol
 
@@ -46,6 +47,14 @@ class GpuTelemetry:
     pcie_generation: int = 5
     pcie_width: int = 16
     fan_speed_ratios: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class SimulatedProcess:
+    """A process on a simulated GPU, with the cgroup path its `/proc/<pid>/cgroup` file names."""
+
+    pid: int
+    cgroup: str
 
 
 class Load(Protocol):
@@ -94,6 +103,7 @@ class SimulatedGpu:
     nvlink_errors: dict[tuple[int, str], int] = field(default_factory=dict)  # (link, kind) -> count
     clock_events: int = 0  # Extra clock event reason bits, beyond the idle bit the load implies.
     violation_seconds: dict[int, float] = field(default_factory=dict)  # perf policy -> seconds
+    processes: list[SimulatedProcess] = field(default_factory=list)
     # NVML function names (and "field:<id>") this board answers with NOT_SUPPORTED. Hopper has no
     # page retirement (row remapping replaced it) and SXM boards have no fans.
     unsupported: set[str] = field(
@@ -154,14 +164,39 @@ class TrainingLoad:
         )
 
 
+def _hex(rng: random.Random, digits: int) -> str:
+    return "".join(rng.choice("0123456789abcdef") for _ in range(digits))
+
+
+def slurm_cgroup(job_id: int, task: int) -> str:
+    """A cgroup v2 path as slurmstepd creates it for one task of a job step."""
+    return f"/system.slice/slurmstepd.scope/job_{job_id}/step_0/user/task_{task}"
+
+
+def kubernetes_cgroup(pod_uid: str, container_id: str) -> str:
+    """A cgroup v2 path as the kubelet's systemd driver creates it for a burstable pod under containerd."""
+    escaped = pod_uid.replace("-", "_")
+    return (f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{escaped}.slice/"
+            f"cri-containerd-{container_id}.scope")
+
+
 def simulated_gpus(count: int, seed: int = 0) -> list[SimulatedGpu]:
-    """`count` H100s running a training load, with stable identities derived from the seed."""
+    """`count` H100s running a training load, with stable identities derived from the seed.
+
+    The first half of the GPUs run one process each of a Slurm job, the rest one
+    process each of a Kubernetes pod, so job attribution has both to show.
+    """
     rng = random.Random(seed)
+    slurm_job = 100000 + rng.randrange(900000)
+    pod_uid = "-".join(_hex(rng, n) for n in (8, 4, 4, 4, 12))
+    container = _hex(rng, 64)
     gpus = []
     for index in range(count):
-        uuid = "GPU-" + "-".join(
-            "".join(rng.choice("0123456789abcdef") for _ in range(n)) for n in (8, 4, 4, 4, 12)
-        )
+        uuid = "GPU-" + "-".join(_hex(rng, n) for n in (8, 4, 4, 4, 12))
+        if index < (count + 1) // 2:
+            process = SimulatedProcess(20000 + index, slurm_cgroup(slurm_job, index))
+        else:
+            process = SimulatedProcess(30000 + index, kubernetes_cgroup(pod_uid, container))
         gpus.append(
             SimulatedGpu(
                 index=index,
@@ -169,9 +204,19 @@ def simulated_gpus(count: int, seed: int = 0) -> list[SimulatedGpu]:
                 load=TrainingLoad(seed, index),
                 serial=str(1650923000000 + rng.randrange(10**6)),
                 pci_bus_id=f"00000000:{0x18 + 0x10 * index:02X}:00.0",
+                processes=[process],
             )
         )
     return gpus
+
+
+def write_procfs(root: Path, gpus: list[SimulatedGpu]) -> None:
+    """Write `<root>/<pid>/cgroup` for every simulated process, as the kernel shows them (cgroup v2)."""
+    for gpu in gpus:
+        for process in gpu.processes:
+            directory = root / str(process.pid)
+            directory.mkdir(parents=True, exist_ok=True)
+            (directory / "cgroup").write_text(f"0::{process.cgroup}\n")
 
 
 def _error(code: int) -> pynvml.NVMLError:
@@ -431,6 +476,15 @@ class SimulatedNvml:
     def nvmlDeviceGetMaxPcieLinkWidth(self, handle: _Handle) -> int:
         gpu = self._check(handle, "nvmlDeviceGetMaxPcieLinkWidth")
         return gpu.pcie_max_width
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[Any]:
+        gpu, now = self._now(handle, "nvmlDeviceGetComputeRunningProcesses")
+        if not gpu.processes:
+            return []
+        # The driver keeps about 500 MiB per context for itself; the rest is split between the processes.
+        share = max(0, now.memory_used_bytes - 512 * _MIB) // len(gpu.processes)
+        return [SimpleNamespace(pid=p.pid, usedGpuMemory=share, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+                for p in gpu.processes]
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: _Handle) -> int:
         gpu, now = self._now(handle, "nvmlDeviceGetCurrentClocksEventReasons")

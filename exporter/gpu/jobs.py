@@ -1,0 +1,137 @@
+"""Which Slurm job, Kubernetes pod or Docker container each GPU is working for.
+
+The exporter works this out itself. NVML lists the compute processes on each
+GPU; each process's `<procfs>/<pid>/cgroup` names the job that started it,
+under both cgroup v1 and v2:
+
+* Slurm: `.../slurm/uid_1000/job_4242/step_0/task_0` (v1) or
+  `/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0` (v2);
+* Kubernetes: `/kubepods/burstable/pod<uid>/<container>` (cgroupfs driver), or
+  `/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope`
+  (systemd driver; the UID has underscores for dashes);
+* Docker: `/docker/<id>` or `/system.slice/docker-<id>.scope`.
+
+The result is one `gpufleet_gpu_job_info` series per GPU and job. No other GPU
+series carries a job label: rules join on `gpu`/`uuid` with `group_left`, so
+series counts stay flat however jobs come and go. The dcgm-exporter convention
+is accepted as well: a directory with one file per GPU index listing job ids
+(`--job.mapping-dir`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from prometheus_client.metrics_core import GaugeMetricFamily
+
+from exporter.collector import FamilySet
+from exporter.gpu.session import GpuSample
+from exporter.sysfs import SysfsReader
+
+_SLURM = re.compile(r"slurm[^/]*(?:/uid_(\d+))?/job_(\d+)(?:/step_([^/]+))?")
+_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+_DOCKER = re.compile(r"(?:/docker/|/docker-)([0-9a-f]{64})(?:\.scope)?(?:/|$)")
+_JOB_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job as its info series labels it; only the labels that apply are present."""
+
+    scheduler: str
+    labels: tuple[tuple[str, str], ...]
+
+    def label(self, name: str) -> str | None:
+        return dict(self.labels).get(name)
+
+
+def _kubernetes_qos(path: str) -> str:
+    if "besteffort" in path:
+        return "besteffort"
+    if "burstable" in path:
+        return "burstable"
+    return "guaranteed"  # Guaranteed pods sit directly under kubepods, with no QoS level in between.
+
+
+def job_from_cgroup(text: str) -> Job | None:
+    """The job named by a `/proc/<pid>/cgroup` file, or None for a process no scheduler started."""
+    paths = [line.split(":", 2)[2] for line in text.splitlines() if line.count(":") >= 2]
+    for path in paths:
+        if match := _SLURM.search(path):
+            labels = [("job_id", match.group(2))]
+            if match.group(1):
+                labels.append(("user_id", match.group(1)))
+            return Job("slurm", tuple(labels))
+    for path in paths:
+        if "kubepods" in path and (match := _POD_UID.search(path)):
+            return Job("kubernetes", (("pod_uid", match.group(1).replace("_", "-")),
+                                      ("qos_class", _kubernetes_qos(path))))
+    for path in paths:
+        if match := _DOCKER.search(path):
+            return Job("docker", (("container_id", match.group(1)[:12]),))
+    return None
+
+
+def mapping_dir_jobs(sysfs: SysfsReader, gpu_index: int) -> list[str]:
+    """Job ids listed for one GPU in a dcgm-exporter style mapping directory (file named by GPU index)."""
+    text = sysfs.text(sysfs.path(str(gpu_index)))
+    if not text:
+        return []
+    ids = []
+    for line in text.splitlines():
+        job_id = line.strip()
+        if not job_id:
+            continue
+        if _JOB_ID.match(job_id):
+            ids.append(job_id)
+        else:
+            sysfs.problems.append(f"job mapping file {gpu_index}: unusable job id {job_id[:40]!r}")
+    return ids
+
+
+class JobAttribution:
+    """Adds the job and process series of one NVML sample, reading cgroup files under `procfs_root`."""
+
+    def __init__(self, procfs_root: str, mapping_dir: str | None = None, process_memory: bool = False) -> None:
+        self.procfs_root = procfs_root
+        self.mapping_dir = mapping_dir
+        self.process_memory = process_memory
+
+    def add(self, families: FamilySet, gpus: Iterable[GpuSample], problems: list[str]) -> None:
+        procfs = SysfsReader(self.procfs_root)
+        mapping = SysfsReader(self.mapping_dir) if self.mapping_dir else None
+        info = GaugeMetricFamily("gpufleet_gpu_job_info", "A job using the GPU; the value is always 1.")
+        memory = GaugeMetricFamily("gpufleet_gpu_process_memory_used_bytes", "GPU memory used by one process.")
+        for gpu in gpus:
+            if gpu.processes is None:
+                continue  # This GPU cannot list its processes (NOT_SUPPORTED): no count rather than zero.
+            base = {"gpu": str(gpu.identity.index), "uuid": gpu.identity.uuid}
+            families.gauge("gpufleet_gpu_processes", "Compute processes running on the GPU.", ("gpu", "uuid")
+                           ).add_metric(list(base.values()), len(gpu.processes))
+            jobs: dict[tuple[tuple[str, str], ...], Job] = {}
+            for process in gpu.processes:
+                cgroup = procfs.text(procfs.path(f"{process.pid}/cgroup"))  # Gone if the process just exited.
+                job = job_from_cgroup(cgroup) if cgroup is not None else None
+                if job is not None:
+                    jobs.setdefault((("scheduler", job.scheduler), *job.labels), job)
+                if self.process_memory and process.used_memory_bytes is not None:
+                    labels = {**base, "pid": str(process.pid)}
+                    for name in ("job_id", "pod_uid", "container_id"):
+                        if job is not None and (value := job.label(name)):
+                            labels[name] = value
+                    memory.add_sample(memory.name, labels, float(process.used_memory_bytes))
+            if mapping is not None:
+                slurm_ids = {job.label("job_id") for job in jobs.values() if job.scheduler == "slurm"}
+                for job_id in mapping_dir_jobs(mapping, gpu.identity.index):
+                    if job_id not in slurm_ids:  # The same job found by both sources is one job.
+                        jobs.setdefault((("scheduler", "hpc"), ("job_id", job_id)), Job("hpc", (("job_id", job_id),)))
+            for key in jobs:
+                info.add_sample(info.name, {**base, **dict(key)}, 1.0)
+        problems.extend(procfs.problems)
+        if mapping is not None:
+            problems.extend(mapping.problems)
+        # Their series carry differing label sets (only the labels that apply), so they are built directly.
+        families.add(info)
+        families.add(memory)
