@@ -212,7 +212,7 @@ def test_no_gpus_is_a_failure_not_an_empty_success(clock):
 def test_auto_backend_never_invents_gpus_without_a_driver():
     args = argparse.Namespace(gpu_backend="auto", sim_gpus=8, sim_seed=0, gpu_xid_kmsg=False, kmsg_path="/dev/kmsg",
                               sysfs_root="/nonexistent", procfs_root="/proc", job_mapping_dir=None,
-                              gpu_process_memory=False)
+                              gpu_process_memory=False, job_pod_resources=False)
     collector = GpuCollector.from_args(args)
     try:
         collection, samples = collect(collector)

@@ -26,6 +26,7 @@ import pynvml
 from exporter.collector import Collection, CollectorError, FamilySet
 from exporter.flags import positive_int
 from exporter.gpu.jobs import JobAttribution
+from exporter.gpu.podresources import PodResourcesClient
 from exporter.gpu.session import GpuIdentity, GpuUnavailable, NodeSample, NvmlSession
 from exporter.gpu.simulated import SimulatedNvml, simulated_gpus, write_procfs
 from exporter.gpu.xid import KmsgXidReader, NvmlXidWatcher, XidLedger
@@ -130,6 +131,12 @@ class GpuCollector:
                             help="kernel log to follow with --collector.gpu.xid-kmsg (default: %(default)s)")
         parser.add_argument("--job.mapping-dir", dest="job_mapping_dir", metavar="DIR",
                             help="dcgm-exporter style job mapping: one file per GPU index listing job ids")
+        parser.add_argument("--job.pod-resources", dest="job_pod_resources", action=argparse.BooleanOptionalAction,
+                            default=False, help="name Kubernetes pods through the kubelet's pod-resources socket "
+                                                "(needs grpcio; default: off)")
+        parser.add_argument("--path.pod-resources-socket", dest="pod_resources_socket",
+                            default="/var/lib/kubelet/pod-resources/kubelet.sock", metavar="PATH",
+                            help="the kubelet's pod-resources socket (default: %(default)s)")
         parser.add_argument("--collector.gpu.process-memory", dest="gpu_process_memory",
                             action=argparse.BooleanOptionalAction, default=False,
                             help="export GPU memory per process (series churn with pids; default: off)")
@@ -156,7 +163,14 @@ class GpuCollector:
         sources: list[XidSource] = [NvmlXidWatcher(library, ledger)]
         if args.gpu_xid_kmsg:
             sources.append(KmsgXidReader(args.kmsg_path, ledger))
-        jobs = JobAttribution(procfs_root, args.job_mapping_dir, args.gpu_process_memory)
+        pod_resources = None
+        if args.job_pod_resources:
+            try:
+                pod_resources = PodResourcesClient(args.pod_resources_socket)
+            except ImportError:
+                raise CollectorError("--job.pod-resources needs the grpcio package: "
+                                     "pip install 'gpufleet[kubernetes]'") from None
+        jobs = JobAttribution(procfs_root, args.job_mapping_dir, args.gpu_process_memory, pod_resources)
         collector = cls(session, sysfs_root=args.sysfs_root, jobs=jobs, xids=ledger, xid_sources=sources)
         collector.simulated_procfs = simulated_procfs
         for source in sources:
@@ -190,5 +204,7 @@ class GpuCollector:
         for source in self.xid_sources:
             source.stop()
         self.session.close()
+        if self.jobs is not None and self.jobs.pod_resources is not None:
+            self.jobs.pod_resources.close()
         if self.simulated_procfs is not None:
             self.simulated_procfs.cleanup()

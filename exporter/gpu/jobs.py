@@ -15,11 +15,14 @@ The result is one `gpufleet_gpu_job_info` series per GPU and job. No other GPU
 series carries a job label: rules join on `gpu`/`uuid` with `group_left`, so
 series counts stay flat however jobs come and go. The dcgm-exporter convention
 is accepted as well: a directory with one file per GPU index listing job ids
-(`--job.mapping-dir`).
+(`--job.mapping-dir`). Optionally, the kubelet's pod-resources socket adds the
+pod's namespace and name, and names the pods that hold a GPU with nothing
+running on it yet.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,8 +30,11 @@ from dataclasses import dataclass
 from prometheus_client.metrics_core import GaugeMetricFamily
 
 from exporter.collector import FamilySet
+from exporter.gpu.podresources import PodResourcesClient, PodResourcesUnavailable
 from exporter.gpu.session import GpuSample
 from exporter.sysfs import SysfsReader
+
+log = logging.getLogger(__name__)
 
 _SLURM = re.compile(r"slurm[^/]*(?:/uid_(\d+))?/job_(\d+)(?:/step_([^/]+))?")
 _POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
@@ -94,14 +100,34 @@ def mapping_dir_jobs(sysfs: SysfsReader, gpu_index: int) -> list[str]:
 class JobAttribution:
     """Adds the job and process series of one NVML sample, reading cgroup files under `procfs_root`."""
 
-    def __init__(self, procfs_root: str, mapping_dir: str | None = None, process_memory: bool = False) -> None:
+    def __init__(self, procfs_root: str, mapping_dir: str | None = None, process_memory: bool = False,
+                 pod_resources: PodResourcesClient | None = None) -> None:
         self.procfs_root = procfs_root
         self.mapping_dir = mapping_dir
         self.process_memory = process_memory
+        self.pod_resources = pod_resources
+        self._pod_resources_failure = ""
+
+    def _gpu_pods(self) -> dict[str, list[tuple[str, str]]]:
+        """Pods per GPU UUID from the kubelet, or nothing: the enrichment is optional and never fails a collection."""
+        if self.pod_resources is None:
+            return {}
+        try:
+            pods = self.pod_resources.gpu_pods()
+        except PodResourcesUnavailable as err:
+            if str(err) != self._pod_resources_failure:
+                log.warning("%s; pods are identified by UID only until it answers", err)
+                self._pod_resources_failure = str(err)
+            return {}
+        if self._pod_resources_failure:
+            log.info("kubelet pod-resources answers again")
+            self._pod_resources_failure = ""
+        return pods
 
     def add(self, families: FamilySet, gpus: Iterable[GpuSample], problems: list[str]) -> None:
         procfs = SysfsReader(self.procfs_root)
         mapping = SysfsReader(self.mapping_dir) if self.mapping_dir else None
+        gpu_pods = self._gpu_pods()
         info = GaugeMetricFamily("gpufleet_gpu_job_info", "A job using the GPU; the value is always 1.")
         memory = GaugeMetricFamily("gpufleet_gpu_process_memory_used_bytes", "GPU memory used by one process.")
         for gpu in gpus:
@@ -127,11 +153,27 @@ class JobAttribution:
                 for job_id in mapping_dir_jobs(mapping, gpu.identity.index):
                     if job_id not in slurm_ids:  # The same job found by both sources is one job.
                         jobs.setdefault((("scheduler", "hpc"), ("job_id", job_id)), Job("hpc", (("job_id", job_id),)))
-            for key in jobs:
-                info.add_sample(info.name, {**base, **dict(key)}, 1.0)
+            for labels in _with_pods(jobs, gpu_pods.get(gpu.identity.uuid, [])):
+                info.add_sample(info.name, {**base, **labels}, 1.0)
         problems.extend(procfs.problems)
         if mapping is not None:
             problems.extend(mapping.problems)
         # Their series carry differing label sets (only the labels that apply), so they are built directly.
         families.add(info)
         families.add(memory)
+
+
+def _with_pods(jobs: dict[tuple[tuple[str, str], ...], Job], pods: list[tuple[str, str]]) -> list[dict[str, str]]:
+    """Each job's labels, with the kubelet's namespace and pod name added where the join is unambiguous.
+
+    The kubelet names pods, cgroups give their UIDs; the two meet on the GPU. With one Kubernetes job
+    and one pod on a GPU they are the same pod. A pod that holds a GPU with no process on it yet is
+    reported too, by name, so allocated-but-idle GPUs are visible.
+    """
+    result = [dict(key) for key in jobs]
+    kubernetes = [labels for labels in result if labels["scheduler"] == "kubernetes"]
+    if len(pods) == 1 and len(kubernetes) == 1:
+        kubernetes[0]["namespace"], kubernetes[0]["pod"] = pods[0]
+    elif not kubernetes:
+        result += [{"scheduler": "kubernetes", "namespace": namespace, "pod": pod} for namespace, pod in pods]
+    return result
