@@ -23,6 +23,11 @@ from exporter.render import render
 log = logging.getLogger(__name__)
 
 
+def _discard(future: asyncio.Future[object]) -> None:
+    if not future.cancelled():
+        future.exception()  # Retrieved, so asyncio does not log it as never retrieved.
+
+
 @dataclass(frozen=True)
 class CollectorState:
     """The latest outcome of one collector, as the self-metrics report it."""
@@ -65,10 +70,16 @@ class ScheduledCollector:
             return
         started = time.perf_counter()
         self._running = self._start_collection()
-        try:
-            collection, body = await asyncio.wait_for(asyncio.wrap_future(self._running), self.timeout)
-        except asyncio.TimeoutError:
+        outcome = asyncio.wrap_future(self._running)
+        # asyncio.wait, not wait_for: in Python 3.11 wait_for can swallow a cancellation that arrives as the
+        # collection completes, and this task would then never stop.
+        done, _ = await asyncio.wait({outcome}, timeout=self.timeout)
+        if not done:
+            outcome.add_done_callback(_discard)  # Its late result, or error, is of no interest any more.
             self._failed(started, f"collection timed out after {self.timeout:g}s; later ticks are skipped until it returns")
+            return
+        try:
+            collection, body = outcome.result()
         except Exception as err:  # noqa: BLE001 - a broken collector must not take the exporter down.
             self._failed(started, f"collection failed: {err}")
         else:

@@ -7,6 +7,7 @@ import time
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from exporter.collector import Collection
 from exporter.collector.gpu import GpuCollector
 from exporter.collector.network import NetworkCollector
 from exporter.exposition import Exposition
@@ -126,3 +127,33 @@ async def test_a_collector_that_raises_is_reported_and_the_exporter_keeps_servin
     assert body[series("gpufleet_collector_success", collector="broken")] == 0
     assert series("gpufleet_collector_last_success_timestamp_seconds", collector="broken") not in body
     assert body[series("gpufleet_collector_skipped_total", collector="broken")] == 0
+
+
+async def test_cancelling_a_tick_as_its_collection_completes_stops_the_collector():
+    """Python 3.11's wait_for loses a cancellation that arrives as the awaited future completes."""
+
+    class Gated:
+        name = "gated"
+        default_interval = 1.0
+
+        def __init__(self) -> None:
+            self.entered = threading.Event()
+            self.go = threading.Event()
+
+        def collect(self):
+            self.entered.set()
+            self.go.wait(5)
+            return Collection(())
+
+        def close(self):
+            return None
+
+    gated = Gated()
+    scheduled = ScheduledCollector(gated, interval=10, timeout=10)
+    task = asyncio.create_task(scheduled.run())
+    assert await asyncio.to_thread(gated.entered.wait, 5)
+    gated.go.set()
+    time.sleep(0.05)  # Block the loop: the collection finishes and queues its result before the cancel is seen.
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=2)
+    assert done == {task} and task.cancelled()
