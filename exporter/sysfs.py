@@ -1,4 +1,4 @@
-"""Reading sysfs trees under a configurable root, the way node_exporter's `--path.sysfs` does.
+"""Reading sysfs and procfs trees under a configurable root, the way node_exporter's `--path.sysfs` does.
 
 sysfs files come and go while we read them (a NIC is hot-unplugged, a driver is
 reloaded) and some files answer with an error by design (`speed` of a link that
@@ -10,62 +10,101 @@ is down returns EINVAL). A reader therefore distinguishes two outcomes:
 * broken: the file exists but cannot be read or parsed; the series is left out
   and the problem is recorded, so that the collector reports a failed collection.
 
-Problems name paths relative to the root, so logs never carry host paths.
+Paths are relative to the root throughout, so problems never name host paths.
+The tree behind a reader is the hardware boundary: `DiskTree` reads the real
+files, and the fleet simulator supplies an in-memory tree with the same errors.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Protocol
 
 # Errors with which sysfs attributes say "no value right now" rather than "broken".
 _ABSENT_ERRNOS = frozenset(
     {errno.ENOENT, errno.ENOTDIR, errno.EINVAL, errno.ENODEV, errno.ENXIO, errno.EOPNOTSUPP, errno.ENODATA, errno.EAGAIN}
 )
+_MAX_READ = 4096
 
 
-class SysfsReader:
-    """Reads files below `root` and records what could not be read, for one collection."""
+class Tree(Protocol):
+    """A file tree addressed by root-relative paths; failures raise OSError with the kernel's errno."""
+
+    def read(self, path: PurePosixPath) -> bytes: ...
+
+    def listdir(self, path: PurePosixPath) -> list[str]: ...
+
+    def readlink(self, path: PurePosixPath) -> str: ...
+
+    def is_dir(self, path: PurePosixPath) -> bool: ...
+
+
+class DiskTree:
+    """The real files below a root directory."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
+
+    def read(self, path: PurePosixPath) -> bytes:
+        with open(self.root / path, "rb") as handle:
+            return handle.read(_MAX_READ)
+
+    def listdir(self, path: PurePosixPath) -> list[str]:
+        return os.listdir(self.root / path)
+
+    def readlink(self, path: PurePosixPath) -> str:
+        return os.readlink(self.root / path)
+
+    def is_dir(self, path: PurePosixPath) -> bool:
+        return (self.root / path).is_dir()
+
+
+class SysfsReader:
+    """Reads files of one tree and records what could not be read, for one collection."""
+
+    def __init__(self, root: str | os.PathLike[str] | Tree) -> None:
+        self.tree: Tree = DiskTree(root) if isinstance(root, (str, os.PathLike)) else root
         self.problems: list[str] = []
 
-    def path(self, relative: str) -> Path:
-        return self.root / relative
-
-    def relative(self, path: Path) -> str:
-        try:
-            return str(path.relative_to(self.root))
-        except ValueError:
-            return path.name
+    @staticmethod
+    def path(relative: str) -> PurePosixPath:
+        return PurePosixPath(relative)
 
     def listdir(self, relative: str) -> list[str]:
         """Sorted entries of a directory; an absent directory is an empty one."""
         try:
-            return sorted(os.listdir(self.path(relative)))
+            return sorted(self.tree.listdir(PurePosixPath(relative)))
         except OSError as err:
             if err.errno not in _ABSENT_ERRNOS:
                 self.problems.append(f"{relative}: cannot list: {err.strerror}")
             return []
 
-    def text(self, path: Path) -> str | None:
+    def readlink(self, relative: str) -> str | None:
+        try:
+            return self.tree.readlink(PurePosixPath(relative))
+        except OSError:
+            return None
+
+    def is_dir(self, relative: str) -> bool:
+        return self.tree.is_dir(PurePosixPath(relative))
+
+    def text(self, path: PurePosixPath) -> str | None:
         """The stripped content of a file, or None when absent or unreadable."""
         try:
-            with open(path, "rb") as handle:
-                raw = handle.read(4096)
+            raw = self.tree.read(path)
         except OSError as err:
             if err.errno not in _ABSENT_ERRNOS:
-                self.problems.append(f"{self.relative(path)}: cannot read: {err.strerror}")
+                self.problems.append(f"{path}: cannot read: {err.strerror}")
             return None
         try:
             return raw.decode("ascii").strip()
         except UnicodeDecodeError:
-            self.problems.append(f"{self.relative(path)}: not ASCII text")
+            self.problems.append(f"{path}: not ASCII text")
             return None
 
-    def integer(self, path: Path) -> int | None:
+    def integer(self, path: PurePosixPath) -> int | None:
         """A file holding one integer (decimal or 0x-prefixed hexadecimal)."""
         text = self.text(path)
         if text is None:
@@ -73,13 +112,13 @@ class SysfsReader:
         try:
             return int(text, 0) if text.startswith(("0x", "0X")) else int(text)
         except ValueError:
-            self.problems.append(f"{self.relative(path)}: not an integer: {text[:40]!r}")
+            self.problems.append(f"{path}: not an integer: {text[:40]!r}")
             return None
 
-    def counter(self, path: Path) -> int | None:
+    def counter(self, path: PurePosixPath) -> int | None:
         """A monotonically increasing hardware counter: an integer that is never negative."""
         value = self.integer(path)
         if value is not None and value < 0:
-            self.problems.append(f"{self.relative(path)}: negative counter {value}")
+            self.problems.append(f"{path}: negative counter {value}")
             return None
         return value

@@ -19,7 +19,7 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
-from exporter.sysfs import SysfsReader
+from exporter.sysfs import SysfsReader, Tree
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class SysfsCollector:
     name: ClassVar[str]
     default_interval: ClassVar[float]
 
-    def __init__(self, sysfs_root: str) -> None:
+    def __init__(self, sysfs_root: str | Tree) -> None:
         self.sysfs_root = sysfs_root
 
     @staticmethod

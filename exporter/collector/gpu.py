@@ -86,7 +86,7 @@ def add_xids(families: FamilySet, ledger: XidLedger) -> None:
 
 def add_pci_devices(families: FamilySet, sysfs: SysfsReader) -> None:
     """NVIDIA GPUs the kernel sees on the PCI bus, whether or not NVML still lists them."""
-    if not sysfs.path("bus/pci/devices").is_dir():
+    if not sysfs.is_dir("bus/pci/devices"):
         return
     count = 0
     for device in sysfs.listdir("bus/pci/devices"):

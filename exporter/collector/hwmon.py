@@ -24,10 +24,8 @@ _TEMP_LIMITS = (
 
 
 def _chip_device(sysfs: SysfsReader, hwmon: str) -> str:
-    try:
-        return os.path.basename(os.readlink(sysfs.path(f"class/hwmon/{hwmon}/device")))
-    except OSError:
-        return hwmon
+    target = sysfs.readlink(f"class/hwmon/{hwmon}/device")
+    return os.path.basename(target) if target else hwmon
 
 
 class HwmonCollector(SysfsCollector):

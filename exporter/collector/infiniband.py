@@ -10,7 +10,7 @@ links, so the 64-bit `counters_ext/*_64` file is preferred where it exists.
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from pathlib import PurePosixPath
 
 from exporter.collector import FamilySet, SysfsCollector
 from exporter.sysfs import SysfsReader
@@ -39,7 +39,7 @@ _EXTENDED = {
 }
 
 
-def _counter_files(sysfs: SysfsReader, port_dir: str) -> dict[str, Path]:
+def _counter_files(sysfs: SysfsReader, port_dir: str) -> dict[str, PurePosixPath]:
     """Counter name -> file, with the 64-bit `counters_ext/` file replacing its 32-bit twin."""
     files = {
         name: sysfs.path(f"{port_dir}/counters/{name}")

@@ -32,7 +32,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily
 from exporter.collector import FamilySet
 from exporter.gpu.podresources import PodResourcesClient, PodResourcesUnavailable
 from exporter.gpu.session import GpuSample
-from exporter.sysfs import SysfsReader
+from exporter.sysfs import SysfsReader, Tree
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def mapping_dir_jobs(sysfs: SysfsReader, gpu_index: int) -> list[str]:
 class JobAttribution:
     """Adds the job and process series of one NVML sample, reading cgroup files under `procfs_root`."""
 
-    def __init__(self, procfs_root: str, mapping_dir: str | None = None, process_memory: bool = False,
+    def __init__(self, procfs_root: str | Tree, mapping_dir: str | None = None, process_memory: bool = False,
                  pod_resources: PodResourcesClient | None = None) -> None:
         self.procfs_root = procfs_root
         self.mapping_dir = mapping_dir
