@@ -13,8 +13,9 @@ from collections.abc import Sequence
 
 from exporter import __version__
 from exporter import cli as exporter_cli
+from simulator import cli as simulator_cli
 
-_PACKAGES = (exporter_cli,)
+_PACKAGES = (exporter_cli, simulator_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:

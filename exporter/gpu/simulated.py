@@ -100,6 +100,7 @@ class SimulatedGpu:
     pcie_replays: int = 0
     nvlinks: int = 18
     nvlinks_down: set[int] = field(default_factory=set)
+    nvlink_stopped_kib: dict[int, int] = field(default_factory=dict)  # A down link's traffic stays where it stopped.
     nvlink_errors: dict[tuple[int, str], int] = field(default_factory=dict)  # (link, kind) -> count
     clock_events: int = 0  # Extra clock event reason bits, beyond the idle bit the load implies.
     violation_seconds: dict[int, float] = field(default_factory=dict)  # perf policy -> seconds
@@ -162,6 +163,11 @@ class TrainingLoad:
             pcie_generation=gpu.pcie_max_generation,
             pcie_width=gpu.pcie_max_width,
         )
+
+
+def nvlink_kib_for(energy_joules: float) -> int:
+    """NVLink traffic follows the load: a KiB per 4 mJ keeps each link's counter moving with power."""
+    return int(energy_joules * 250)
 
 
 def _hex(rng: random.Random, digits: int) -> str:
@@ -536,15 +542,14 @@ class SimulatedNvml:
     def nvmlDeviceGetFieldValues(self, handle: _Handle, field_ids: list[Any]) -> Any:
         gpu, now = self._now(handle, "nvmlDeviceGetFieldValues")
         answers = self._field_answers(gpu, now)
-        # NVLink traffic follows the load: a KiB per 4 mJ keeps the counter moving with power.
-        nvlink_kib = int(now.energy_joules * 250)
+        nvlink_kib = nvlink_kib_for(now.energy_joules)
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
         for slot, requested in zip(values, field_ids, strict=True):
             field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
             slot.fieldId, slot.scopeId = field_id, scope
             slot.timestamp = int(time.time() * 1e6)
             if field_id in (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX):
-                answer = (_ULL, nvlink_kib) if scope < gpu.nvlinks else None
+                answer = (_ULL, gpu.nvlink_stopped_kib.get(scope, nvlink_kib)) if scope < gpu.nvlinks else None
             else:
                 answer = answers.get(field_id)
             if answer is None or f"field:{field_id}" in gpu.unsupported:

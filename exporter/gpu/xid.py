@@ -171,8 +171,12 @@ class NvmlXidWatcher:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def request_stop(self) -> None:
+        """Ask the thread to end; it does once its current bounded wait returns."""
         self._stop.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.request_stop()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -182,6 +186,8 @@ class NvmlXidWatcher:
                 self._watch()
             except pynvml.NVMLError as err:
                 self._ledger.watching = False
+                if self._stop.is_set():
+                    return  # Shutting down: the error is how the wait was ended, not news.
                 if str(err) != self._last_failure:
                     log.warning("XID events from NVML unavailable: %s; re-registering with backoff", err)
                     self._last_failure = str(err)

@@ -1,0 +1,120 @@
+"""`gpufleet simulate`: flags, start-up and the serving loop of the fleet simulator."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from exporter.flags import listen_address, positive_int
+from exporter.logfmt import configure_logging
+from simulator.faults import ScenarioError, load_scenario
+from simulator.fleet import Fleet
+from simulator.server import SimClock, build_app, file_sd_targets, write_file_sd
+
+log = logging.getLogger("simulator")
+
+
+def _label(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier() or name.startswith("__"):
+        raise argparse.ArgumentTypeError(f"invalid label {text!r} (use NAME=VALUE)")
+    return name, value
+
+
+def _speed(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid speed {text!r}") from None
+    if not 0 < value <= 1000:
+        raise argparse.ArgumentTypeError(f"speed {text!r} must be above 0 and at most 1000")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "simulate", help="serve a simulated GPU fleet",
+        description="Serve the /metrics of many simulated GPU nodes, rendered by the exporter's own collectors, "
+                    "with faults injected from a scenario file or at run time.",
+    )
+    parser.add_argument("--nodes", type=positive_int, default=4, metavar="N", help="nodes (default: %(default)s)")
+    parser.add_argument("--gpus-per-node", type=positive_int, default=8, metavar="G",
+                        help="GPUs per node (default: %(default)s)")
+    parser.add_argument("--web.listen-address", dest="listen_address", type=listen_address, default=":19500",
+                        metavar="HOST:PORT", help="address to serve on (default: %(default)s)")
+    parser.add_argument("--file-sd", dest="file_sd", metavar="PATH",
+                        help="write Prometheus file_sd targets here, one per node")
+    parser.add_argument("--file-sd.address", dest="file_sd_address", metavar="HOST:PORT",
+                        help="address Prometheus should scrape (default: the listen address, 127.0.0.1 for :PORT)")
+    parser.add_argument("--cluster", default="sim", help="cluster label on every target (default: %(default)s)")
+    parser.add_argument("--label", dest="labels", type=_label, action="append", default=[], metavar="NAME=VALUE",
+                        help="another static label on every target (repeatable)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of identities, jobs and noise (default: %(default)s)")
+    parser.add_argument("--speed", type=_speed, default=1.0,
+                        help="simulated seconds per wall-clock second (default: %(default)s)")
+    parser.add_argument("--scenario", metavar="FILE", help="YAML file of faults to inject")
+    parser.add_argument("--control.allow-remote", dest="allow_remote_control", action="store_true",
+                        help="let non-loopback clients use /control/faults (default: loopback only)")
+    parser.add_argument("--log.level", dest="log_level", choices=("debug", "info", "warn", "error"), default="info",
+                        help="least severe log level written (default: %(default)s)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    # Every node would log the same NVML start-up lines; a thousand copies say nothing more.
+    logging.getLogger("exporter.gpu").setLevel(max(logging.WARNING, logging.getLogger().level))
+    host, port = args.listen_address
+    fleet = Fleet(args.nodes, args.gpus_per_node, seed=args.seed)
+    try:
+        if args.scenario:
+            try:
+                with open(args.scenario, encoding="utf-8") as handle:
+                    fleet.add(load_scenario(handle.read(), fleet.nodes, fleet.gpus_per_node, fleet.ids))
+            except OSError as err:
+                raise ScenarioError(f"cannot read: {err.strerror}") from None
+        if args.file_sd:
+            address = args.file_sd_address or f"{host if host not in (None, '0.0.0.0', '::') else '127.0.0.1'}:{port}"
+            labels = {"cluster": args.cluster, **dict(args.labels)}
+            write_file_sd(args.file_sd, file_sd_targets(fleet, address, labels))
+    except ScenarioError as err:
+        print(f"gpufleet simulate: error: scenario {args.scenario}: {err}", file=sys.stderr)
+        fleet.close()
+        return 1
+    except OSError as err:
+        print(f"gpufleet simulate: error: cannot write {args.file_sd}: {err.strerror}", file=sys.stderr)
+        fleet.close()
+        return 1
+    fleet.start()
+    try:
+        asyncio.run(serve(fleet, SimClock(args.speed), host, port, args.allow_remote_control))
+    except OSError as err:
+        print(f"gpufleet simulate: error: cannot listen on {host or '*'}:{port}: {err.strerror or err}",
+              file=sys.stderr)
+        return 1
+    finally:
+        fleet.close()
+    return 0
+
+
+async def serve(fleet: Fleet, clock: SimClock, host: str | None, port: int, allow_remote_control: bool) -> None:
+    runner = web.AppRunner(build_app(fleet, clock, allow_remote_control), access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        # Scrapes held by a simulated "exporter down" are not worth waiting for at shutdown.
+        await web.TCPSite(runner, host, port, shutdown_timeout=2.0).start()
+        log.info("simulating %d nodes of %d GPUs, %d jobs, %d faults; listening on %s:%d",
+                 len(fleet.nodes), fleet.gpus_per_node, len(fleet.jobs), len(fleet.faults), host or "*", port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        await runner.cleanup()

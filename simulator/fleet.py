@@ -1,0 +1,493 @@
+"""The simulated fleet: nodes, the training jobs they run, and the faults injected into them.
+
+Each node owns a `SimulatedNvml` with eight boards and an in-memory sysfs tree
+(InfiniBand and Ethernet ports, hwmon and thermal zones, PCI devices), and is
+collected by the exporter's own collectors. Everything a node reports is a
+function of simulated time: the workload is a repeating cycle of compute and
+communication phases, and each fault changes the node's state between its start
+and end. A node's clock is frozen while it is collected, so every value it
+reports in one scrape describes one instant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import random
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import pynvml
+
+from exporter.collector.gpu import GpuCollector
+from exporter.collector.hwmon import HwmonCollector
+from exporter.collector.infiniband import InfinibandCollector
+from exporter.collector.network import NetworkCollector
+from exporter.collector.thermal_zone import ThermalZoneCollector
+from exporter.exposition import Exposition
+from exporter.gpu.jobs import JobAttribution
+from exporter.gpu.session import NvmlSession
+from exporter.gpu.simulated import (
+    GpuTelemetry,
+    SimulatedGpu,
+    SimulatedNvml,
+    SimulatedProcess,
+    kubernetes_cgroup,
+    nvlink_kib_for,
+    slurm_cgroup,
+)
+from exporter.gpu.xid import NvmlXidWatcher, XidLedger
+from exporter.scheduler import ScheduledCollector
+from simulator.faults import Fault
+from simulator.timeline import Segment, integral, overlap, phase_at
+from simulator.tree import MemoryTree
+
+IB_PORTS = tuple(f"mlx5_{i}/1" for i in range(8))
+ETHERNET = {"eth0": 25_000, "eth1": 100_000}  # Mb/s: management and storage networks.
+IB_BYTES_PER_SECOND = 400 * 125_000_000  # NDR, 400 Gb/s.
+_FOREVER = float("inf")
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Levels:
+    """What a GPU does in one phase, as shares: of utilisation, power limit, max SM clock, link rate."""
+
+    utilization: float
+    power: float
+    sm_clock: float
+    network: float
+    memory_copy: float
+
+
+PHASES = {
+    "idle": Levels(0.0, 0.1, 0.175, 0.0005, 0.0),
+    "compute": Levels(0.97, 0.92, 0.98, 0.02, 0.45),
+    "comm": Levels(0.86, 0.55, 1.0, 0.65, 0.2),
+    "wait": Levels(0.9, 0.4, 1.0, 0.02, 0.05),  # NCCL spins while a peer is late: busy, but cool.
+    "slow_compute": Levels(0.97, 0.62, 0.7, 0.02, 0.35),  # The straggler itself.
+}
+_STRAGGLER_SLOWDOWN = 1.4
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    scheduler: str  # "slurm" or "kubernetes"
+    nodes: tuple[str, ...]
+    period: float  # seconds of one compute + communication cycle
+    comm_fraction: float
+    memory_fraction: float
+
+    def cgroup(self, node_index: int, gpu: int) -> str:
+        if self.scheduler == "slurm":
+            return slurm_cgroup(int(self.id), node_index * 8 + gpu)
+        container = random.Random(f"{self.id}:{node_index}").getrandbits(256)  # One pod per node: one container.
+        return kubernetes_cgroup(self.id, f"{container:064x}")
+
+
+def layout_jobs(names: Sequence[str], seed: int, idle_share: float = 0.15) -> list[Job]:
+    """Training jobs over the fleet: most nodes in multi-node jobs, some idle, all from the seed."""
+    rng = random.Random(f"jobs:{seed}")
+    pool = list(names)
+    rng.shuffle(pool)
+    busy = pool[: len(pool) - int(len(pool) * idle_share)]
+    jobs = []
+    while busy:
+        size = min(len(busy), rng.choice((1, 2, 4, 4, 8, 8, 16, 32)))
+        members, busy = busy[:size], busy[size:]
+        kubernetes = rng.random() < 0.3
+        job_id = (
+            "-".join("".join(rng.choice("0123456789abcdef") for _ in range(n)) for n in (8, 4, 4, 4, 12))
+            if kubernetes else str(rng.randrange(100000, 999999))
+        )
+        jobs.append(Job(job_id, "kubernetes" if kubernetes else "slurm", tuple(sorted(members)),
+                        period=rng.uniform(20, 60), comm_fraction=rng.uniform(0.2, 0.35),
+                        memory_fraction=rng.uniform(0.55, 0.9)))
+    return jobs
+
+
+def _network(phase: str) -> float:
+    return PHASES[phase].network
+
+
+def _power(phase: str) -> float:
+    return PHASES[phase].power
+
+
+def _wave(t: float, phase: float) -> float:
+    """Small, deterministic noise in [-1, 1]."""
+    return math.sin(1.7 * t + phase) * 0.6 + math.sin(0.23 * t + 2 * phase) * 0.4
+
+
+class Node:
+    """One simulated GPU node and the exporter collectors that read it."""
+
+    def __init__(self, fleet: Fleet, index: int, name: str, gpus: int) -> None:
+        self.fleet = fleet
+        self.index = index
+        self.name = name
+        self.ports = IB_PORTS + tuple(ETHERNET)
+        self.t = 0.0  # The node's frozen clock, in simulated seconds since the fleet started.
+        self.job: Job | None = None
+        self.job_rank = 0
+        self.lock = asyncio.Lock()
+        self.fired: set[str] = set()  # Faults whose one-off events (XIDs) have been raised.
+        self._segments: tuple[int, list[Segment]] = (-1, [])
+        self.boards = [self._board(gpu) for gpu in range(gpus)]
+        self.nvml = SimulatedNvml(self.boards, clock=lambda: self.t)
+        self.sysfs = MemoryTree()
+        self.procfs = MemoryTree()
+        self._build_sysfs()
+        self.ledger = XidLedger()
+        self.watcher = NvmlXidWatcher(self.nvml, self.ledger, wait_ms=30_000)
+        gpu = GpuCollector(NvmlSession(self.nvml), sysfs_root=self.sysfs, jobs=JobAttribution(self.procfs),
+                           xids=self.ledger, xid_sources=[self.watcher])
+        self.collectors = [
+            ScheduledCollector(gpu, GpuCollector.default_interval, GpuCollector.default_interval),
+            ScheduledCollector(NetworkCollector(self.sysfs), 5.0, 5.0),
+            ScheduledCollector(InfinibandCollector(self.sysfs), 5.0, 5.0),
+            ScheduledCollector(HwmonCollector(self.sysfs), 15.0, 15.0),
+            ScheduledCollector(ThermalZoneCollector(self.sysfs), 15.0, 15.0),
+        ]
+        self._last_tick = [-_FOREVER] * len(self.collectors)
+        self.exposition = Exposition(self.collectors)
+
+    # Workload -------------------------------------------------------------------------------------
+
+    def assign(self, job: Job | None) -> None:
+        """Run `job` (or nothing) on every GPU of this node, with a process whose cgroup names the job."""
+        self.job = job
+        self.job_rank = job.nodes.index(self.name) if job else 0
+        for board in self.boards:
+            for process in board.processes:
+                self.procfs.remove(str(process.pid))
+            board.processes = []
+        if job is None:
+            return
+        for board in self.boards:
+            pid = 100000 + self.index * 10 + board.index
+            board.processes = [SimulatedProcess(pid, job.cgroup(self.index, board.index))]
+            self.procfs.set(f"{pid}/cgroup", f"0::{board.processes[0].cgroup}")
+
+    def segments(self) -> list[Segment]:
+        """The node's phase timeline; rebuilt only when the faults change."""
+        version = self.fleet.fault_version
+        if self._segments[0] == version:
+            return self._segments[1]
+        job = self.job
+        if job is None:
+            segments = [Segment(0.0, _FOREVER, ((1.0, "idle"),))]
+        else:
+            stragglers = [f for f in self.fleet.faults if f.kind == "straggler" and f.node in job.nodes]
+            edges = sorted({0.0, *(f.start for f in stragglers), *(f.end for f in stragglers if f.end is not None)})
+            segments = []
+            for start, end in zip(edges, [*edges[1:], _FOREVER], strict=True):
+                slow = {f.node for f in stragglers if f.start <= start and (f.end is None or start < f.end)}
+                segments.append(Segment(start, end, self._cycle(job, slow)))
+        self._segments = (version, segments)
+        return segments
+
+    def _cycle(self, job: Job, stragglers: set[str]) -> tuple[tuple[float, str], ...]:
+        compute = job.period * (1 - job.comm_fraction)
+        comm = job.period * job.comm_fraction
+        if not stragglers:
+            return ((compute, "compute"), (comm, "comm"))
+        extra = compute * (_STRAGGLER_SLOWDOWN - 1)
+        if self.name in stragglers:
+            return ((compute + extra, "slow_compute"), (comm, "comm"))
+        return ((compute, "compute"), (extra, "wait"), (comm, "comm"))
+
+    def levels(self) -> Levels:
+        return PHASES[phase_at(self.segments(), self.t)]
+
+    def _active(self, kind: str, gpu: int | None = None, port: str | None = None) -> list[Fault]:
+        return [f for f in self.fleet.faults_for(self.name)
+                if f.kind == kind and (gpu is None or f.gpu == gpu) and (port is None or f.port == port)]
+
+    def _board(self, index: int) -> SimulatedGpu:
+        rng = random.Random(f"{self.fleet.seed}:{self.name}:{index}")
+        uuid = "GPU-" + "-".join("".join(rng.choice("0123456789abcdef") for _ in range(n)) for n in (8, 4, 4, 4, 12))
+        board = SimulatedGpu(index=index, uuid=uuid, load=self._telemetry, serial=str(1650923000000 + rng.randrange(10**6)),
+                             pci_bus_id=f"00000000:{0x18 + 0x10 * index:02X}:00.0")
+        return board
+
+    def _telemetry(self, board: SimulatedGpu, _seconds: float) -> GpuTelemetry:
+        """What one board reports at the node's frozen time: the phase, plus noise, plus its faults."""
+        t = self.t
+        levels = self.levels()
+        noise = 0.015 * _wave(t, board.index + self.index)
+        power_share = max(0.05, levels.power * (1 + noise))
+        sm_share = levels.sm_clock
+        limit = board.power_limit_watts
+        energy = self._energy(board, t)
+        temperature = 28 + 48 * levels.power + 1.5 * _wave(t, board.index)
+        for fault in self._active("thermal_slowdown", board.index):
+            energy -= 0.2 * limit * self._window_integral(fault, _power)
+            if fault.active(t):
+                power_share *= 0.8
+                sm_share *= 0.6
+                temperature = board.thresholds_celsius[pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN] + 2
+        for fault in self._active("power_brake", board.index):
+            energy -= 0.5 * limit * self._window_integral(fault, _power)
+            if fault.active(t):
+                power_share *= 0.5
+                sm_share *= 0.5
+        memory = self.job.memory_fraction if self.job else 0.0
+        return GpuTelemetry(
+            utilization=round(min(1.0, max(0.0, levels.utilization + noise)) if self.job else 0.0, 2),
+            memory_copy_utilization=round(levels.memory_copy, 2),
+            memory_used_bytes=int(board.memory_total_bytes * memory) + 512 * _MIB,
+            power_watts=limit * power_share,
+            energy_joules=max(0.0, energy),
+            temperature_celsius=temperature,
+            memory_temperature_celsius=temperature + 7,
+            sm_clock_hertz=board.sm_clock_max_hertz * sm_share,
+            memory_clock_hertz=board.memory_clock_max_hertz,
+            pcie_generation=board.pcie_max_generation,
+            pcie_width=board.pcie_max_width,
+        )
+
+    def _energy(self, board: SimulatedGpu, t: float) -> float:
+        """Joules the board has drawn by `t`, before any fault's change to its power."""
+        return board.power_limit_watts * integral(self.segments(), _power, t)
+
+    def _window_integral(self, fault: Fault, rate: Callable[[str], float]) -> float:
+        """The integral of `rate(phase)` over the part of `fault` that lies before now."""
+        stop = self.t if fault.end is None else min(fault.end, self.t)
+        if stop <= fault.start:
+            return 0.0
+        return integral(self.segments(), rate, stop) - integral(self.segments(), rate, fault.start)
+
+    # Faults ---------------------------------------------------------------------------------------
+
+    def apply_faults(self) -> None:
+        """Bring every board's health state to what the faults say at the node's time."""
+        t = self.t
+        for board in self.boards:
+            gpu = board.index
+            board.errors = ({"*": pynvml.NVML_ERROR_GPU_IS_LOST}
+                            if any(f.active(t) for f in self._active("gpu_lost", gpu)) else {})
+            events = 0
+            if any(f.active(t) for f in self._active("thermal_slowdown", gpu)):
+                events |= pynvml.nvmlClocksEventReasonSwThermalSlowdown | pynvml.nvmlClocksEventReasonHwThermalSlowdown
+            if any(f.active(t) for f in self._active("power_brake", gpu)):
+                events |= pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown | pynvml.nvmlClocksEventReasonHwSlowdown
+            board.clock_events = events
+            board.violation_seconds = {
+                pynvml.NVML_PERF_POLICY_THERMAL: sum(overlap(f.start, f.end, t)
+                                                     for f in self._active("thermal_slowdown", gpu)),
+                pynvml.NVML_PERF_POLICY_POWER: sum(overlap(f.start, f.end, t) for f in self._active("power_brake", gpu)),
+            }
+            dbe = sum(1 for f in self._active("ecc_dbe", gpu) if f.start <= t)
+            board.ecc_errors = {("uncorrected", "volatile"): dbe, ("uncorrected", "aggregate"): dbe}
+            pending = [f for f in self._active("row_remap_pending", gpu) if f.start <= t]
+            failed = [f for f in self._active("row_remap_failure", gpu) if f.start <= t]
+            board.remapped_rows = {"uncorrectable": len(pending) + len(failed)}
+            board.row_remap_pending = any(f.active(t) for f in pending)
+            board.row_remap_failed = any(f.active(t) for f in failed)
+            board.pcie_replays = int(50 * sum(overlap(f.start, f.end, t) for f in self._active("pcie_replay_storm", gpu)))
+            down = [f for f in self._active("nvlink_down", gpu) if f.active(t) and f.link is not None]
+            board.nvlinks_down = {f.link for f in down}
+            board.nvlink_stopped_kib = {f.link: nvlink_kib_for(self._energy(board, f.start)) for f in down}
+            board.nvlink_errors = {}
+            for fault in self._active("nvlink_crc", gpu):
+                key = (fault.link, "crc_flit")
+                board.nvlink_errors[key] = board.nvlink_errors.get(key, 0) + int(200 * overlap(fault.start, fault.end, t))
+        self._fire_events()
+
+    def _fire_events(self) -> None:
+        """Raise each fault's XID once, when the node's time first passes the fault's start."""
+        codes = {"xid": None, "ecc_dbe": 48, "row_remap_failure": 64, "gpu_lost": 79}
+        for fault in self.fleet.faults_for(self.name):
+            if fault.kind in codes and fault.start <= self.t and fault.id not in self.fired:
+                self.fired.add(fault.id)
+                self.nvml.inject_xid(fault.gpu or 0, fault.xid if fault.kind == "xid" else codes[fault.kind])
+
+    def down_at(self, t: float) -> bool:
+        """Whether the node's exporter is "down" at time `t` (read without touching the node's clock)."""
+        return any(f.kind == "exporter_down" and f.active(t) for f in self.fleet.faults_for(self.name))
+
+    # Sysfs ----------------------------------------------------------------------------------------
+
+    def _network_integral(self) -> float:
+        return integral(self.segments(), _network, self.t)
+
+    def _ib_bytes(self, port: str, direction: str) -> int:
+        """Bytes through an InfiniBand port: the job's traffic, raised by saturation, stopped while down."""
+        total = IB_BYTES_PER_SECOND * self._network_integral()
+        for fault in self._active("nic_saturation", port=port):
+            if fault.direction == direction:
+                total += IB_BYTES_PER_SECOND * (0.97 * overlap(fault.start, fault.end, self.t)
+                                                - self._window_integral(fault, _network))
+        for fault in self._active("ib_link_down", port=port):
+            total -= IB_BYTES_PER_SECOND * self._window_integral(fault, _network)
+        for fault in self._active("ib_link_flap", port=port):
+            total -= 0.5 * IB_BYTES_PER_SECOND * self._window_integral(fault, _network)
+        return int(max(0.0, total))
+
+    def _ib_down(self, port: str) -> bool:
+        t = self.t
+        if any(f.active(t) for f in self._active("ib_link_down", port=port)):
+            return True
+        return any(f.active(t) and int((t - f.start) // 10) % 2 == 0 for f in self._active("ib_link_flap", port=port))
+
+    def _ib_link_downed(self, port: str) -> int:
+        t = self.t
+        downs = sum(1 for f in self._active("ib_link_down", port=port) if f.start <= t)
+        for fault in self._active("ib_link_flap", port=port):
+            window = overlap(fault.start, fault.end, t)
+            downs += math.ceil(window / 20) if window > 0 else 0
+        return downs
+
+    def _port_rate(self, port: str, kind: str, per_second: float) -> int:
+        return int(per_second * sum(overlap(f.start, f.end, self.t) for f in self._active(kind, port=port)))
+
+    def _build_sysfs(self) -> None:
+        tree = self.sysfs
+        for port in IB_PORTS:
+            device, number = port.split("/")
+            base = f"class/infiniband/{device}"
+            for name, value in (("board_id", "MT_0000000838"), ("fw_ver", "28.39.1002"), ("hca_type", "MT4129"),
+                                ("node_guid", f"946d:ae03:00{self.index % 256:02x}:{int(device[5:]):04x}")):
+                tree.set(f"{base}/{name}", value)
+            ports = f"{base}/ports/{number}"
+            tree.set(f"{ports}/rate", "400 Gb/sec (4X NDR)")
+            tree.set(f"{ports}/link_layer", "InfiniBand")
+            tree.set(f"{ports}/state", lambda p=port: "1: DOWN" if self._ib_down(p) else "4: ACTIVE")
+            tree.set(f"{ports}/phys_state", lambda p=port: "3: Disabled" if self._ib_down(p) else "5: LinkUp")
+            for direction, name in (("tx", "xmit"), ("rx", "rcv")):
+                tree.set(f"{ports}/counters_ext/port_{name}_data_64",
+                         lambda p=port, d=direction: str(self._ib_bytes(p, d) // 4))
+                tree.set(f"{ports}/counters_ext/port_{name}_packets_64",
+                         lambda p=port, d=direction: str(self._ib_bytes(p, d) // 4096))
+            tree.set(f"{ports}/counters/port_xmit_wait",
+                     lambda p=port: str(int(20_000 * self._network_integral()) + self._port_rate(p, "ib_congestion", 5e6)))
+            tree.set(f"{ports}/counters/symbol_error", lambda p=port: str(self._port_rate(p, "symbol_errors", 2)))
+            tree.set(f"{ports}/counters/link_downed", lambda p=port: str(self._ib_link_downed(p)))
+            for name in ("link_error_recovery", "port_rcv_errors", "port_xmit_discards", "port_rcv_remote_physical_errors",
+                         "local_link_integrity_errors", "excessive_buffer_overrun_errors", "VL15_dropped"):
+                tree.set(f"{ports}/counters/{name}", "0")
+            for name in ("out_of_buffer", "out_of_sequence", "local_ack_timeout_err", "packet_seq_err"):
+                tree.set(f"{ports}/hw_counters/{name}", "0")
+        for interface, megabits in ETHERNET.items():
+            self._build_ethernet(interface, megabits)
+        for chip in range(2):
+            base = f"class/hwmon/hwmon{chip}"
+            tree.set(f"{base}/name", "coretemp")
+            tree.link(f"{base}/device", f"../../../coretemp.{chip}")
+            for sensor in range(1, 17):
+                tree.set(f"{base}/temp{sensor}_input",
+                         lambda c=chip, s=sensor: str(int(1000 * (42 + (9 if self.job else 0) + 2 * _wave(self.t, c + s)))))
+                tree.set(f"{base}/temp{sensor}_label", f"Core {sensor - 1}")
+                tree.set(f"{base}/temp{sensor}_max", "84000")
+                tree.set(f"{base}/temp{sensor}_crit", "100000")
+        tree.set("class/thermal/thermal_zone0/type", "x86_pkg_temp")
+        tree.set("class/thermal/thermal_zone0/temp", lambda: str(int(1000 * (44 + (9 if self.job else 0)))))
+        for board in self.boards:
+            address = board.pci_bus_id.removeprefix("0000")
+            tree.set(f"bus/pci/devices/{address.lower()}/vendor", "0x10de")
+            tree.set(f"bus/pci/devices/{address.lower()}/class", "0x030200")
+        for switch in range(4):
+            tree.set(f"bus/pci/devices/0000:{5 + switch:02x}:00.0/vendor", "0x10de")
+            tree.set(f"bus/pci/devices/0000:{5 + switch:02x}:00.0/class", "0x068000")
+
+    def _build_ethernet(self, interface: str, megabits: int) -> None:
+        base = f"class/net/{interface}"
+        link_bytes = megabits * 125_000
+        # Management traffic is steady; the storage network reads training data at 4% of its link.
+        share = 0.001 if interface == "eth0" else 0.04
+
+        def bytes_moved(direction: str) -> int:
+            total = share * link_bytes * self.t
+            for fault in self._active("nic_saturation", port=interface):
+                if fault.direction == direction:
+                    total += (0.97 - share) * link_bytes * overlap(fault.start, fault.end, self.t)
+            return int(total)
+
+        self.sysfs.set(f"{base}/statistics/rx_bytes", lambda: str(bytes_moved("rx")))
+        self.sysfs.set(f"{base}/statistics/tx_bytes", lambda: str(bytes_moved("tx")))
+        self.sysfs.set(f"{base}/statistics/rx_packets", lambda: str(bytes_moved("rx") // 9000))
+        self.sysfs.set(f"{base}/statistics/tx_packets", lambda: str(bytes_moved("tx") // 9000))
+        for name in ("rx_errors", "tx_errors", "rx_dropped", "tx_dropped"):
+            self.sysfs.set(f"{base}/statistics/{name}", "0")
+        self.sysfs.set(f"{base}/speed", str(megabits))
+        self.sysfs.set(f"{base}/operstate", "up")
+        self.sysfs.set(f"{base}/carrier_changes", "1")
+        self.sysfs.set(f"{base}/mtu", "9000")
+        self.sysfs.set(f"{base}/address", f"b4:96:91:{self.index >> 8 & 0xff:02x}:{self.index & 0xff:02x}:"
+                                          f"{list(ETHERNET).index(interface):02x}")
+        self.sysfs.set(f"{base}/duplex", "full")
+
+    # Collection -----------------------------------------------------------------------------------
+
+    async def scrape(self, now: float, wall: Callable[[], float]) -> bytes:
+        """Collect what is due at simulated time `now`, with the exporter's collectors, and return the body."""
+        async with self.lock:
+            self.t = now
+            self.apply_faults()
+            started = wall()
+            for position, collector in enumerate(self.collectors):
+                if started - self._last_tick[position] >= collector.interval:
+                    self._last_tick[position] = started
+                    await collector.tick()
+            return self.exposition.body()
+
+    def start(self) -> None:
+        self.watcher.start()
+
+    def close(self) -> None:
+        # The XID watcher waits up to 30 s for an event; a driver unload is what wakes it on a real node.
+        self.watcher.request_stop()
+        self.nvml.reload_driver()
+        for collector in self.collectors:
+            collector.close()
+
+
+@dataclass
+class Fleet:
+    """Nodes, jobs and faults; the HTTP side and the control API work on this."""
+
+    node_count: int
+    gpus_per_node: int = 8
+    seed: int = 0
+    faults: list[Fault] = field(default_factory=list)
+    fault_version: int = 0
+    nodes: dict[str, Node] = field(default_factory=dict)
+    jobs: list[Job] = field(default_factory=list)
+    ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        names = [f"gpu-node-{index:04d}" for index in range(1, self.node_count + 1)]
+        self.nodes = {name: Node(self, index, name, self.gpus_per_node) for index, name in enumerate(names, 1)}
+        self.jobs = layout_jobs(names, self.seed)
+        for job in self.jobs:
+            for name in job.nodes:
+                self.nodes[name].assign(job)
+
+    def faults_for(self, node: str) -> list[Fault]:
+        return [f for f in self.faults if f.node == node]
+
+    def add(self, faults: Sequence[Fault]) -> None:
+        with self._lock:
+            self.faults = [*self.faults, *faults]
+            self.fault_version += 1
+
+    def remove(self, fault_id: str | None = None) -> list[Fault]:
+        """Remove one fault, or all of them; returns what was removed."""
+        with self._lock:
+            removed = [f for f in self.faults if fault_id is None or f.id == fault_id]
+            self.faults = [f for f in self.faults if f not in removed]
+            self.fault_version += 1
+        return removed
+
+    def start(self) -> None:
+        for node in self.nodes.values():
+            node.start()
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            node.close()

@@ -1,0 +1,67 @@
+"""Piecewise-constant workloads and their exact integrals.
+
+A training job repeats a cycle of phases (compute, then communication); every
+simulated quantity is constant within a phase. A counter is the integral of
+its rate, computed exactly from the cycle rather than accumulated tick by
+tick, so it never goes backwards and reads the same however often, or however
+rarely, the node is scraped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Segment:
+    """From `start` to `end`, the phases in `cycle` repeat, each lasting its given seconds."""
+
+    start: float
+    end: float
+    cycle: tuple[tuple[float, str], ...]
+
+    @property
+    def period(self) -> float:
+        return sum(seconds for seconds, _ in self.cycle)
+
+    def phase_at(self, t: float) -> str:
+        offset = (t - self.start) % self.period
+        for seconds, phase in self.cycle:
+            if offset < seconds:
+                return phase
+            offset -= seconds
+        return self.cycle[-1][1]
+
+    def integral(self, rate: Callable[[str], float], until: float) -> float:
+        """The integral of `rate(phase)` from the segment's start to `until` (clipped to the segment)."""
+        span = min(until, self.end) - self.start
+        if span <= 0:
+            return 0.0
+        per_cycle = sum(seconds * rate(phase) for seconds, phase in self.cycle)
+        cycles, rest = divmod(span, self.period)
+        total = cycles * per_cycle
+        for seconds, phase in self.cycle:
+            step = min(seconds, rest)
+            total += step * rate(phase)
+            rest -= step
+            if rest <= 0:
+                break
+        return total
+
+
+def phase_at(segments: Sequence[Segment], t: float) -> str:
+    for segment in segments:
+        if segment.start <= t < segment.end:
+            return segment.phase_at(t)
+    return segments[-1].phase_at(t)
+
+
+def integral(segments: Sequence[Segment], rate: Callable[[str], float], until: float) -> float:
+    return sum(segment.integral(rate, until) for segment in segments)
+
+
+def overlap(start: float, end: float | None, until: float) -> float:
+    """Seconds of [start, end) that lie before `until`."""
+    stop = until if end is None else min(end, until)
+    return max(0.0, stop - start)

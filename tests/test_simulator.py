@@ -1,0 +1,271 @@
+"""The fleet simulator: every fault kind changes exactly the series it should, and nothing else.
+
+Two fleets with the same seed report identical values at the same simulated
+time, so each fault is measured as the difference between a fleet with it and a
+twin without it, scraped through the exporter's own collectors.
+"""
+
+import asyncio
+import itertools
+import time
+
+import pytest
+
+from helpers import parse
+from simulator.faults import ScenarioError, load_scenario, parse_fault
+from simulator.fleet import Fleet, Job
+
+NOW = 300.0  # Simulated seconds; every fault below starts at 100 s unless it says otherwise.
+JOB = Job("424242", "slurm", ("gpu-node-0001", "gpu-node-0002"), period=40.0, comm_fraction=0.3, memory_fraction=0.7)
+# Values that differ between any two collections (timings, timestamps, the process itself).
+VOLATILE = ("gpufleet_collector_duration_seconds", "gpufleet_collector_last_success_timestamp_seconds",
+            "gpufleet_gpu_xid_last_timestamp_seconds", "process_", "python_")
+
+
+def make_fleet() -> Fleet:
+    fleet = Fleet(node_count=4, gpus_per_node=8, seed=7)
+    fleet.jobs = [JOB]
+    for name, node in fleet.nodes.items():
+        node.assign(JOB if name in JOB.nodes else None)
+    return fleet
+
+
+async def scrape_all(fleet: Fleet) -> dict[str, dict]:
+    """Every node at simulated time NOW, collected twice so asynchronous XID events are in the second pass."""
+    wall = itertools.count(0, 100).__next__  # Each scrape is "100 s later": every collector runs.
+    for node in fleet.nodes.values():
+        await node.scrape(NOW, wall)
+    await asyncio.sleep(0.2)  # Lets the XID watcher threads record what the first pass raised.
+    return {name: parse(await node.scrape(NOW, wall)) for name, node in fleet.nodes.items()}
+
+
+def differences(before: dict, after: dict) -> set[tuple[str, frozenset]]:
+    keys = {k for k in before.keys() | after.keys() if not k[0].startswith(VOLATILE)}
+    return {k for k in keys if before.get(k) != after.get(k)}
+
+
+@pytest.fixture(scope="module")
+def baseline():
+    fleet = make_fleet()
+    fleet.start()
+    try:
+        yield asyncio.run(scrape_all(fleet))
+    finally:
+        fleet.close()
+
+
+async def with_faults(*entries: dict) -> dict[str, dict]:
+    fleet = make_fleet()
+    ids = itertools.count(1)
+    fleet.add([parse_fault({"start": 100, **entry}, "test", f"t{next(ids)}", fleet.nodes, 8) for entry in entries])
+    fleet.start()
+    try:
+        return await scrape_all(fleet)
+    finally:
+        fleet.close()
+
+
+def changed(baseline, faulted, node="gpu-node-0003"):
+    """The changed series on `node`, after checking that no other node changed at all."""
+    for name in faulted:
+        if name != node:
+            assert differences(baseline[name], faulted[name]) == set(), name
+    return differences(baseline[node], faulted[node])
+
+
+def names(diff, **labels):
+    """Metric names among the differences, each checked to carry the given labels."""
+    for name, series_labels in diff:
+        assert set(labels.items()) <= series_labels or name == "gpufleet_collector_success", (name, series_labels)
+    return {name for name, _ in diff}
+
+
+async def test_same_seed_same_time_same_values(baseline):
+    assert changed(baseline, await with_faults()) == set()
+
+
+async def test_the_healthy_fleet_is_healthy(baseline):
+    node = baseline["gpu-node-0001"]
+    assert node[("gpufleet_gpu_devices", frozenset())] == 8
+    assert all(v == 1 for (n, _), v in node.items() if n == "gpufleet_collector_success")
+    jobs = {dict(l)["job_id"] for (n, l) in node if n == "gpufleet_gpu_job_info"}
+    assert jobs == {"424242"}
+    assert not [k for k in baseline["gpu-node-0003"] if k[0] == "gpufleet_gpu_job_info"]  # An idle node.
+    assert not [k for k in node if k[0] == "gpufleet_gpu_xid_errors_total"]
+
+
+@pytest.mark.parametrize(("fault", "expected"), [
+    ({"kind": "xid", "gpu": 2, "xid": 13}, {"gpufleet_gpu_xid_errors_total"}),
+    ({"kind": "ecc_dbe", "gpu": 2}, {"gpufleet_gpu_ecc_errors_total", "gpufleet_gpu_xid_errors_total"}),
+    ({"kind": "row_remap_pending", "gpu": 2}, {"gpufleet_gpu_remapped_rows", "gpufleet_gpu_row_remap_pending"}),
+    ({"kind": "row_remap_failure", "gpu": 2},
+     {"gpufleet_gpu_remapped_rows", "gpufleet_gpu_row_remap_failed", "gpufleet_gpu_xid_errors_total"}),
+    ({"kind": "pcie_replay_storm", "gpu": 2}, {"gpufleet_gpu_pcie_replays_total"}),
+    ({"kind": "nvlink_crc", "gpu": 2, "link": 5}, {"gpufleet_gpu_nvlink_errors_total"}),
+    ({"kind": "nvlink_down", "gpu": 2, "link": 5},
+     {"gpufleet_gpu_nvlink_up", "gpufleet_gpu_nvlink_transmit_bytes_total", "gpufleet_gpu_nvlink_receive_bytes_total"}),
+    ({"kind": "thermal_slowdown", "gpu": 2},
+     {"gpufleet_gpu_temperature_celsius", "gpufleet_gpu_memory_temperature_celsius", "gpufleet_gpu_thermal_margin_celsius",
+      "gpufleet_gpu_clock_hertz", "gpufleet_gpu_power_watts", "gpufleet_gpu_energy_joules_total",
+      "gpufleet_gpu_nvlink_transmit_bytes_total", "gpufleet_gpu_nvlink_receive_bytes_total",
+      "gpufleet_gpu_clock_event_active", "gpufleet_gpu_violation_seconds_total"}),
+    ({"kind": "power_brake", "gpu": 2},
+     {"gpufleet_gpu_clock_hertz", "gpufleet_gpu_power_watts", "gpufleet_gpu_energy_joules_total",
+      "gpufleet_gpu_nvlink_transmit_bytes_total", "gpufleet_gpu_nvlink_receive_bytes_total",
+      "gpufleet_gpu_clock_event_active", "gpufleet_gpu_violation_seconds_total"}),
+])
+async def test_each_gpu_fault_changes_only_its_gpus_series(baseline, fault, expected):
+    diff = changed(baseline, await with_faults({"node": "gpu-node-0003", **fault}))
+    assert names(diff, gpu="2") == expected
+
+
+async def test_thermal_slowdown_reads_as_one(baseline):
+    faulted = await with_faults({"node": "gpu-node-0003", "kind": "thermal_slowdown", "gpu": 2})
+    node = faulted["gpu-node-0003"]
+    gpu = {("gpu", "2"), ("uuid", next(dict(l)["uuid"] for (n, l) in node if n == "gpufleet_gpu_up"
+                                        and ("gpu", "2") in l))}
+    def active(samples):
+        return {dict(l)["reason"] for (n, l), v in samples.items()
+                if n == "gpufleet_gpu_clock_event_active" and v == 1 and gpu <= l}
+
+    # The node is idle, so gpu_idle was on before; the fault adds the two thermal reasons.
+    assert active(node) - active(baseline["gpu-node-0003"]) == {"sw_thermal_slowdown", "hw_thermal_slowdown"}
+    assert node[("gpufleet_gpu_violation_seconds_total", frozenset(gpu | {("policy", "thermal")}))] == NOW - 100
+    assert node[("gpufleet_gpu_thermal_margin_celsius", frozenset(gpu))] < 0
+
+
+async def test_a_lost_gpu_leaves_only_up_info_and_its_xid(baseline):
+    diff = changed(baseline, await with_faults({"node": "gpu-node-0003", "kind": "gpu_lost", "gpu": 4}))
+    after = {n for n, l in diff if ("gpu", "4") in l}
+    assert "gpufleet_gpu_up" in after and "gpufleet_gpu_xid_errors_total" in after
+    assert "gpufleet_gpu_power_watts" in after  # Gone from the faulted node: its value series disappear.
+    assert not [k for k in diff if ("gpu", "4") not in k[1] and k[0] != "gpufleet_collector_success"]
+
+
+async def test_a_straggler_slows_itself_and_its_peers_wait_while_other_nodes_see_nothing(baseline):
+    faulted = await with_faults({"node": "gpu-node-0001", "kind": "straggler"})
+    for outsider in ("gpu-node-0003", "gpu-node-0004"):
+        assert differences(baseline[outsider], faulted[outsider]) == set()
+    for member in ("gpu-node-0001", "gpu-node-0002"):
+        energy = {k for k in differences(baseline[member], faulted[member])
+                  if k[0] == "gpufleet_gpu_energy_joules_total"}
+        assert len(energy) == 8, member  # Every GPU of both job members draws differently from then on.
+
+
+@pytest.mark.parametrize(("fault", "expected"), [
+    ({"kind": "nic_saturation", "port": "mlx5_3/1", "direction": "tx"},
+     {"gpufleet_infiniband_port_xmit_data_bytes_total", "gpufleet_infiniband_port_xmit_packets_total"}),
+    ({"kind": "ib_congestion", "port": "mlx5_3/1"}, {"gpufleet_infiniband_port_xmit_wait_total"}),
+    ({"kind": "symbol_errors", "port": "mlx5_3/1"}, {"gpufleet_infiniband_symbol_error_total"}),
+    ({"kind": "ib_link_down", "port": "mlx5_3/1"},
+     {"gpufleet_infiniband_state_id", "gpufleet_infiniband_physical_state_id", "gpufleet_infiniband_link_downed_total",
+      "gpufleet_infiniband_port_xmit_data_bytes_total", "gpufleet_infiniband_port_rcv_data_bytes_total",
+      "gpufleet_infiniband_port_xmit_packets_total", "gpufleet_infiniband_port_rcv_packets_total"}),
+    ({"kind": "ib_link_flap", "port": "mlx5_3/1", "start": 295},
+     {"gpufleet_infiniband_state_id", "gpufleet_infiniband_physical_state_id", "gpufleet_infiniband_link_downed_total",
+      "gpufleet_infiniband_port_xmit_data_bytes_total", "gpufleet_infiniband_port_rcv_data_bytes_total",
+      "gpufleet_infiniband_port_xmit_packets_total", "gpufleet_infiniband_port_rcv_packets_total"}),
+])
+async def test_each_port_fault_changes_only_its_ports_series(baseline, fault, expected):
+    # On a job member, so the port carries traffic that a fault can stop.
+    diff = changed(baseline, await with_faults({"node": "gpu-node-0001", **fault}), node="gpu-node-0001")
+    assert names(diff, device="mlx5_3", port="1") == expected
+
+
+async def test_ethernet_saturation(baseline):
+    diff = changed(baseline, await with_faults({"node": "gpu-node-0003", "kind": "nic_saturation", "port": "eth1",
+                                                "direction": "rx"}))
+    assert names(diff, device="eth1") == {"gpufleet_network_receive_bytes_total",
+                                          "gpufleet_network_receive_packets_total"}
+
+
+async def test_faults_end(baseline):
+    faulted = await with_faults({"node": "gpu-node-0003", "kind": "row_remap_pending", "gpu": 1, "duration": 60},
+                                {"node": "gpu-node-0003", "kind": "ib_link_down", "port": "mlx5_0/1", "duration": 60})
+    diff = changed(baseline, faulted)
+    # After its end a remap stays counted but is no longer pending. The link is up again, having gone down
+    # once, and the traffic it missed while down stays missed: its byte and packet counters remain lower.
+    assert names(diff) == {"gpufleet_gpu_remapped_rows", "gpufleet_infiniband_link_downed_total",
+                           "gpufleet_infiniband_port_xmit_data_bytes_total", "gpufleet_infiniband_port_rcv_data_bytes_total",
+                           "gpufleet_infiniband_port_xmit_packets_total", "gpufleet_infiniband_port_rcv_packets_total"}
+
+
+def test_counters_never_go_backwards_through_faults():
+    fleet = make_fleet()
+    ids = itertools.count(1)
+    fleet.add([parse_fault(entry, "test", f"t{next(ids)}", fleet.nodes, 8) for entry in (
+        {"node": "gpu-node-0001", "kind": "straggler", "start": 50, "duration": 100},
+        {"node": "gpu-node-0001", "kind": "nic_saturation", "port": "mlx5_0/1", "start": 60, "duration": 30},
+        {"node": "gpu-node-0001", "kind": "ib_link_flap", "port": "mlx5_1/1", "start": 70, "duration": 45},
+        {"node": "gpu-node-0001", "kind": "power_brake", "gpu": 0, "start": 80, "duration": 20},
+        {"node": "gpu-node-0001", "kind": "thermal_slowdown", "gpu": 1, "start": 90, "duration": 20},
+        {"node": "gpu-node-0001", "kind": "nvlink_down", "gpu": 2, "link": 0, "start": 95, "duration": 20},
+    )])
+    node = fleet.nodes["gpu-node-0001"]
+    previous: dict[str, float] = {}
+    try:
+        for step in range(0, 400):
+            node.t = step * 0.5
+            node.apply_faults()
+            readings = {
+                "energy0": node._telemetry(node.boards[0], 0).energy_joules,
+                "energy1": node._telemetry(node.boards[1], 0).energy_joules,
+                "ib0_tx": node._ib_bytes("mlx5_0/1", "tx"),
+                "ib1_rx": node._ib_bytes("mlx5_1/1", "rx"),
+                "downed": node._ib_link_downed("mlx5_1/1"),
+            }
+            for key, value in readings.items():
+                assert value >= previous.get(key, 0), (key, node.t, value, previous.get(key))
+            previous = readings
+    finally:
+        fleet.close()
+
+
+def test_scenario_files_are_checked_with_clear_messages():
+    fleet = make_fleet()
+    ids = itertools.count(1)
+    try:
+        faults = load_scenario(
+            "faults:\n"
+            "  - {kind: xid, node: gpu-node-0002, gpu: 1, xid: 79, start: 2m}\n"
+            "  - {kind: straggler, node: gpu-node-0001, start: 30s, duration: 5m}\n",
+            fleet.nodes, 8, ids)
+        assert [(f.kind, f.start, f.duration, f.xid) for f in faults] == [
+            ("xid", 120.0, None, 79), ("straggler", 30.0, 300.0, None)]
+        for text, message in (
+            ("faults: [{kind: meltdown, node: gpu-node-0001}]", "fault 1: kind 'meltdown' is not one of"),
+            ("faults: [{kind: xid, node: gpu-node-0001, xid: 79}]", "fault 1: kind xid needs 'gpu'"),
+            ("faults: [{kind: xid, node: gpu-node-0099, gpu: 0, xid: 79}]", "node 'gpu-node-0099' is not in the fleet"),
+            ("faults: [{kind: xid, node: gpu-node-0001, gpu: 8, xid: 79}]", "gpu must be a whole number from 0 to 7"),
+            ("faults: [{kind: ib_link_down, node: gpu-node-0001, port: eth0}]", "needs an InfiniBand port"),
+            ("faults: [{kind: straggler, node: gpu-node-0001, start: soon}]", "'soon' is not a duration"),
+            ("faults: [{kind: straggler, node: gpu-node-0001, colour: red}]", "unknown field 'colour'"),
+            ("faults: [{kind: straggler, node: gpu-node-0001, direction: tx}]", "takes no direction"),
+            ("faults: [oops", "not valid YAML"),
+            ("nodes: 3", "unknown top-level key 'nodes'"),
+        ):
+            with pytest.raises(ScenarioError, match=message.replace("(", r"\(").replace(")", r"\)")):
+                load_scenario(text, fleet.nodes, 8, ids)
+    finally:
+        fleet.close()
+
+
+def test_a_fleet_layout_is_deterministic_and_mostly_busy():
+    first, second = Fleet(node_count=40, seed=3), Fleet(node_count=40, seed=3)
+    try:
+        assert [(j.id, j.nodes) for j in first.jobs] == [(j.id, j.nodes) for j in second.jobs]
+        busy = sum(len(j.nodes) for j in first.jobs)
+        assert busy == 40 - 6  # 15 % idle.
+        assert {j.scheduler for j in first.jobs} <= {"slurm", "kubernetes"}
+    finally:
+        first.close()
+        second.close()
+
+
+def test_clock_speed():
+    from simulator.server import SimClock
+
+    ticks = iter([10.0, 12.0])
+    clock = SimClock(speed=30, monotonic=lambda: next(ticks))
+    assert clock() == 60.0
+    assert time.monotonic() > 0

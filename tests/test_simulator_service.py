@@ -1,0 +1,193 @@
+"""`gpufleet simulate` as a service: a real Prometheus scrapes it through file_sd; the control API changes faults."""
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from unittest import mock
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
+
+from helpers import parse
+from simulator.faults import Fault
+from simulator.fleet import Fleet
+from simulator.server import build_app, list_faults
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http(method: str, url: str, body: object = None, timeout: float = 5.0) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def wait_for(check, timeout: float, what: str, process: subprocess.Popen | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"{what}: process exited:\n{process.communicate()[0]}")
+        time.sleep(0.25)
+    pytest.fail(f"{what}: not within {timeout}s")
+
+
+@pytest.fixture
+def simulator(tmp_path):
+    port = free_port()
+    scenario = tmp_path / "scenario.yml"
+    scenario.write_text("faults:\n  - {kind: exporter_down, node: gpu-node-0004, start: 0}\n")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", "simulate", "--nodes", "4", f"--web.listen-address=127.0.0.1:{port}",
+         f"--file-sd={tmp_path / 'targets.json'}", "--cluster=ci", "--label=region=lab", f"--scenario={scenario}",
+         "--seed=5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: http("GET", f"{url}/healthz", timeout=1)[0] == 200 if _listening(port) else False, 20,
+             "simulator start", process)
+    yield url, tmp_path / "targets.json"
+    process.terminate()
+    try:
+        process.wait(15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.fixture
+def prometheus(tmp_path, simulator):
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("prometheus is missing: install Debian's prometheus package (.ci/run does)")
+    _, targets = simulator
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, scrape_timeout: 900ms, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        f"  - job_name: gpufleet\n    file_sd_configs: [{{files: ['{targets}'], refresh_interval: 1s}}]\n")
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: _listening(port) and http("GET", f"{url}/-/ready", timeout=1)[0] == 200, 30,
+             "prometheus start", process)
+    yield url
+    process.terminate()
+    try:
+        process.wait(15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
+def query(url: str, promql: str) -> list[dict]:
+    status, body = http("GET", f"{url}/api/v1/query?query={urllib.parse.quote(promql)}")
+    assert status == 200, body
+    return json.loads(body)["data"]["result"]
+
+
+def test_prometheus_scrapes_the_fleet_through_file_sd(simulator, prometheus):
+    _, targets = simulator
+    listed = json.loads(targets.read_text())
+    assert [t["labels"]["instance"] for t in listed] == [f"gpu-node-{i:04d}" for i in range(1, 5)]
+    assert {t["labels"]["__metrics_path__"] for t in listed} == {f"/nodes/gpu-node-{i:04d}/metrics" for i in range(1, 5)}
+
+    def all_scraped():
+        result = query(prometheus, "up")
+        return result if len(result) == 4 else None
+
+    up = {r["metric"]["instance"]: float(r["value"][1]) for r in wait_for(all_scraped, 60, "four targets")}
+    assert up == {"gpu-node-0001": 1, "gpu-node-0002": 1, "gpu-node-0003": 1, "gpu-node-0004": 0}  # 0004 is "down".
+    labels = query(prometheus, 'up{instance="gpu-node-0001"}')[0]["metric"]
+    assert labels["cluster"] == "ci" and labels["region"] == "lab" and labels["job"] == "gpufleet"
+
+    def gpus():
+        result = query(prometheus, "count by (instance) (gpufleet_gpu_up == 1)")
+        return result if len(result) == 3 else None
+
+    assert {r["metric"]["instance"]: r["value"][1] for r in wait_for(gpus, 30, "GPU series")} == {
+        "gpu-node-0001": "8", "gpu-node-0002": "8", "gpu-node-0003": "8"}
+    # Job attribution reaches Prometheus too: rules can group nodes by job.
+    assert query(prometheus, "count(gpufleet_gpu_job_info) > 0")
+
+
+def test_the_control_api_adds_lists_and_removes_faults(simulator):
+    url, _ = simulator
+    status, body = http("POST", f"{url}/control/faults",
+                        [{"kind": "xid", "node": "gpu-node-0002", "gpu": 6, "xid": 94},
+                         {"kind": "pcie_replay_storm", "node": "gpu-node-0002", "gpu": 1, "start": "+0s"}])
+    assert status == 201, body
+    added = [f["id"] for f in json.loads(body)["added"]]
+
+    def xid_counted():
+        samples = parse(http("GET", f"{url}/nodes/gpu-node-0002/metrics")[1])
+        return [v for (n, l), v in samples.items() if n == "gpufleet_gpu_xid_errors_total" and ("xid", "94") in l]
+
+    assert wait_for(xid_counted, 20, "XID 94 on /metrics") == [1.0]
+    listed = json.loads(http("GET", f"{url}/control/faults")[1])["faults"]
+    assert {f["id"] for f in listed} >= set(added)
+    assert http("DELETE", f"{url}/control/faults/{added[1]}")[0] == 200
+    assert http("DELETE", f"{url}/control/faults/nope")[0] == 404
+    status, body = http("POST", f"{url}/control/faults", {"kind": "xid", "node": "gpu-node-0002", "gpu": 6})
+    assert status == 400 and b"kind xid needs 'xid'" in body
+    assert http("POST", f"{url}/control/faults", "not a fault")[0] == 400
+    assert http("GET", f"{url}/nodes/gpu-node-0099/metrics")[0] == 404
+
+
+async def test_the_control_api_refuses_remote_clients_unless_allowed():
+    fleet = Fleet(node_count=1)
+    try:
+        transport = mock.Mock()
+        transport.get_extra_info.return_value = ("10.1.2.3", 40000)
+        def request(allowed: bool):
+            app = build_app(fleet, lambda: 0.0, allow_remote_control=allowed)
+            return make_mocked_request("GET", "/control/faults", app=app, transport=transport)
+
+        with pytest.raises(web.HTTPForbidden):
+            await list_faults(request(allowed=False))
+        assert (await list_faults(request(allowed=True))).status == 200
+    finally:
+        fleet.close()
+
+
+async def test_a_down_exporter_does_not_answer_and_the_others_do():
+    fleet = Fleet(node_count=2)
+    fleet.add([Fault("d", "exporter_down", "gpu-node-0002", 0.0)])
+    fleet.start()
+    client = TestClient(TestServer(build_app(fleet, lambda: 10.0, down_hold_seconds=0.3), host="127.0.0.1"))
+    await client.start_server()
+    try:
+        started = time.monotonic()
+        down = await client.get("/nodes/gpu-node-0002/metrics")
+        assert down.status == 503 and time.monotonic() - started >= 0.3
+        up = await client.get("/nodes/gpu-node-0001/metrics")
+        assert up.status == 200
+        assert parse(await up.read())[("gpufleet_gpu_devices", frozenset())] == 8
+    finally:
+        await client.close()
+        await asyncio.to_thread(fleet.close)
