@@ -83,18 +83,17 @@ class ScheduledCollector:
         except Exception as err:  # noqa: BLE001 - a broken collector must not take the exporter down.
             self._failed(started, f"collection failed: {err}")
         else:
-            duration = time.perf_counter() - started
-            self._report(collection.problems)
-            ok = not collection.problems
-            self._update(
-                CollectorState(
-                    success=ok,
-                    duration_seconds=duration,
-                    last_success_timestamp=time.time() if ok else self.state.last_success_timestamp,
-                    skipped=self.state.skipped,
-                    body=body,
-                )
-            )
+            self._succeeded(started, collection, body)
+
+    def collect_now(self) -> None:
+        """Collect in the calling thread, for a caller that owns the thread and the timing (the simulator)."""
+        started = time.perf_counter()
+        try:
+            collection, body = self._collect_and_render()
+        except Exception as err:  # noqa: BLE001 - as in tick().
+            self._failed(started, f"collection failed: {err}")
+        else:
+            self._succeeded(started, collection, body)
 
     def close(self) -> None:
         self.collector.close()
@@ -107,13 +106,29 @@ class ScheduledCollector:
             if not future.set_running_or_notify_cancel():
                 return
             try:
-                collection = self.collector.collect()
-                future.set_result((collection, render(collection.families)))
+                future.set_result(self._collect_and_render())
             except BaseException as err:  # noqa: BLE001 - handed to the event loop, which logs it.
                 future.set_exception(err)
 
         threading.Thread(target=work, name=f"collector-{self.name}", daemon=True).start()
         return future
+
+    def _collect_and_render(self) -> tuple[Collection, bytes]:
+        collection = self.collector.collect()
+        return collection, render(collection.families)
+
+    def _succeeded(self, started: float, collection: Collection, body: bytes) -> None:
+        self._report(collection.problems)
+        ok = not collection.problems
+        self._update(
+            CollectorState(
+                success=ok,
+                duration_seconds=time.perf_counter() - started,
+                last_success_timestamp=time.time() if ok else self.state.last_success_timestamp,
+                skipped=self.state.skipped,
+                body=body,
+            )
+        )
 
     def _failed(self, started: float, message: str) -> None:
         self._report((message,))

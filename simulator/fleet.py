@@ -136,6 +136,8 @@ class Node:
         self.lock = asyncio.Lock()
         self.fired: set[str] = set()  # Faults whose one-off events (XIDs) have been raised.
         self._segments: tuple[int, list[Segment]] = (-1, [])
+        self._telemetry_at: tuple[float, dict[int, GpuTelemetry]] = (-1.0, {})
+        self._network_at: tuple[float, float] = (-1.0, 0.0)
         self.boards = [self._board(gpu) for gpu in range(gpus)]
         self.nvml = SimulatedNvml(self.boards, clock=lambda: self.t)
         self.sysfs = MemoryTree()
@@ -215,7 +217,17 @@ class Node:
         return board
 
     def _telemetry(self, board: SimulatedGpu, _seconds: float) -> GpuTelemetry:
-        """What one board reports at the node's frozen time: the phase, plus noise, plus its faults."""
+        """What one board reports at the node's frozen time, computed once per board and instant."""
+        at, cache = self._telemetry_at
+        if at != self.t:
+            cache = {}
+            self._telemetry_at = (self.t, cache)
+        if board.index not in cache:
+            cache[board.index] = self._compute_telemetry(board)
+        return cache[board.index]
+
+    def _compute_telemetry(self, board: SimulatedGpu) -> GpuTelemetry:
+        """The phase, plus noise, plus the board's faults."""
         t = self.t
         levels = self.levels()
         noise = 0.015 * _wave(t, board.index + self.index)
@@ -313,7 +325,12 @@ class Node:
     # Sysfs ----------------------------------------------------------------------------------------
 
     def _network_integral(self) -> float:
-        return integral(self.segments(), _network, self.t)
+        """Link-rate seconds of traffic so far; every port file of one instant reads the same, computed once."""
+        at, value = self._network_at
+        if at != self.t:
+            value = integral(self.segments(), _network, self.t)
+            self._network_at = (self.t, value)
+        return value
 
     def _ib_bytes(self, port: str, direction: str) -> int:
         """Bytes through an InfiniBand port: the job's traffic, raised by saturation, stopped while down."""
@@ -424,15 +441,21 @@ class Node:
     # Collection -----------------------------------------------------------------------------------
 
     async def scrape(self, now: float, wall: Callable[[], float]) -> bytes:
-        """Collect what is due at simulated time `now`, with the exporter's collectors, and return the body."""
+        """Collect what is due at simulated time `now`, with the exporter's collectors, and return the body.
+
+        The due collections run one after another in a single worker thread: a thousand nodes cannot each
+        start five threads per scrape, and the node's clock is frozen for the whole pass anyway.
+        """
         async with self.lock:
             self.t = now
             self.apply_faults()
             started = wall()
+            due = [c for position, c in enumerate(self.collectors)
+                   if started - self._last_tick[position] >= c.interval]
             for position, collector in enumerate(self.collectors):
-                if started - self._last_tick[position] >= collector.interval:
+                if collector in due:
                     self._last_tick[position] = started
-                    await collector.tick()
+            await asyncio.to_thread(lambda: [collector.collect_now() for collector in due])
             return self.exposition.body()
 
     def start(self) -> None:

@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import pynvml
+from prometheus_client.samples import Sample
 
 from exporter.collector import Collection, CollectorError, FamilySet
 from exporter.flags import positive_int
 from exporter.gpu.jobs import JobAttribution
+from exporter.gpu.probes import GpuMetric
 from exporter.gpu.podresources import PodResourcesClient
 from exporter.gpu.session import GpuIdentity, GpuUnavailable, NodeSample, NvmlSession
 from exporter.gpu.simulated import SimulatedNvml, simulated_gpus, write_procfs
@@ -55,17 +57,31 @@ def _identity_series(families: FamilySet, identity: GpuIdentity, up: bool, drive
 
 
 def add_sample(families: FamilySet, sample: NodeSample) -> None:
-    """The metric families of one NVML sample: values for GPUs that answered, `up` 0 for the lost."""
+    """The metric families of one NVML sample: values for GPUs that answered, `up` 0 for the lost.
+
+    A node has about two thousand GPU series, so samples are appended directly rather than through
+    `add_metric`, and every sample with the same labels on one GPU shares one label dict, which the
+    text writer then renders once.
+    """
     families.gauge("gpufleet_gpu_devices", "GPUs that NVML enumerates.", ()).add_metric([], sample.device_count)
+    targets: dict[GpuMetric, tuple[list[Sample], str]] = {}
     for gpu in sample.gpus:
         _identity_series(families, gpu.identity, True, sample.driver_version, sample.cuda_version)
-        base = [str(gpu.identity.index), gpu.identity.uuid]
+        base = {"gpu": str(gpu.identity.index), "uuid": gpu.identity.uuid}
+        shared: dict[tuple[tuple[str, ...], tuple[str, ...]], dict[str, str]] = {}
         for reading in gpu.readings:
             metric = reading.metric
-            make = families.counter if metric.counter else families.gauge
-            make(metric.name, metric.documentation, _GPU_LABELS + metric.labels).add_metric(
-                base + list(reading.label_values), reading.value
-            )
+            target = targets.get(metric)
+            if target is None:
+                make = families.counter if metric.counter else families.gauge
+                family = make(metric.name, metric.documentation, _GPU_LABELS + metric.labels)
+                target = targets[metric] = (family.samples, family.name + ("_total" if metric.counter else ""))
+            labels = base
+            if metric.labels:
+                key = (metric.labels, reading.label_values)
+                labels = shared.get(key) or shared.setdefault(
+                    key, {**base, **dict(zip(metric.labels, reading.label_values, strict=True))})
+            target[0].append(Sample(target[1], labels, reading.value))
     for identity in sample.lost:
         _identity_series(families, identity, False, sample.driver_version, sample.cuda_version)
 

@@ -253,30 +253,24 @@ def _violation(name: str, policy: int) -> Read:
     return read
 
 
-def _nvlink_state(link: int) -> Read:
+def _nvlink(link: int) -> Read:
+    """A link's state and its four data-link error counters: one probe, as they stand or fall together."""
+    label = str(link)
+
     def read(nvml: Any, handle: Any) -> list[Reading]:
         state = nvml.nvmlDeviceGetNvLinkState(handle, link)
-        return [Reading(NVLINK_UP, 1.0 if state == pynvml.NVML_FEATURE_ENABLED else 0.0, (str(link),))]
-
-    return read
-
-
-def _nvlink_errors(link: int, name: str, counter: int) -> Read:
-    def read(nvml: Any, handle: Any) -> list[Reading]:
-        value = nvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, counter)
-        return checked(NVLINK_ERRORS, value, 0, _COUNTER_MAX - 2, (str(link), name))
+        readings = [Reading(NVLINK_UP, 1.0 if state == pynvml.NVML_FEATURE_ENABLED else 0.0, (label,))]
+        for name, counter in NVLINK_ERROR_COUNTERS:
+            value = nvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, counter)
+            readings += checked(NVLINK_ERRORS, value, 0, _COUNTER_MAX - 2, (label, name))
+        return readings
 
     return read
 
 
 def nvlink_probes(links: list[int]) -> list[Probe]:
     """Per-link state and error counters, for the links a GPU was found to have."""
-    probes = []
-    for link in links:
-        probes.append(Probe(f"nvmlDeviceGetNvLinkState({link})", _nvlink_state(link)))
-        probes += [Probe(f"nvmlDeviceGetNvLinkErrorCounter({link}, {name})", _nvlink_errors(link, name, counter))
-                   for name, counter in NVLINK_ERROR_COUNTERS]
-    return probes
+    return [Probe(f"NVLink {link} state and errors", _nvlink(link)) for link in links]
 
 
 def nvlink_fields(links: list[int]) -> list[Field]:

@@ -543,23 +543,21 @@ class SimulatedNvml:
         gpu, now = self._now(handle, "nvmlDeviceGetFieldValues")
         answers = self._field_answers(gpu, now)
         nvlink_kib = nvlink_kib_for(now.energy_joules)
-        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
-        for slot, requested in zip(values, field_ids, strict=True):
+        # Plain objects with nvmlFieldValue_t's attributes: pynvml's ctypes structures are slow to read,
+        # and a thousand simulated nodes read a lot of them.
+        values = []
+        for requested in field_ids:
             field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
-            slot.fieldId, slot.scopeId = field_id, scope
-            slot.timestamp = int(time.time() * 1e6)
             if field_id in (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX):
                 answer = (_ULL, gpu.nvlink_stopped_kib.get(scope, nvlink_kib)) if scope < gpu.nvlinks else None
             else:
                 answer = answers.get(field_id)
-            if answer is None or f"field:{field_id}" in gpu.unsupported:
-                slot.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-                continue
-            slot.nvmlReturn = pynvml.NVML_SUCCESS
-            slot.valueType = answer[0]
-            if answer[0] == _UINT:
-                slot.value.uiVal = answer[1]
-            else:
-                slot.value.ullVal = answer[1]
+            slot = SimpleNamespace(fieldId=field_id, scopeId=scope, timestamp=int(time.time() * 1e6), latencyUsec=0,
+                                   valueType=0, nvmlReturn=pynvml.NVML_ERROR_NOT_SUPPORTED, value=SimpleNamespace())
+            if answer is not None and f"field:{field_id}" not in gpu.unsupported:
+                slot.nvmlReturn = pynvml.NVML_SUCCESS
+                slot.valueType = answer[0]
+                setattr(slot.value, "uiVal" if answer[0] == _UINT else "ullVal", answer[1])
+            values.append(slot)
         return values
 
