@@ -11,7 +11,7 @@ import sys
 
 from aiohttp import web
 
-from exporter.flags import listen_address, positive_int
+from exporter.flags import duration, listen_address, positive_int
 from exporter.logfmt import configure_logging
 from simulator.faults import ScenarioError, load_scenario
 from simulator.fleet import Fleet
@@ -59,6 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--speed", type=_speed, default=1.0,
                         help="simulated seconds per wall-clock second (default: %(default)s)")
     parser.add_argument("--scenario", metavar="FILE", help="YAML file of faults to inject")
+    parser.add_argument("--collect-interval", type=duration, default=15.0, metavar="DURATION",
+                        help="collect every node once per this interval, spread over it; scrapes are served from "
+                             "the latest collection (default: %(default)gs)")
     parser.add_argument("--control.allow-remote", dest="allow_remote_control", action="store_true",
                         help="let non-loopback clients use /control/faults (default: loopback only)")
     parser.add_argument("--log.level", dest="log_level", choices=("debug", "info", "warn", "error"), default="info",
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
     try:
-        asyncio.run(serve(fleet, SimClock(args.speed), host, port, args.allow_remote_control))
+        asyncio.run(serve(fleet, SimClock(args.speed), host, port, args.allow_remote_control, args.collect_interval))
     except OSError as err:
         print(f"gpufleet simulate: error: cannot listen on {host or '*'}:{port}: {err.strerror or err}",
               file=sys.stderr)
@@ -107,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def serve(fleet: Fleet, clock: SimClock, host: str | None, port: int, allow_remote_control: bool) -> None:
+async def serve(fleet: Fleet, clock: SimClock, host: str | None, port: int, allow_remote_control: bool,
+                collect_interval: float) -> None:
     runner = web.AppRunner(build_app(fleet, clock, allow_remote_control), access_log=None, handle_signals=False)
     await runner.setup()
     try:
@@ -115,11 +119,14 @@ async def serve(fleet: Fleet, clock: SimClock, host: str | None, port: int, allo
         await web.TCPSite(runner, host, port, shutdown_timeout=2.0).start()
         log.info("simulating %d nodes of %d GPUs, %d jobs, %d faults; listening on %s:%d",
                  len(fleet.nodes), fleet.gpus_per_node, len(fleet.jobs), len(fleet.faults), host or "*", port)
+        collecting = asyncio.create_task(fleet.collect_forever(clock, collect_interval))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         await stop.wait()
         log.info("shutting down")
+        collecting.cancel()
+        await asyncio.gather(collecting, return_exceptions=True)
     finally:
         await runner.cleanup()

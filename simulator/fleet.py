@@ -15,7 +15,9 @@ import asyncio
 import itertools
 import math
 import random
+import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -48,6 +50,7 @@ IB_PORTS = tuple(f"mlx5_{i}/1" for i in range(8))
 ETHERNET = {"eth0": 25_000, "eth1": 100_000}  # Mb/s: management and storage networks.
 IB_BYTES_PER_SECOND = 400 * 125_000_000  # NDR, 400 Gb/s.
 _FOREVER = float("inf")
+log = logging.getLogger(__name__)
 _MIB = 1024 * 1024
 
 
@@ -135,6 +138,7 @@ class Node:
         self.job_rank = 0
         self.lock = asyncio.Lock()
         self.fired: set[str] = set()  # Faults whose one-off events (XIDs) have been raised.
+        self.collected = False
         self._segments: tuple[int, list[Segment]] = (-1, [])
         self._telemetry_at: tuple[float, dict[int, GpuTelemetry]] = (-1.0, {})
         self._network_at: tuple[float, float] = (-1.0, 0.0)
@@ -444,7 +448,7 @@ class Node:
         """Collect what is due at simulated time `now`, with the exporter's collectors, and return the body.
 
         The due collections run one after another in a single worker thread: a thousand nodes cannot each
-        start five threads per scrape, and the node's clock is frozen for the whole pass anyway.
+        start five threads per collection, and the node's clock is frozen for the whole pass anyway.
         """
         async with self.lock:
             self.t = now
@@ -456,6 +460,7 @@ class Node:
                 if collector in due:
                     self._last_tick[position] = started
             await asyncio.to_thread(lambda: [collector.collect_now() for collector in due])
+            self.collected = True
             return self.exposition.body()
 
     def start(self) -> None:
@@ -510,6 +515,31 @@ class Fleet:
     def start(self) -> None:
         for node in self.nodes.values():
             node.start()
+
+    async def collect_forever(self, clock: Callable[[], float], interval: float) -> None:
+        """Collect every node once per `interval`, spread evenly over it, as each exporter would on its own.
+
+        Scrapes are then served from each node's latest snapshot, as the exporter serves them: a scrape
+        costs almost nothing, and a fleet too large for the CPU is collected less often rather than
+        answering its scrapes too late. Each collection is given the node's collector intervals as met.
+        """
+        nodes = list(self.nodes.values())
+        loop = asyncio.get_running_loop()
+        gap = interval / len(nodes)
+        next_start = loop.time()
+        while True:
+            for node in nodes:
+                try:
+                    await node.scrape(clock(), time.monotonic)
+                except Exception:  # noqa: BLE001 - one node's surprise must not stop the fleet.
+                    log.exception("collecting %s failed", node.name)
+                next_start += gap
+                delay = next_start - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                else:
+                    next_start = loop.time()  # Behind: run on without sleeping, and do not try to catch up.
+                    await asyncio.sleep(0)  # Let scrapes through between nodes.
 
     def close(self) -> None:
         for node in self.nodes.values():

@@ -69,7 +69,8 @@ async def node_metrics(request: web.Request) -> web.StreamResponse:
     if node.down_at(now):  # Hold the scrape until the scraper gives up, as a hung exporter would.
         await asyncio.sleep(request.app[HOLD_KEY])
         raise web.HTTPServiceUnavailable(text="exporter down (simulated)\n")
-    body = await node.scrape(now, time.monotonic)
+    # The background loop keeps each node's snapshot fresh; a node not collected yet is collected now.
+    body = node.exposition.body() if node.collected else await node.scrape(now, time.monotonic)
     headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding", "Cache-Control": "no-store"}
     if accepts_gzip(request.headers.get("Accept-Encoding", "")):
         headers["Content-Encoding"] = "gzip"

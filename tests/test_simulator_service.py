@@ -58,7 +58,7 @@ def simulator(tmp_path):
     process = subprocess.Popen(
         [sys.executable, "-m", "gpufleet", "simulate", "--nodes", "4", f"--web.listen-address=127.0.0.1:{port}",
          f"--file-sd={tmp_path / 'targets.json'}", "--cluster=ci", "--label=region=lab", f"--scenario={scenario}",
-         "--seed=5"],
+         "--seed=5", "--collect-interval=2s"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     wait_for(lambda: http("GET", f"{url}/healthz", timeout=1)[0] == 200 if _listening(port) else False, 20,
@@ -134,6 +134,17 @@ def test_prometheus_scrapes_the_fleet_through_file_sd(simulator, prometheus):
         "gpu-node-0001": "8", "gpu-node-0002": "8", "gpu-node-0003": "8"}
     # Job attribution reaches Prometheus too: rules can group nodes by job.
     assert query(prometheus, "count(gpufleet_gpu_job_info) > 0")
+
+
+def test_snapshots_stay_fresh_between_scrapes(simulator):
+    url, _ = simulator
+
+    def energy():
+        samples = parse(http("GET", f"{url}/nodes/gpu-node-0001/metrics")[1])
+        return sum(v for (n, _), v in samples.items() if n == "gpufleet_gpu_energy_joules_total")
+
+    first = energy()
+    wait_for(lambda: energy() > first, 15, "a newer collection of gpu-node-0001")
 
 
 def test_the_control_api_adds_lists_and_removes_faults(simulator):
