@@ -269,3 +269,15 @@ def test_clock_speed():
     clock = SimClock(speed=30, monotonic=lambda: next(ticks))
     assert clock() == 60.0
     assert time.monotonic() > 0
+
+
+def test_the_demo_scenario_loads():
+    from pathlib import Path
+
+    fleet = Fleet(node_count=16)
+    try:
+        text = (Path(__file__).parent.parent / "simulator" / "scenarios" / "demo.yml").read_text()
+        faults = load_scenario(text, fleet.nodes, 8, itertools.count(1))
+        assert len(faults) == 10 and {f.kind for f in faults} >= {"straggler", "gpu_lost", "exporter_down"}
+    finally:
+        fleet.close()
