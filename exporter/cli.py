@@ -5,11 +5,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
 import sys
 from collections.abc import Sequence
-
-from aiohttp import web
 
 from exporter.collector import Collector, CollectorError
 from exporter.collector.gpu import GpuCollector
@@ -21,7 +18,7 @@ from exporter.exposition import Exposition
 from exporter.flags import duration, listen_address
 from exporter.logfmt import configure_logging
 from exporter.scheduler import ScheduledCollector
-from exporter.server import build_app
+from exporter.server import build_app, serve_until_signalled
 
 DEFAULT_LISTEN_ADDRESS = ":19400"
 COLLECTORS: tuple[type[Collector], ...] = (
@@ -112,21 +109,10 @@ def run(args: argparse.Namespace) -> int:
 
 async def serve(collectors: Sequence[ScheduledCollector], host: str | None, port: int) -> None:
     """Serve until SIGINT or SIGTERM, then stop the collectors' tasks and the server."""
-    runner = web.AppRunner(build_app(Exposition(collectors)), access_log=None, handle_signals=False)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port).start()
-        log.info("listening on %s:%d with collectors %s", host or "*", port, ", ".join(c.name for c in collectors))
-        tasks = [asyncio.create_task(c.run(), name=f"collector-{c.name}") for c in collectors]
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        await stop.wait()
-        log.info("shutting down")
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    finally:
-        await runner.cleanup()
-
+    await serve_until_signalled(
+        build_app(Exposition(collectors)), host, port,
+        background=lambda: [c.run() for c in collectors],
+        ready=lambda: log.info("listening on %s:%d with collectors %s", host or "*", port,
+                               ", ".join(c.name for c in collectors)),
+        log=log,
+    )

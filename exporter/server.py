@@ -6,7 +6,12 @@ the exposition already holds, so a scrape stays fast while a collector hangs.
 
 from __future__ import annotations
 
+import asyncio
 import html
+import logging
+import signal
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from aiohttp import web
 
@@ -67,3 +72,31 @@ def build_app(exposition: Exposition) -> web.Application:
     app.router.add_get("/", landing)
     app.router.add_get("/healthz", healthz)
     return app
+
+
+async def serve_until_signalled(app: web.Application, host: str | None, port: int,
+                                background: Callable[[], Sequence[Coroutine[Any, Any, None]]],
+                                ready: Callable[[], None], log: logging.Logger,
+                                shutdown_timeout: float = 60.0) -> None:
+    """Serve `app` and run `background()` tasks until SIGINT or SIGTERM, then stop both cleanly.
+
+    The listening socket opens before any background task starts, so a port already in use fails
+    at once (OSError) with nothing to undo.
+    """
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port, shutdown_timeout=shutdown_timeout).start()
+        ready()
+        tasks = [asyncio.create_task(coroutine) for coroutine in background()]
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        log.info("shutting down")
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        await runner.cleanup()

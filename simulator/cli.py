@@ -6,15 +6,13 @@ import argparse
 import asyncio
 import gc
 import logging
-import signal
 import sys
-
-from aiohttp import web
 
 from exporter.flags import duration, listen_address, positive_int
 from exporter.logfmt import configure_logging
 from simulator.faults import ScenarioError, load_scenario
 from simulator.fleet import Fleet
+from exporter.server import serve_until_signalled
 from simulator.server import SimClock, build_app, file_sd_targets, write_file_sd
 
 log = logging.getLogger("simulator")
@@ -112,21 +110,12 @@ def run(args: argparse.Namespace) -> int:
 
 async def serve(fleet: Fleet, clock: SimClock, host: str | None, port: int, allow_remote_control: bool,
                 collect_interval: float) -> None:
-    runner = web.AppRunner(build_app(fleet, clock, allow_remote_control), access_log=None, handle_signals=False)
-    await runner.setup()
-    try:
-        # Scrapes held by a simulated "exporter down" are not worth waiting for at shutdown.
-        await web.TCPSite(runner, host, port, shutdown_timeout=2.0).start()
-        log.info("simulating %d nodes of %d GPUs, %d jobs, %d faults; listening on %s:%d",
-                 len(fleet.nodes), fleet.gpus_per_node, len(fleet.jobs), len(fleet.faults), host or "*", port)
-        collecting = asyncio.create_task(fleet.collect_forever(clock, collect_interval))
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        await stop.wait()
-        log.info("shutting down")
-        collecting.cancel()
-        await asyncio.gather(collecting, return_exceptions=True)
-    finally:
-        await runner.cleanup()
+    await serve_until_signalled(
+        build_app(fleet, clock, allow_remote_control), host, port,
+        background=lambda: [fleet.collect_forever(clock, collect_interval)],
+        ready=lambda: log.info("simulating %d nodes of %d GPUs, %d jobs, %d faults; listening on %s:%d",
+                               len(fleet.nodes), fleet.gpus_per_node, len(fleet.jobs), len(fleet.faults),
+                               host or "*", port),
+        log=log,
+        shutdown_timeout=2.0,  # Scrapes held by a simulated "exporter down" are not worth waiting for.
+    )

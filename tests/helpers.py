@@ -76,3 +76,17 @@ async def eventually(check, timeout: float = 5.0, interval: float = 0.02):
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         await asyncio.sleep(interval)
+
+
+def stop_process(process) -> None:
+    """SIGTERM, so the process can clean up; SIGKILL if it has not ended within 15 s."""
+    import subprocess
+
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)

@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from helpers import FIXTURE_SYSFS, named, nvml_present, parse, series
+from helpers import FIXTURE_SYSFS, named, nvml_present, parse, series, stop_process
 
 
 def free_port() -> int:
@@ -50,13 +50,7 @@ def exporter():
             pytest.fail(f"exporter did not become ready:\n{process.communicate()[0]}")
         time.sleep(0.1)
     yield process, url
-    if process.poll() is None:
-        process.terminate()  # A clean stop removes the simulated procfs tree it made.
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+    stop_process(process)  # A clean stop removes the simulated procfs tree it made.
 
 
 def test_scrape_has_every_collector_and_exact_fixture_values(exporter):

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
-from helpers import parse
+from helpers import parse, stop_process
 from simulator.faults import Fault
 from simulator.fleet import Fleet
 from simulator.server import build_app, list_faults
@@ -64,12 +64,7 @@ def simulator(tmp_path):
     wait_for(lambda: http("GET", f"{url}/healthz", timeout=1)[0] == 200 if _listening(port) else False, 20,
              "simulator start", process)
     yield url, tmp_path / "targets.json"
-    process.terminate()
-    try:
-        process.wait(15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)
+    stop_process(process)
 
 
 def _listening(port: int) -> bool:
@@ -97,12 +92,7 @@ def prometheus(tmp_path, simulator):
     wait_for(lambda: _listening(port) and http("GET", f"{url}/-/ready", timeout=1)[0] == 200, 30,
              "prometheus start", process)
     yield url
-    process.terminate()
-    try:
-        process.wait(15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)
+    stop_process(process)
 
 
 def query(url: str, promql: str) -> list[dict]:
