@@ -135,7 +135,6 @@ class Node:
         self.ports = IB_PORTS + tuple(ETHERNET)
         self.t = 0.0  # The node's frozen clock, in simulated seconds since the fleet started.
         self.job: Job | None = None
-        self.job_rank = 0
         self.lock = asyncio.Lock()
         self.fired: set[str] = set()  # Faults whose one-off events (XIDs) have been raised.
         self.collected = False
@@ -152,11 +151,9 @@ class Node:
         gpu = GpuCollector(NvmlSession(self.nvml), sysfs_root=self.sysfs, jobs=JobAttribution(self.procfs),
                            xids=self.ledger, xid_sources=[self.watcher])
         self.collectors = [
-            ScheduledCollector(gpu, GpuCollector.default_interval, GpuCollector.default_interval),
-            ScheduledCollector(NetworkCollector(self.sysfs), 5.0, 5.0),
-            ScheduledCollector(InfinibandCollector(self.sysfs), 5.0, 5.0),
-            ScheduledCollector(HwmonCollector(self.sysfs), 15.0, 15.0),
-            ScheduledCollector(ThermalZoneCollector(self.sysfs), 15.0, 15.0),
+            ScheduledCollector(collector, collector.default_interval, collector.default_interval)
+            for collector in (gpu, NetworkCollector(self.sysfs), InfinibandCollector(self.sysfs),
+                              HwmonCollector(self.sysfs), ThermalZoneCollector(self.sysfs))
         ]
         self._last_tick = [-_FOREVER] * len(self.collectors)
         self.exposition = Exposition(self.collectors)
@@ -166,7 +163,6 @@ class Node:
     def assign(self, job: Job | None) -> None:
         """Run `job` (or nothing) on every GPU of this node, with a process whose cgroup names the job."""
         self.job = job
-        self.job_rank = job.nodes.index(self.name) if job else 0
         for board in self.boards:
             for process in board.processes:
                 self.procfs.remove(str(process.pid))
