@@ -19,8 +19,10 @@ from exporter.flags import duration, listen_address
 from exporter.logfmt import configure_logging
 from exporter.scheduler import ScheduledCollector
 from exporter.server import build_app, serve_until_signalled
+from exporter.webconfig import WebConfigError, WebConfigWatcher
 
 DEFAULT_LISTEN_ADDRESS = ":19400"
+WEB_CONFIG_CHECK_SECONDS = 2.0  # How often the web config and its certificates are checked for changes.
 COLLECTORS: tuple[type[Collector], ...] = (
     GpuCollector,
     NetworkCollector,
@@ -40,6 +42,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--web.listen-address", dest="listen_address", type=listen_address,
                         default=DEFAULT_LISTEN_ADDRESS, metavar="HOST:PORT", help="address to serve /metrics on (default: %(default)s)")
+    parser.add_argument("--web.config.file", dest="web_config", metavar="PATH",
+                        help="TLS, basic auth and headers, in the Prometheus exporter-toolkit format")
+    parser.add_argument("--web.max-requests", dest="max_requests", type=int, default=40, metavar="N",
+                        help="concurrent requests beyond which the exporter answers 503 at once; 0 for no limit "
+                             "(default: %(default)s)")
     parser.add_argument("--path.sysfs", dest="sysfs_root", default="/sys", metavar="PATH", help="sysfs mount point (default: %(default)s)")
     parser.add_argument("--path.procfs", dest="procfs_root", default="/proc", metavar="PATH",
                         help="procfs mount point, for collectors that read process information (default: %(default)s)")
@@ -90,13 +97,20 @@ def scheduled_collectors(args: argparse.Namespace) -> list[ScheduledCollector]:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
+    web_config = None
+    if args.web_config:
+        try:
+            web_config = WebConfigWatcher(args.web_config)
+        except WebConfigError as err:
+            print(f"gpufleet exporter: error: --web.config.file: {err}", file=sys.stderr)
+            return 1
     try:
         collectors = scheduled_collectors(args)
     except CollectorError as err:
         print(f"gpufleet exporter: error: {err}", file=sys.stderr)
         return 1
     try:
-        asyncio.run(serve(collectors, *args.listen_address))
+        asyncio.run(serve(collectors, *args.listen_address, web_config, args.max_requests))
     except OSError as err:
         print(f"gpufleet exporter: error: cannot listen on {args.listen_address[0] or '*'}:{args.listen_address[1]}: "
               f"{err.strerror or err}", file=sys.stderr)
@@ -107,12 +121,28 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def serve(collectors: Sequence[ScheduledCollector], host: str | None, port: int) -> None:
+async def serve(collectors: Sequence[ScheduledCollector], host: str | None, port: int,
+                web_config: WebConfigWatcher | None = None, max_requests: int = 0) -> None:
     """Serve until SIGINT or SIGTERM, then stop the collectors' tasks and the server."""
+
+    def background():
+        tasks = [c.run() for c in collectors]
+        if web_config is not None:
+            tasks.append(_watch(web_config))
+        return tasks
+
     await serve_until_signalled(
-        build_app(Exposition(collectors)), host, port,
-        background=lambda: [c.run() for c in collectors],
-        ready=lambda: log.info("listening on %s:%d with collectors %s", host or "*", port,
+        build_app(Exposition(collectors), web_config, max_requests), host, port,
+        background=background,
+        ready=lambda: log.info("listening on %s:%d%s with collectors %s", host or "*", port,
+                               " (TLS)" if web_config and web_config.current.ssl_context else "",
                                ", ".join(c.name for c in collectors)),
         log=log,
+        ssl_context=web_config.current.ssl_context if web_config else None,
     )
+
+
+async def _watch(web_config: WebConfigWatcher, interval: float = WEB_CONFIG_CHECK_SECONDS) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        web_config.check()

@@ -10,6 +10,7 @@ import asyncio
 import html
 import logging
 import signal
+import ssl
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from aiohttp import web
 from exporter import __version__
 from exporter.exposition import Exposition
 from exporter.render import CONTENT_TYPE
+from exporter.webconfig import Credentials, WebConfigWatcher
 
 EXPOSITION_KEY: web.AppKey[Exposition] = web.AppKey("exposition", Exposition)
 
@@ -65,8 +67,52 @@ async def healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok\n")
 
 
-def build_app(exposition: Exposition) -> web.Application:
-    app = web.Application()
+def _limit(max_requests: int):
+    """Answer 503 at once beyond `max_requests` concurrent requests, as node_exporter's --web.max-requests."""
+    in_flight = 0
+
+    @web.middleware
+    async def limit(request: web.Request, handler):
+        nonlocal in_flight
+        if in_flight >= max_requests:
+            return web.Response(status=503, text="too many concurrent requests\n")
+        in_flight += 1
+        try:
+            return await handler(request)
+        finally:
+            in_flight -= 1
+
+    return limit
+
+
+def _secure(watcher: WebConfigWatcher):
+    """Basic auth and response headers from the current web configuration."""
+    credentials = Credentials()
+
+    @web.middleware
+    async def secure(request: web.Request, handler):
+        config = watcher.current
+        if config.users:
+            header = request.headers.get("Authorization", "")
+            # bcrypt takes tens of milliseconds: off the event loop, so other scrapes are not held up.
+            if not header or not await asyncio.to_thread(credentials.check, config.users, header):
+                return web.Response(status=401, text="unauthorized\n",
+                                    headers={"WWW-Authenticate": 'Basic realm="gpufleet"', **config.headers})
+        response = await handler(request)
+        response.headers.update(config.headers)
+        return response
+
+    return secure
+
+
+def build_app(exposition: Exposition, web_config: WebConfigWatcher | None = None,
+              max_requests: int = 0) -> web.Application:
+    middlewares = []
+    if max_requests > 0:
+        middlewares.append(_limit(max_requests))
+    if web_config is not None:
+        middlewares.append(_secure(web_config))
+    app = web.Application(middlewares=middlewares)
     app[EXPOSITION_KEY] = exposition
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/", landing)
@@ -77,7 +123,7 @@ def build_app(exposition: Exposition) -> web.Application:
 async def serve_until_signalled(app: web.Application, host: str | None, port: int,
                                 background: Callable[[], Sequence[Coroutine[Any, Any, None]]],
                                 ready: Callable[[], None], log: logging.Logger,
-                                shutdown_timeout: float = 60.0) -> None:
+                                shutdown_timeout: float = 60.0, ssl_context: ssl.SSLContext | None = None) -> None:
     """Serve `app` and run `background()` tasks until SIGINT or SIGTERM, then stop both cleanly.
 
     The listening socket opens before any background task starts, so a port already in use fails
@@ -86,7 +132,7 @@ async def serve_until_signalled(app: web.Application, host: str | None, port: in
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port, shutdown_timeout=shutdown_timeout).start()
+        await web.TCPSite(runner, host, port, shutdown_timeout=shutdown_timeout, ssl_context=ssl_context).start()
         ready()
         tasks = [asyncio.create_task(coroutine) for coroutine in background()]
         stop = asyncio.Event()
