@@ -1,5 +1,6 @@
 """HTTP behaviour of the exporter: content negotiation, methods and the extra endpoints."""
 
+import asyncio
 import gzip
 
 import pytest
@@ -64,3 +65,25 @@ async def test_landing_page_and_health(client):
 )
 def test_accept_encoding_parsing(header, expected):
     assert accepts_gzip(header) is expected
+
+
+async def _raw(client, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", client.port)
+    writer.write(request)
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(4096), 5)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize(("request_bytes", "status"), [
+    (b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n", b"400"),
+    (b"\x16\x03\x01\x00\xa5garbage\r\n\r\n", b"400"),
+    (b"GET /../../etc/passwd HTTP/1.1\r\nHost: x\r\n\r\n", b"404"),
+    (b"GET /metrics HTTP/9.9\r\nHost: x\r\n\r\n", b"400"),
+])
+async def test_malformed_requests_get_a_4xx_and_no_traceback(client, request_bytes, status):
+    answer = await _raw(client, request_bytes)
+    assert answer.split(b" ")[1] == status, answer[:200]
+    assert b"Traceback" not in answer
