@@ -90,3 +90,12 @@ def stop_process(process) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(5)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -10,13 +10,7 @@ import urllib.request
 
 import pytest
 
-from helpers import FIXTURE_SYSFS, named, nvml_present, parse, series, stop_process
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from helpers import FIXTURE_SYSFS, free_port, named, nvml_present, parse, series, stop_process
 
 
 def gpufleet(*args: str, **kwargs) -> subprocess.Popen:

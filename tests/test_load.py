@@ -16,16 +16,10 @@ import aiohttp
 import psutil
 import pytest
 
-from helpers import FIXTURE_SYSFS, stop_process
+from helpers import FIXTURE_SYSFS, free_port, stop_process
 
 SCRAPERS = 200
 SECONDS = 30.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

@@ -16,16 +16,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
-from helpers import parse, stop_process
+from helpers import free_port, parse, stop_process
 from simulator.faults import Fault
 from simulator.fleet import Fleet
 from simulator.server import build_app, list_faults
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http(method: str, url: str, body: object = None, timeout: float = 5.0) -> tuple[int, bytes]:

@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from exporter.exposition import Exposition
 from exporter.server import build_app
 from exporter.webconfig import Credentials, WebConfigError, load
-from helpers import FIXTURE_SYSFS, stop_process
+from helpers import FIXTURE_SYSFS, free_port, stop_process
 
 
 def openssl(*args: str, cwd: Path) -> None:
@@ -48,12 +48,6 @@ def pki(tmp_path_factory) -> Path:
 
 def bcrypt_hash(password: str) -> str:
     return bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Exporter:
