@@ -1,1 +1,1 @@
-"""Prometheus recording and alerting rules generated as code (the alert rules issue fills this in)."""
+"""Prometheus alerting rules generated as code: `alerts/rules.py` -> `alerts/gpufleet-rules.yml`."""

@@ -1,0 +1,77 @@
+"""The generated alerting rules: committed output up to date, clean for promtool, and unit-tested by it."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from alerts.cli import RULES_FILE
+from alerts.rules import render
+from alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH
+
+TESTS = sorted((Path(__file__).parent.parent / "alerts" / "tests").glob("*.test.yml"))
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.fail("promtool is missing: install Debian's prometheus package (.ci/run does)")
+    return path
+
+
+def test_the_committed_rule_file_is_what_the_code_generates():
+    assert RULES_FILE.read_text(encoding="utf-8") == render(), "run `gpufleet alerts build` and commit the result"
+    check = subprocess.run([sys.executable, "-m", "gpufleet", "alerts", "build", "--check"], capture_output=True,
+                           text=True, timeout=60)
+    assert check.returncode == 0, check.stderr
+
+
+def test_the_check_notices_a_stale_file(tmp_path):
+    stale = tmp_path / "rules.yml"
+    stale.write_text("groups: []\n")
+    check = subprocess.run([sys.executable, "-m", "gpufleet", "alerts", "build", "--check", f"--output={stale}"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 1 and "is out of date" in check.stderr
+
+
+def test_promtool_checks_the_rules():
+    result = subprocess.run([promtool(), "check", "rules", str(RULES_FILE)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("test_file", TESTS, ids=lambda p: p.name)
+def test_promtool_unit_tests(test_file):
+    result = subprocess.run([promtool(), "test", "rules", str(test_file)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_carries_severity_summary_description_and_runbook():
+    import yaml
+
+    for group in yaml.safe_load(render())["groups"]:
+        for rule in group["rules"]:
+            assert rule["labels"]["severity"] in {"critical", "warning", "info"}, rule["alert"]
+            assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}, rule["alert"]
+            assert rule["alert"][:3] in {"Gpu", "Nic", "Nod"}, rule["alert"]
+
+
+def test_each_xid_has_one_class():
+    classes = [set(RESET_OR_REBOOT), set(WATCH), set(APPLICATION)]
+    assert all(not (a & b) for i, a in enumerate(classes) for b in classes[i + 1:])
+    assert {79, 48, 64, 95, 119, 144, 150} <= set(RESET_OR_REBOOT) and 63 in WATCH and 13 in APPLICATION
+
+
+def test_every_runbook_url_points_at_a_section_of_the_runbooks():
+    import yaml
+
+    headings = {line[3:].strip().lower() for line in
+                (Path(__file__).parent.parent / "docs" / "runbooks.md").read_text().splitlines()
+                if line.startswith("## ")}
+    for group in yaml.safe_load(render())["groups"]:
+        for rule in group["rules"]:
+            anchor = rule["annotations"]["runbook_url"].rsplit("#", 1)[1]
+            assert anchor in headings, rule["alert"]
