@@ -32,22 +32,21 @@ def _alert(config: Config, name: str, expr: str, severity: str, summary: str, de
     return rule
 
 
-def _xid_since(config: Config, codes: tuple[int, ...]) -> str:
-    return f"time() - {config.metric('gpufleet_gpu_xid_last_timestamp_seconds', matcher(codes))}"
+def _xid_event(config: Config, name: str, codes: tuple[int, ...], severity: str, summary: str) -> dict[str, Any]:
+    """An alert that fires for `xid_window` after an XID of one class, timed from the event itself."""
+    since = f"time() - {config.metric('gpufleet_gpu_xid_last_timestamp_seconds', matcher(codes))}"
+    return _alert(config, name, f"{since} < {_seconds(config.xid_window)}", severity, summary,
+                  f"{_GPU} reported XID {{{{ $labels.xid }}}} {{{{ $value | humanizeDuration }}}} ago.")
 
 
 def gpu_failures(c: Config) -> dict[str, Any]:
-    window = c.xid_window
     rules = [
-        _alert(c, "GpuXidCritical", f"{_xid_since(c, RESET_OR_REBOOT)} < {_seconds(window)}", "critical",
-               "A GPU reported an XID that needs a GPU reset or a reboot.",
-               f"{_GPU} reported XID {{{{ $labels.xid }}}} {{{{ $value | humanizeDuration }}}} ago."),
-        _alert(c, "GpuXidWarning", f"{_xid_since(c, WATCH)} < {_seconds(window)}", "warning",
-               "A GPU reported a memory XID to watch (row remap, high single-bit rate, contained error).",
-               f"{_GPU} reported XID {{{{ $labels.xid }}}} {{{{ $value | humanizeDuration }}}} ago."),
-        _alert(c, "GpuXidApplication", f"{_xid_since(c, APPLICATION)} < {_seconds(window)}", "info",
-               "A GPU reported an application XID (the program's own fault).",
-               f"{_GPU} reported XID {{{{ $labels.xid }}}} {{{{ $value | humanizeDuration }}}} ago."),
+        _xid_event(c, "GpuXidCritical", RESET_OR_REBOOT, "critical",
+                   "A GPU reported an XID that needs a GPU reset or a reboot."),
+        _xid_event(c, "GpuXidWarning", WATCH, "warning",
+                   "A GPU reported a memory XID to watch (row remap, high single-bit rate, contained error)."),
+        _xid_event(c, "GpuXidApplication", APPLICATION, "info",
+                   "A GPU reported an application XID (the program's own fault)."),
         _alert(c, "GpuXidApplicationRepeated",
                f"changes({c.metric('gpufleet_gpu_xid_last_timestamp_seconds', matcher(APPLICATION))}"
                f"[{c.repeat_window}]) >= 1", "warning",
