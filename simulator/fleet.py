@@ -70,7 +70,9 @@ PHASES = {
     "compute": Levels(0.97, 0.92, 0.98, 0.02, 0.45),
     "comm": Levels(0.86, 0.55, 1.0, 0.65, 0.2),
     "wait": Levels(0.9, 0.4, 1.0, 0.02, 0.05),  # NCCL spins while a peer is late: busy, but cool.
-    "slow_compute": Levels(0.97, 0.62, 0.7, 0.02, 0.35),  # The straggler itself.
+    # The straggler itself: its clocks are capped (heat, power, a bad board), in every phase.
+    "slow_compute": Levels(0.97, 0.62, 0.65, 0.02, 0.35),
+    "slow_comm": Levels(0.86, 0.5, 0.65, 0.65, 0.2),
 }
 _STRAGGLER_SLOWDOWN = 1.4
 
@@ -199,7 +201,7 @@ class Node:
             return ((compute, "compute"), (comm, "comm"))
         extra = compute * (_STRAGGLER_SLOWDOWN - 1)
         if self.name in stragglers:
-            return ((compute + extra, "slow_compute"), (comm, "comm"))
+            return ((compute + extra, "slow_compute"), (comm, "slow_comm"))
         return ((compute, "compute"), (extra, "wait"), (comm, "comm"))
 
     def levels(self) -> Levels:
@@ -374,7 +376,7 @@ class Node:
             tree.set(f"{ports}/rate", "400 Gb/sec (4X NDR)")
             tree.set(f"{ports}/link_layer", "InfiniBand")
             tree.set(f"{ports}/state", lambda p=port: "1: DOWN" if self._ib_down(p) else "4: ACTIVE")
-            tree.set(f"{ports}/phys_state", lambda p=port: "3: Disabled" if self._ib_down(p) else "5: LinkUp")
+            tree.set(f"{ports}/phys_state", lambda p=port: "2: Polling" if self._ib_down(p) else "5: LinkUp")
             for direction, name in (("tx", "xmit"), ("rx", "rcv")):
                 tree.set(f"{ports}/counters_ext/port_{name}_data_64",
                          lambda p=port, d=direction: str(self._ib_bytes(p, d) // 4))
