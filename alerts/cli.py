@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from alerts.config import Config
 from alerts.rules import render
 
 RULES_FILE = Path(__file__).parent / "gpufleet-rules.yml"
@@ -18,11 +19,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build = commands.add_parser("build", help=f"write {RULES_FILE.name}")
     build.add_argument("--check", action="store_true", help="exit 1 if the committed file is out of date")
     build.add_argument("--output", type=Path, default=RULES_FILE, help="where to write (default: %(default)s)")
+    build.add_argument("--time-scale", type=_time_scale, default=1.0, metavar="FACTOR",
+                       help="divide every window and `for` duration by FACTOR, for tests against a fast "
+                            "simulated fleet; never for production (default: 1)")
     build.set_defaults(handler=run_build)
 
 
+def _time_scale(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid time scale {text!r}") from None
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"time scale {text!r} must be from 1 to 1000")
+    return value
+
+
 def run_build(args: argparse.Namespace) -> int:
-    text = render()
+    text = render(Config().scaled(args.time_scale))
     if args.check:
         current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
         if current != text:

@@ -2,14 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
+
+_DURATION = re.compile(r"^(\d+)([smhd])$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def seconds(duration: str) -> int:
+    """Seconds in a PromQL duration of one unit, such as `15m`."""
+    match = _DURATION.match(duration)
+    if match is None:
+        raise ValueError(f"unsupported duration {duration!r}: use one number and one unit of s, m, h or d")
+    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
 @dataclass(frozen=True)
 class Config:
     # Added to every selector, for example 'job="gpufleet"'; empty matches every target.
     selector: str = ""
+    # The scrape job of the exporters: `up` of other jobs (Prometheus itself, Alertmanager) is not ours.
+    exporter_job: str = "gpufleet"
     runbook_url: str = "https://github.com/gpufleet/gpufleet/blob/main/docs/runbooks.md#{anchor}"
+    # Every window and `for` duration is divided by this. Only the end-to-end test sets it, so that
+    # alerts meant to wait ten minutes wait seconds; the committed file is generated at 1.
+    time_scale: float = 1.0
+
     xid_window: str = "15m"  # How long an XID event keeps its alert firing.
     repeat_window: str = "1h"  # An application XID seen again within this window is a repeat.
     ecc_window: str = "15m"
@@ -22,6 +41,36 @@ class Config:
     retired_pages_critical: int = 60  # DCGM: 60+ retired pages is an RMA candidate on pre-Ampere GPUs.
     stale_seconds: int = 300  # A collector without a success for this long is stale.
 
+    # Stragglers: a node is one when both tests agree, for `straggler_for`, in a job of enough nodes.
+    signal_window: str = "5m"  # Per-node signals are averaged over this, to see through training phases.
+    straggler_for: str = "10m"
+    straggler_min_nodes: int = 4
+    straggler_relative: float = 0.75  # Score against the job's best node (nvidia-resiliency-ext's default).
+    straggler_zscore: float = -3.5  # Modified z-score from median and MAD (Iglewicz and Hoaglin).
+    busy_utilization: float = 0.5  # Nodes with no job are compared only while their GPUs are this busy.
+
+    # Network and fabric.
+    saturation_warning: float = 0.8  # Share of link speed.
+    saturation_critical: float = 0.95  # With a training job on the node.
+    # Utilisation is averaged over this window before the thresholds apply: a rate over a snapshot
+    # exporter's counters wobbles by the collection interval over the rate window (±5% at 15 s over
+    # 5 m), enough to drop a port at 97% below 95% now and then, restarting `for`.
+    saturation_window: str = "10m"
+    saturation_for: str = "5m"
+    # port_xmit_wait ticks per second. The tick differs by HCA, so tune this to your fabric; below it,
+    # a port is still flagged when its node waits `xmit_wait_outlier` times more than its job's median.
+    xmit_wait_per_second: float = 10e6
+    xmit_wait_outlier: float = 4.0
+    link_downed_window: str = "15m"
+    link_flaps: int = 2  # More link-downs than this in the window is a flapping link.
+    symbol_errors_per_hour: int = 120  # NVSentinel.
+    link_error_recoveries_per_minute: float = 5.0  # NVSentinel.
+    receive_errors_per_second: float = 10.0  # NVSentinel.
+    transmit_discards_per_second: float = 100.0  # NVSentinel.
+    roce_out_of_buffer_per_second: float = 100.0
+    roce_slow_restarts_per_second: float = 1.0
+    ethernet_error_share: float = 0.01  # Errors per packet, as kube-prometheus.
+
     def metric(self, name: str, *matchers: str) -> str:
         """`name{selector,matchers}`, leaving out what is empty."""
         inner = ",".join(part for part in (self.selector, *matchers) if part)
@@ -29,3 +78,13 @@ class Config:
 
     def runbook(self, alert: str) -> str:
         return self.runbook_url.format(anchor=alert.lower())
+
+    def d(self, duration: str) -> str:
+        """A window or `for` duration after the time scale; unchanged at scale 1, so the file reads naturally."""
+        if self.time_scale == 1:
+            seconds(duration)  # Still refuse what the scaled form could not read.
+            return duration
+        return f"{max(1, round(seconds(duration) / self.time_scale))}s"
+
+    def scaled(self, time_scale: float) -> Config:
+        return dataclasses.replace(self, time_scale=time_scale)

@@ -1,0 +1,106 @@
+"""Network saturation and fabric faults: Ethernet and InfiniBand throughput, congestion, links and errors.
+
+InfiniBand port states are those of the IBTA: `state` 4 is ACTIVE, `phys_state` 3 is Disabled (a
+port switched off on purpose, which is not a fault).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alerts.config import Config
+from alerts.recording import JOB_XMIT_WAIT, JOB_XMIT_WAIT_MEDIAN, LINK_UTILIZATION, NODE_JOBS, XMIT_WAIT
+from alerts.rule import PORT, alert
+
+_LINK = ("{{ $labels.device }}{{ with $labels.port }} port {{ . }}{{ end }} of {{ $labels.instance }}")
+_PORT_KEY = "cluster, instance, device, port"
+
+
+def _rate_above(c: Config, name: str, counter: str, per_second: float, summary: str, what: str,
+                severity: str = "warning") -> dict[str, Any]:
+    return alert(c, name, f"rate({c.metric(counter)}[{c.d('5m')}]) > {per_second:g}", severity, summary,
+                 f"{PORT} has {{{{ $value | humanize }}}} {what} per second.", for_="5m")
+
+
+def fabric(c: Config) -> dict[str, Any]:
+    ib = "gpufleet_infiniband_"
+    # Rounded: increase() extrapolates to the window's edges, which can make 2 link-downs read 2.1.
+    downed = f"round(increase({c.metric(ib + 'link_downed_total')}[{c.d(c.link_downed_window)}]))"
+    # The job with the most GPUs on the node names the training job a saturated port slows down.
+    main_job = f"0 * topk by (cluster, instance) (1, {NODE_JOBS})"
+    utilization = f"avg_over_time({LINK_UTILIZATION}[{c.d(c.saturation_window)}])"
+    rules = [
+        alert(c, "NicSaturated", f"{utilization} > {c.saturation_warning:g}", "warning",
+              "A network link runs near its speed.",
+              f"{_LINK} {{{{ $labels.direction }}}}s at {{{{ $value | humanizePercentage }}}} of its link speed "
+              f"over {c.saturation_window}.", for_=c.saturation_for),
+        alert(c, "NicSaturatedTrainingJob",
+              f"({utilization} > {c.saturation_critical:g}) + on (cluster, instance) "
+              f"group_left (scheduler, job_id, namespace, pod) {main_job}", "critical",
+              "A network link of a node running a training job is saturated.",
+              f"{_LINK} {{{{ $labels.direction }}}}s at {{{{ $value | humanizePercentage }}}} of its link speed "
+              f"over {c.saturation_window} while it runs a "
+              "{{ $labels.scheduler }} job{{ with $labels.job_id }} ({{ . }}){{ end }}"
+              "{{ with $labels.pod }} (pod {{ $labels.namespace }}/{{ . }}){{ end }}.", for_=c.saturation_for),
+        alert(c, "NicInfinibandCongested",
+              f"{XMIT_WAIT} > {c.xmit_wait_per_second:g} or ({XMIT_WAIT} > {c.xmit_wait_per_second / 10:g}"
+              f" and on (cluster, instance) ({JOB_XMIT_WAIT} / on (cluster, scheduler, job_id) group_left "
+              f"{JOB_XMIT_WAIT_MEDIAN} > {c.xmit_wait_outlier:g}))", "warning",
+              "An InfiniBand port waits for credits: the fabric is congested.",
+              f"{PORT} waited {{{{ $value | humanize }}}} ticks per second to send (port_xmit_wait).",
+              for_="10m"),
+        alert(c, "NicInfinibandPortDown",
+              f"{c.metric(ib + 'state_id')} != 4 unless on ({_PORT_KEY}) "
+              f"{c.metric(ib + 'physical_state_id')} == 3", "critical",
+              "An InfiniBand port is not active.",
+              f"{PORT} is in state {{{{ $value }}}}, not 4 (ACTIVE).", for_="2m"),
+        alert(c, "NicInfinibandRateDegraded",
+              f"({c.metric(ib + 'rate_bytes_per_second')} < on (cluster, instance) group_left max by "
+              f"(cluster, instance) ({c.metric(ib + 'rate_bytes_per_second')})) and on ({_PORT_KEY}) "
+              f"{c.metric(ib + 'state_id')} == 4", "critical",
+              "An InfiniBand port runs below the rate of the node's other ports.",
+              f"{PORT} runs at {{{{ $value | humanize }}}}B/s, below the node's other ports: the link "
+              "trained down.", for_="5m"),
+        alert(c, "NicInfinibandLinkDowned", f"{downed} > 0 <= {c.link_flaps}", "warning",
+              "An InfiniBand link went down and came back.",
+              f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}."),
+        alert(c, "NicInfinibandLinkFlapping", f"{downed} > {c.link_flaps}", "critical",
+              "An InfiniBand link keeps going down.",
+              f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}."),
+        alert(c, "NicInfinibandSymbolErrors",
+              f"increase({c.metric(ib + 'symbol_error_total')}[{c.d('1h')}]) > {c.symbol_errors_per_hour}",
+              "warning", "An InfiniBand port sees many symbol errors: a bad cable or transceiver.",
+              f"{PORT} had {{{{ $value | humanize }}}} symbol errors in the last hour."),
+        alert(c, "NicInfinibandLinkErrorRecovery",
+              f"rate({c.metric(ib + 'link_error_recovery_total')}[{c.d('5m')}]) * 60 > "
+              f"{c.link_error_recoveries_per_minute:g}", "warning",
+              "An InfiniBand link keeps retraining.",
+              f"{PORT} recovered from link errors {{{{ $value | humanize }}}} times per minute.", for_="5m"),
+        alert(c, "NicInfinibandLinkIntegrityErrors",
+              f"increase({c.metric(ib + 'local_link_integrity_errors_total')}[{c.d('15m')}]) > 0 or "
+              f"increase({c.metric(ib + 'excessive_buffer_overrun_errors_total')}[{c.d('15m')}]) > 0",
+              "warning", "An InfiniBand link broke its integrity or overran its buffers.",
+              f"{PORT} counted link integrity or buffer overrun errors in the last 15m."),
+        _rate_above(c, "NicInfinibandReceiveErrors", ib + "port_rcv_errors_total", c.receive_errors_per_second,
+                    "An InfiniBand port receives malformed packets.", "receive errors"),
+        _rate_above(c, "NicInfinibandTransmitDiscards", ib + "port_xmit_discards_total",
+                    c.transmit_discards_per_second, "An InfiniBand port discards packets it should send.",
+                    "transmit discards"),
+        _rate_above(c, "NicRoceOutOfBuffer", ib + "hw_out_of_buffer_total", c.roce_out_of_buffer_per_second,
+                    "A RoCE port drops packets for want of receive buffers.", "out-of-buffer drops"),
+        _rate_above(c, "NicRoceSlowRestart", ib + "hw_roce_slow_restart_total", c.roce_slow_restarts_per_second,
+                    "RoCE queue pairs keep falling back to slow restart after packet loss.", "slow restarts"),
+        alert(c, "NicEthernetErrors",
+              f"sum by (cluster, instance, device) (rate({c.metric('gpufleet_network_receive_errors_total')}"
+              f"[{c.d('5m')}]) + rate({c.metric('gpufleet_network_transmit_errors_total')}[{c.d('5m')}])) / "
+              f"sum by (cluster, instance, device) (rate({c.metric('gpufleet_network_receive_packets_total')}"
+              f"[{c.d('5m')}]) + rate({c.metric('gpufleet_network_transmit_packets_total')}[{c.d('5m')}])) > "
+              f"{c.ethernet_error_share:g}", "warning", "An Ethernet interface has many packet errors.",
+              "{{ $labels.device }} of {{ $labels.instance }} errs on {{ $value | humanizePercentage }} "
+              "of its packets.", for_="15m"),
+        alert(c, "NicEthernetFlapping", f"changes({c.metric('gpufleet_network_up')}[{c.d('2m')}]) > 2", "warning",
+              "An Ethernet interface keeps going up and down.",
+              "{{ $labels.device }} of {{ $labels.instance }} changed state {{ $value }} times in 2 minutes.",
+              for_="2m"),
+    ]
+    return {"name": "gpufleet-fabric", "rules": rules}

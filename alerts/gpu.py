@@ -1,0 +1,100 @@
+"""Failing GPUs: XIDs by class, memory errors, lost boards, NVLink, PCIe and hardware slowdowns.
+
+Event alerts (XIDs) fire on the event's timestamp rather than on `increase()`, which misses the
+first event of a new series.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alerts.config import Config, seconds
+from alerts.rule import GPU, alert
+from alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH, matcher
+
+_UNCORRECTED = ('error="uncorrected"', 'scope="volatile"')
+_CRC = 'error=~"crc_flit|crc_data"'
+_HW_SLOWDOWN = 'reason=~"hw_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"'
+
+
+def _xid_event(c: Config, name: str, codes: tuple[int, ...], severity: str, summary: str) -> dict[str, Any]:
+    """An alert that fires for `xid_window` after an XID of one class, timed from the event itself."""
+    since = f"time() - {c.metric('gpufleet_gpu_xid_last_timestamp_seconds', matcher(codes))}"
+    return alert(c, name, f"{since} < {seconds(c.d(c.xid_window))}", severity, summary,
+                 f"{GPU} reported XID {{{{ $labels.xid }}}} {{{{ $value | humanizeDuration }}}} ago.")
+
+
+def gpu_failures(c: Config) -> dict[str, Any]:
+    rules = [
+        _xid_event(c, "GpuXidCritical", RESET_OR_REBOOT, "critical",
+                   "A GPU reported an XID that needs a GPU reset or a reboot."),
+        _xid_event(c, "GpuXidWarning", WATCH, "warning",
+                   "A GPU reported a memory XID to watch (row remap, high single-bit rate, contained error)."),
+        _xid_event(c, "GpuXidApplication", APPLICATION, "info",
+                   "A GPU reported an application XID (the program's own fault)."),
+        alert(c, "GpuXidApplicationRepeated",
+              f"changes({c.metric('gpufleet_gpu_xid_last_timestamp_seconds', matcher(APPLICATION))}"
+              f"[{c.d(c.repeat_window)}]) >= 1", "warning",
+              "An application XID repeats on the same GPU.",
+              f"{GPU} reported XID {{{{ $labels.xid }}}} again within {c.repeat_window}."),
+        alert(c, "GpuLost", f"{c.metric('gpufleet_gpu_up')} == 0", "critical",
+              "A GPU stopped answering NVML.",
+              f"{GPU} is lost: NVML no longer answers for it.", for_="1m"),
+        alert(c, "GpuMissingFromNvml",
+              f"{c.metric('gpufleet_gpu_pci_devices')} > on (cluster, instance) {c.metric('gpufleet_gpu_devices')}",
+              "critical", "A node has GPUs on its PCI bus that NVML does not list.",
+              "{{ $labels.instance }} has {{ $value }} NVIDIA GPUs on the PCI bus, more than NVML lists.",
+              for_="5m"),
+        alert(c, "GpuCountDropped",
+              f"{c.metric('gpufleet_gpu_devices')} < max_over_time({c.metric('gpufleet_gpu_devices')}"
+              f"[{c.d(c.gpu_count_lookback)}])", "critical", "A node lists fewer GPUs than it did earlier today.",
+              "{{ $labels.instance }} lists {{ $value }} GPUs, fewer than in the last "
+              f"{c.gpu_count_lookback}.", for_="5m"),
+        alert(c, "GpuEccUncorrectable",
+              f"increase({c.metric('gpufleet_gpu_ecc_errors_total', *_UNCORRECTED)}"
+              f"[{c.d(c.ecc_window)}]) > 0", "critical", "A GPU had an uncorrectable ECC error.",
+              f"{GPU} had {{{{ $value | humanize }}}} uncorrectable ECC errors in {c.ecc_window}."),
+        alert(c, "GpuRowRemapFailed", f"{c.metric('gpufleet_gpu_row_remap_failed')} == 1", "critical",
+              "A GPU failed to remap a memory row: an RMA candidate.",
+              f"{GPU} failed a row remap; it cannot repair its memory any more."),
+        alert(c, "GpuRowRemapPending", f"{c.metric('gpufleet_gpu_row_remap_pending')} == 1", "warning",
+              "A GPU has a row remap waiting for a GPU reset.",
+              f"{GPU} has a row remap pending; reset the GPU when its job allows.", for_="5m"),
+        alert(c, "GpuRetiredPagesPending", f"{c.metric('gpufleet_gpu_retired_pages_pending')} == 1", "warning",
+              "A GPU has a page retirement waiting for a reboot.",
+              f"{GPU} has a retired page pending; reboot the node when its job allows.", for_="5m"),
+        alert(c, "GpuRetiredPagesHigh",
+              f"sum by (cluster, instance, gpu, uuid) ({c.metric('gpufleet_gpu_retired_pages')}) >= "
+              f"{c.retired_pages_critical}", "critical", "A GPU has retired many memory pages: an RMA candidate.",
+              f"{GPU} has retired {{{{ $value }}}} pages."),
+        alert(c, "GpuNvlinkDown", f"{c.metric('gpufleet_gpu_nvlink_up')} == 0", "critical",
+              "An NVLink is down.", f"NVLink {{{{ $labels.link }}}} of {GPU} is down.", for_="2m"),
+        alert(c, "GpuNvlinkCrcErrors",
+              f"rate({c.metric('gpufleet_gpu_nvlink_errors_total', _CRC)}[{c.d('5m')}]) > "
+              f"{c.nvlink_crc_per_second:g}", "warning", "An NVLink has a high CRC error rate.",
+              f"NVLink {{{{ $labels.link }}}} of {GPU} has {{{{ $value | humanize }}}} {{{{ $labels.error }}}} "
+              "errors per second.", for_="5m"),
+        alert(c, "GpuPcieReplaysHigh",
+              f"rate({c.metric('gpufleet_gpu_pcie_replays_total')}[{c.d('5m')}]) * 60 > "
+              f"{c.pcie_replays_per_minute:g}", "warning", "A GPU's PCIe link retransmits too often.",
+              f"{GPU} has {{{{ $value | humanize }}}} PCIe replays per minute.", for_="5m"),
+        # An idle GPU lowers its PCIe generation to save power: only a busy GPU's lower generation counts.
+        alert(c, "GpuPcieLinkDegraded",
+              f"({c.metric('gpufleet_gpu_pcie_link_width')} < {c.metric('gpufleet_gpu_pcie_link_max_width')})"
+              f" or (({c.metric('gpufleet_gpu_pcie_link_generation')} < "
+              f"{c.metric('gpufleet_gpu_pcie_link_max_generation')}) and on (cluster, instance, gpu, uuid) "
+              f"{c.metric('gpufleet_gpu_utilization_ratio')} > 0.5)", "warning",
+              "A GPU's PCIe link runs below its maximum width or generation.",
+              f"{GPU} runs its PCIe link below its maximum.", for_="10m"),
+        alert(c, "GpuHardwareSlowdown",
+              f"avg_over_time({c.metric('gpufleet_gpu_clock_event_active', _HW_SLOWDOWN)}"
+              f"[{c.d(c.slowdown_window)}]) > {c.slowdown_share:g}", "warning",
+              "A GPU's clocks are held down by hardware slowdown, thermal slowdown or power brake.",
+              f"{GPU} had {{{{ $labels.reason }}}} active {{{{ $value | humanizePercentage }}}} of the last "
+              f"{c.slowdown_window}."),
+        alert(c, "GpuThermalMarginLow",
+              f"{c.metric('gpufleet_gpu_thermal_margin_celsius')} < {c.thermal_margin_celsius:g}", "critical",
+              "A GPU is about to slow down for heat.",
+              f"{GPU} is {{{{ $value }}}} °C from thermal slowdown.", for_="2m"),
+    ]
+    return {"name": "gpufleet-gpu-failures", "rules": rules}

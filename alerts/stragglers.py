@@ -1,0 +1,104 @@
+"""Straggler nodes: the node of a job that holds every other node back, found by two tests that must agree.
+
+A robust z-score (median and median absolute deviation, so the straggler cannot hide by dragging
+the mean) finds the outlier; a relative score against the job's best node keeps a tiny MAD from
+firing on noise. Signals are averaged over `signal_window`, long enough to see through the
+compute and communication phases of a training step. Lower is worse for every signal.
+
+Peers are the nodes of one job where the scheduler names jobs (Slurm, a job mapping file). Nodes
+without a job id (no attribution, or Kubernetes pods, whose per-node pods share no id) are compared
+within their cluster and GPU model, and only while busy: an idle node holds nobody back.
+Network throughput is not a signal: in a synchronous job every node moves the same bytes per step,
+so the straggler's throughput falls with everyone else's. Congestion is, as a likely cause.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alerts.config import Config
+from alerts.recording import XMIT_WAIT
+from alerts.rule import alert, record
+
+SIGNAL = "job_instance:gpufleet_straggler_signal:avg5m"
+MEDIAN = "job:gpufleet_straggler_signal:median5m"
+BEST = "job:gpufleet_straggler_signal:max5m"
+NODES = "job:gpufleet_straggler_signal:count"
+MAD = "job:gpufleet_straggler_signal:mad5m"
+RELATIVE = "job_instance:gpufleet_straggler_signal:relative5m"
+ZSCORE = "job_instance:gpufleet_straggler_signal:zscore5m"
+CAUSE = "instance:gpufleet_straggler_cause:active"
+
+PEERS = "cluster, scheduler, job_id, model, signal"
+_GPU_KEY = "cluster, instance, gpu, uuid"
+# Where a per-GPU signal is the same for every job of the board: clock and power.
+_GPU_SIGNALS = {"sm_clock": ('gpufleet_gpu_clock_hertz', 'clock="sm"'), "power": ("gpufleet_gpu_power_watts",)}
+
+
+def _signals(c: Config) -> list[dict[str, Any]]:
+    window = c.d(c.signal_window)
+    jobs = c.metric("gpufleet_gpu_job_info", 'job_id!=""')
+    rules = []
+    for signal, (metric, *matchers) in _GPU_SIGNALS.items():
+        smoothed = f"avg_over_time({c.metric(metric, *matchers)}[{window}])"
+        in_jobs = (f"avg by (cluster, scheduler, job_id, instance) "
+                   f"({jobs} * on ({_GPU_KEY}) group_left {smoothed})")
+        rules.append(record(SIGNAL, in_jobs, signal=signal, peers="job"))
+        busy = f"{c.metric('gpufleet_gpu_utilization_ratio')} > {c.busy_utilization:g}"
+        without_job = (f"(({smoothed} * on ({_GPU_KEY}) group_left (name) {c.metric('gpufleet_gpu_info')})"
+                       f" unless on ({_GPU_KEY}) {jobs})"
+                       f" and on ({_GPU_KEY}) {busy}")
+        by_model = ('label_replace(avg by (cluster, instance, name) '
+                    f'({without_job}), "model", "$1", "name", "(.*)")')
+        rules.append(record(SIGNAL, f"max without (name) ({by_model})", signal=signal, peers="model"))
+    return rules
+
+
+def _causes(c: Config) -> list[dict[str, Any]]:
+    """Per node, what could explain a straggler: one series per cause, labelled with it."""
+    window = c.d(c.signal_window)
+
+    def event(reasons: str) -> str:
+        active = c.metric("gpufleet_gpu_clock_event_active", f'reason=~"{reasons}"')
+        return f"max by (cluster, instance) (avg_over_time({active}[{window}])) > {c.slowdown_share:g}"
+
+    pcie = (f"count by (cluster, instance) ({c.metric('gpufleet_gpu_pcie_link_width')} < "
+            f"{c.metric('gpufleet_gpu_pcie_link_max_width')}) or max by (cluster, instance) "
+            f"(rate({c.metric('gpufleet_gpu_pcie_replays_total')}[{window}]) * 60) > {c.pcie_replays_per_minute:g}")
+    nic = (f"max by (cluster, instance) ({XMIT_WAIT}) > "
+           f"{c.xmit_wait_per_second:g}")
+    causes = {
+        "thermal slowdown": event("hw_thermal_slowdown|sw_thermal_slowdown"),
+        "power brake": event("hw_power_brake_slowdown"),
+        "PCIe degraded": pcie,
+        "NIC congestion": nic,
+    }
+    return [record(CAUSE, expr, cause=name) for name, expr in causes.items()]
+
+
+def stragglers(c: Config) -> dict[str, Any]:
+    rules = [
+        *_signals(c),
+        record(MEDIAN, f"quantile by ({PEERS}) (0.5, {SIGNAL})"),
+        record(BEST, f"max by ({PEERS}) ({SIGNAL})"),
+        record(NODES, f"count by ({PEERS}) ({SIGNAL})"),
+        record(MAD, f"quantile by ({PEERS}) (0.5, abs({SIGNAL} - on ({PEERS}) group_left {MEDIAN}))"),
+        record(RELATIVE, f"{SIGNAL} / on ({PEERS}) group_left {BEST}"),
+        record(ZSCORE, f"0.6745 * ({SIGNAL} - on ({PEERS}) group_left {MEDIAN}) / on ({PEERS}) group_left {MAD}"),
+        *_causes(c),
+    ]
+    causes = (f'{{{{ with printf "{CAUSE}{{cluster=%q,instance=%q}}" $labels.cluster $labels.instance | query }}}}'
+              '{{ range $i, $s := . | sortByLabel "cause" }}{{ if $i }}, {{ end }}{{ $s.Labels.cause }}{{ end }}'
+              "{{ else }}none of thermal slowdown, power brake, PCIe or NIC congestion{{ end }}")
+    rules.append(alert(
+        c, "NodeStraggler",
+        f"{RELATIVE} < {c.straggler_relative:g}"
+        f" and on ({PEERS}, instance) {ZSCORE} < {c.straggler_zscore:g}"
+        f" and on ({PEERS}) {NODES} >= {c.straggler_min_nodes}",
+        "warning", "A node holds back the other nodes of its job.",
+        "{{ $labels.instance }} straggles among {{ if $labels.job_id }}the nodes of {{ $labels.scheduler }} job "
+        "{{ $labels.job_id }}{{ else }}the busy {{ $labels.model }} nodes{{ end }}: "
+        "its {{ $labels.signal }} is {{ $value | humanizePercentage }} of the best node's. Likely cause: "
+        f"{causes}.",
+        for_=c.straggler_for))
+    return {"name": "gpufleet-stragglers", "rules": rules}
