@@ -3,13 +3,9 @@
 import asyncio
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from unittest import mock
 
 import pytest
@@ -17,31 +13,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
 from helpers import free_port, parse, stop_process
+from programs import http, listening, query, wait_for
 from simulator.faults import Fault
 from simulator.fleet import Fleet
 from simulator.server import build_app, list_faults
-
-
-def http(method: str, url: str, body: object = None, timeout: float = 5.0) -> tuple[int, bytes]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as err:
-        return err.code, err.read()
-
-
-def wait_for(check, timeout: float, what: str, process: subprocess.Popen | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        if process is not None and process.poll() is not None:
-            pytest.fail(f"{what}: process exited:\n{process.communicate()[0]}")
-        time.sleep(0.25)
-    pytest.fail(f"{what}: not within {timeout}s")
 
 
 @pytest.fixture
@@ -55,15 +30,10 @@ def simulator(tmp_path):
          "--seed=5", "--collect-interval=2s"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: http("GET", f"{url}/healthz", timeout=1)[0] == 200 if _listening(port) else False, 20,
+    wait_for(lambda: http("GET", f"{url}/healthz", timeout=1)[0] == 200 if listening(port) else False, 20,
              "simulator start", process)
     yield url, tmp_path / "targets.json"
     stop_process(process)
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.fixture
@@ -83,16 +53,10 @@ def prometheus(tmp_path, simulator):
          f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: _listening(port) and http("GET", f"{url}/-/ready", timeout=1)[0] == 200, 30,
+    wait_for(lambda: listening(port) and http("GET", f"{url}/-/ready", timeout=1)[0] == 200, 30,
              "prometheus start", process)
     yield url
     stop_process(process)
-
-
-def query(url: str, promql: str) -> list[dict]:
-    status, body = http("GET", f"{url}/api/v1/query?query={urllib.parse.quote(promql)}")
-    assert status == 200, body
-    return json.loads(body)["data"]["result"]
 
 
 def test_prometheus_scrapes_the_fleet_through_file_sd(simulator, prometheus):

@@ -1,0 +1,111 @@
+"""Start and stop the real programs tests run against: the fleet simulator, Prometheus and Alertmanager.
+
+Each binds 127.0.0.1 on a free port and is stopped when its context ends, however the test ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from helpers import free_port, stop_process
+
+
+def http(method: str, url: str, body: object = None, timeout: float = 5.0) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def wait_for(check, timeout: float, what: str, process: subprocess.Popen | None = None):
+    """Call `check()` every 0.25 s until it returns something truthy, at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"{what}: process exited:\n{process.communicate()[0]}")
+        time.sleep(0.25)
+    pytest.fail(f"{what}: not within {timeout}s")
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def query(url: str, promql: str) -> list[dict]:
+    status, body = http("GET", f"{url}/api/v1/query?query={urllib.parse.quote(promql)}")
+    assert status == 200, body
+    return json.loads(body)["data"]["result"]
+
+
+def binary(name: str, package: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.fail(f"{name} is missing: install Debian's {package} package (.ci/run does)")
+    return path
+
+
+def _ready(process: subprocess.Popen, port: int, path: str, what: str, timeout: float) -> str:
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: listening(port) and http("GET", url + path, timeout=1)[0] == 200, timeout, what, process)
+    return url
+
+
+@contextlib.contextmanager
+def simulator(workdir: Path, *args: str) -> Iterator[tuple[str, Path]]:
+    """`gpufleet simulate` with file_sd; yields its URL and the targets file."""
+    port = free_port()
+    targets = workdir / "targets.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", "simulate", f"--web.listen-address=127.0.0.1:{port}",
+         f"--file-sd={targets}", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield _ready(process, port, "/healthz", "simulator start", 30), targets
+    finally:
+        stop_process(process)
+
+
+@contextlib.contextmanager
+def prometheus(config: Path, data: Path) -> Iterator[str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [binary("prometheus", "prometheus"), f"--config.file={config}", f"--storage.tsdb.path={data}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield _ready(process, port, "/-/ready", "prometheus start", 60)
+    finally:
+        stop_process(process)
+
+
+@contextlib.contextmanager
+def alertmanager(config: Path, data: Path) -> Iterator[str]:
+    port, cluster_port = free_port(), free_port()
+    process = subprocess.Popen(
+        [binary("prometheus-alertmanager", "prometheus-alertmanager"), f"--config.file={config}",
+         f"--storage.path={data}", f"--web.listen-address=127.0.0.1:{port}",
+         f"--cluster.listen-address=127.0.0.1:{cluster_port}", "--log.level=warn"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield _ready(process, port, "/-/ready", "alertmanager start", 60)
+    finally:
+        stop_process(process)
