@@ -1,0 +1,61 @@
+"""`gpufleet dashboards build`: render every `*.dashboard.py` to the committed JSON, or check it is current."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from grafanalib.core import Dashboard
+from grafanalib._gen import DashboardEncoder
+
+SOURCES = Path(__file__).parent
+OUTPUT = SOURCES / "json"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("dashboards", help="build the Grafana dashboards",
+                                   description="Generate the Grafana dashboards from dashboards/*.dashboard.py.")
+    commands = parser.add_subparsers(dest="dashboards_command", metavar="COMMAND", required=True)
+    build = commands.add_parser("build", help=f"write {OUTPUT.relative_to(SOURCES.parent)}/*.json")
+    build.add_argument("--check", action="store_true", help="exit 1 if the committed JSON is out of date")
+    build.add_argument("--output", type=Path, default=OUTPUT, help="directory to write (default: %(default)s)")
+    build.set_defaults(handler=run_build)
+
+
+def load(path: Path) -> Dashboard:
+    """The module-level `dashboard` of one `*.dashboard.py` (a name with a dot, so not importable as usual)."""
+    spec = importlib.util.spec_from_file_location(f"gpufleet_dashboard_{path.stem.split('.')[0]}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.dashboard
+
+
+def rendered() -> dict[str, str]:
+    """File name to JSON text, for every dashboard, in the stable form that is committed."""
+    files = {}
+    for path in sorted(SOURCES.glob("*.dashboard.py")):
+        model = load(path).to_json_data()
+        files[f"{model['uid']}.json"] = json.dumps(model, sort_keys=True, indent=2, cls=DashboardEncoder) + "\n"
+    return files
+
+
+def run_build(args: argparse.Namespace) -> int:
+    files = rendered()
+    if args.check:
+        current = {p.name: p.read_text(encoding="utf-8") for p in args.output.glob("*.json")}
+        if current != files:
+            stale = sorted(name for name in set(current) | set(files) if current.get(name) != files.get(name))
+            print(f"gpufleet dashboards build: out of date: {', '.join(stale)}; run `gpufleet dashboards build`",
+                  file=sys.stderr)
+            return 1
+        return 0
+    args.output.mkdir(parents=True, exist_ok=True)
+    for stale in set(p.name for p in args.output.glob("*.json")) - set(files):
+        (args.output / stale).unlink()
+    for name, text in files.items():
+        (args.output / name).write_text(text, encoding="utf-8")
+    return 0

@@ -1,0 +1,134 @@
+"""Panel helpers: units, legends, thresholds, tooltips and the template variables, applied once.
+
+Every panel reads the `datasource` template variable, so file provisioning works without
+`__inputs`; every query filters by the variables it can, with `=~` so that "All" (`.*`) also
+matches series without the label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from grafanalib import core
+
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+GRID_COLUMNS = 24
+# The selector every gpufleet query starts from; panels add their own matchers after it.
+NODE = 'cluster=~"$cluster", instance=~"$instance"'
+GPU = NODE + ', gpu=~"$gpu"'
+
+_VARIABLES = {
+    "cluster": ("Cluster", "label_values(gpufleet_gpu_devices, cluster)"),
+    "instance": ("Node", 'label_values(gpufleet_gpu_devices{cluster=~"$cluster"}, instance)'),
+    "gpu": ("GPU", 'label_values(gpufleet_gpu_up{cluster=~"$cluster", instance=~"$instance"}, gpu)'),
+    "job_id": ("Job", 'label_values(gpufleet_gpu_job_info{cluster=~"$cluster"}, job_id)'),
+}
+
+
+def templating(*names: str) -> core.Templating:
+    """The datasource variable, then the named query variables, all multi-select with All."""
+    variables = [core.Template(name="datasource", label="Data source", query="prometheus", type="datasource",
+                               default="gpufleet-prometheus")]
+    for name in names:
+        label, query = _VARIABLES[name]
+        variables.append(core.Template(name=name, label=label, query=query, dataSource=DATASOURCE,
+                                       includeAll=True, multi=True, allValue=".*", refresh=2, sort=3,
+                                       default="$__all"))
+    return core.Templating(list=variables)
+
+
+def target(expr: str, legend: str = "", ref: str = "A", instant: bool = False, table: bool = False) -> core.Target:
+    return core.Target(expr=expr, legendFormat=legend, refId=ref, instant=instant, datasource=DATASOURCE,
+                       format="table" if table else "time_series")
+
+
+def _targets(queries: Sequence[tuple[str, str]], **kwargs) -> list[core.Target]:
+    return [target(expr, legend, chr(ord("A") + i), **kwargs) for i, (expr, legend) in enumerate(queries)]
+
+
+@dataclass
+class Sized:
+    """A panel and its size in grid units; `layout` gives it a place."""
+
+    panel: core.Panel
+    width: int
+    height: int
+
+
+def timeseries(title: str, queries: Sequence[tuple[str, str]], unit: str, width: int = 12, height: int = 8,
+               description: str = "", stacked: bool = False, max_value: int | None = None) -> Sized:
+    panel = core.TimeSeries(
+        title=title, description=description, dataSource=DATASOURCE, targets=_targets(queries), unit=unit,
+        legendDisplayMode="table", legendPlacement="right" if width >= 16 else "bottom", legendCalcs=["mean", "max"],
+        tooltipMode="multi", tooltipSort="desc", stacking={"mode": "normal" if stacked else "none"},
+        fillOpacity=10, lineWidth=1, spanNulls=False, valueMin=0, valueMax=max_value)
+    return Sized(panel, width, height)
+
+
+def stat(title: str, expr: str, unit: str = "none", width: int = 4, height: int = 4, description: str = "",
+         thresholds: Sequence[tuple[str, float | None]] = (("green", None),)) -> Sized:
+    panel = core.Stat(
+        title=title, description=description, dataSource=DATASOURCE, targets=[target(expr, instant=True)],
+        format=unit, reduceCalc="lastNotNull", graphMode="none", colorMode="background",
+        thresholdType="absolute",
+        thresholds=[core.Threshold(color, i, value=float(value) if value is not None else 0.0)
+                    for i, (color, value) in enumerate(thresholds)])
+    return Sized(panel, width, height)
+
+
+def table(title: str, queries: Sequence[tuple[str, str]], unit: str = "none", width: int = 24, height: int = 8,
+          description: str = "") -> Sized:
+    """An instant-query table, one row per label set with a column per query, sortable by any column."""
+    panel = core.Table(
+        title=title, description=description, dataSource=DATASOURCE,
+        targets=_targets(queries, instant=True, table=True), unit=unit, filterable=True,
+        transformations=[{"id": "merge", "options": {}},
+                         {"id": "organize", "options": {"excludeByName": {"Time": True}}}])
+    return Sized(panel, width, height)
+
+
+def heatmap(title: str, expr: str, legend: str, unit: str, width: int = 24, height: int = 9,
+            description: str = "") -> Sized:
+    """One row per series (per node), coloured by value: Grafana's heatmap with no bucketing of its own."""
+    panel = core.Heatmap(title=title, description=description, dataSource=DATASOURCE,
+                         targets=[target(expr, legend)],
+                         extraJson={"type": "heatmap", "options": {
+                             "calculate": False, "yAxis": {"unit": unit},
+                             "color": {"mode": "scheme", "scheme": "Turbo", "min": 0, "max": 1},
+                             "cellValues": {"unit": unit}, "tooltip": {"show": True, "yHistogram": False}},
+                             "fieldConfig": {"defaults": {"unit": unit}, "overrides": []}})
+    return Sized(panel, width, height)
+
+
+def layout(rows: Sequence[Sequence[Sized]]) -> list[core.Panel]:
+    """Place rows of panels top to bottom, left to right, and number them; a row must fit 24 columns."""
+    panels, y, next_id = [], 0, 1
+    for row in rows:
+        x = 0
+        if sum(item.width for item in row) > GRID_COLUMNS:
+            raise ValueError(f"a row is wider than {GRID_COLUMNS} columns: {[i.panel.title for i in row]}")
+        for item in row:
+            item.panel.gridPos = core.GridPos(h=item.height, w=item.width, x=x, y=y)
+            item.panel.id = next_id
+            panels.append(item.panel)
+            x += item.width
+            next_id += 1
+        y += max(item.height for item in row)
+    return panels
+
+
+def links(*uids_titles: tuple[str, str]) -> list[core.DashboardLink]:
+    """Links to other gpufleet dashboards that carry the time range and the selected variables."""
+    return [core.DashboardLink(title=title, uri=f"/d/{uid}", type="link", keepTime=True, includeVars=True,
+                               icon="dashboard", tooltip="", targetBlank=False, tags=[], asDropdown=False)
+            for uid, title in uids_titles]
+
+
+def dashboard(uid: str, title: str, description: str, variables: Sequence[str], rows: Sequence[Sequence[Sized]],
+              related: Sequence[tuple[str, str]] = ()) -> core.Dashboard:
+    return core.Dashboard(
+        uid=uid, title=title, description=description, tags=["gpufleet"], timezone="browser",
+        refresh="1m", time=core.Time("now-6h", "now"), graphTooltip=core.GRAPH_TOOLTIP_MODE_SHARED_CROSSHAIR,
+        templating=templating(*variables), panels=layout(rows), links=links(*related),
+        editable=False)

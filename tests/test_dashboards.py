@@ -1,0 +1,120 @@
+"""The generated dashboards: committed JSON up to date, valid Grafana models, every query answered by Prometheus."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from alerts.config import Config
+from alerts.rules import render
+from dashboards.cli import OUTPUT, rendered
+from programs import prometheus, query, simulator
+
+BUILTINS = {"__rate_interval", "__interval", "__range", "__all"}
+
+
+def models() -> list[dict]:
+    return [json.loads(text) for text in rendered().values()]
+
+
+def targets() -> list[tuple[str, str, str]]:
+    return [(model["uid"], panel["title"], t["expr"]) for model in models() for panel in model["panels"]
+            for t in panel["targets"]]
+
+
+def test_the_committed_json_is_what_the_code_generates():
+    assert {p.name: p.read_text(encoding="utf-8") for p in OUTPUT.glob("*.json")} == rendered(), \
+        "run `gpufleet dashboards build` and commit the result"
+
+
+def test_the_check_notices_a_stale_file(tmp_path):
+    for name, text in rendered().items():
+        (tmp_path / name).write_text(text)
+    (tmp_path / "gpufleet-fleet.json").write_text("{}\n")
+    check = subprocess.run([sys.executable, "-m", "gpufleet", "dashboards", "build", "--check", f"--output={tmp_path}"],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 1 and "gpufleet-fleet.json" in check.stderr
+
+
+@pytest.mark.parametrize("model", models(), ids=lambda m: m["uid"])
+def test_each_dashboard_is_a_valid_grafana_model(model):
+    panels = model["panels"]
+    assert model["uid"].startswith("gpufleet-") and model["title"].startswith("gpufleet / ")
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), "panel ids repeat"
+    cells: set[tuple[int, int]] = set()
+    for panel in panels:
+        pos = panel["gridPos"]
+        assert pos["x"] >= 0 and pos["w"] > 0 and pos["x"] + pos["w"] <= 24, panel["title"]
+        area = {(x, y) for x in range(pos["x"], pos["x"] + pos["w"]) for y in range(pos["y"], pos["y"] + pos["h"])}
+        assert not area & cells, f"{panel['title']} overlaps another panel"
+        cells |= area
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        assert all(t["datasource"] == panel["datasource"] for t in panel["targets"]), panel["title"]
+        assert panel["targets"], panel["title"]
+        assert panel["fieldConfig"]["defaults"].get("unit"), f"{panel['title']} has no unit"
+    variables = {v["name"]: v for v in model["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    for name, variable in variables.items():
+        if name != "datasource":
+            assert variable["multi"] and variable["includeAll"] and variable["allValue"] == ".*", name
+    text = json.dumps(panels) + json.dumps([v for v in model["templating"]["list"]])
+    used = set(re.findall(r"\$\{?(\w+)", text))
+    assert used - BUILTINS <= set(variables), f"undefined variables: {used - BUILTINS - set(variables)}"
+    for link in model["links"]:
+        assert link["includeVars"] and link["keepTime"]
+        assert link["url"].removeprefix("/d/") in {m["uid"] for m in models()}, link
+
+
+def test_rate_queries_use_the_rate_interval():
+    for uid, title, expr in targets():
+        for window in re.findall(r"(?:rate|increase)\([^\[]*\[([^\]]+)\]", expr):
+            assert window in {"$__rate_interval", "24h"}, (uid, title, expr)
+
+
+def expand(expr: str) -> str:
+    """What Grafana sends with every variable at All, and a rate interval of four 2 s scrapes."""
+    expr = expr.replace("$__rate_interval", "8s")
+    return re.sub(r"\$\{?(cluster|instance|gpu|job_id)\}?", ".*", expr)
+
+
+# Faults that fill the panels a healthy fleet leaves empty: XIDs of each class, a lost GPU, a saturated
+# link, a straggler. Seed 0 puts a Kubernetes job on nodes 4, 9, 12 and 16.
+FAULTS = [
+    {"kind": "xid", "node": "gpu-node-0001", "gpu": 0, "xid": 79},
+    {"kind": "xid", "node": "gpu-node-0001", "gpu": 1, "xid": 94},
+    {"kind": "xid", "node": "gpu-node-0002", "gpu": 0, "xid": 13},
+    {"kind": "gpu_lost", "node": "gpu-node-0003", "gpu": 2, "start": "10s"},  # Seen first, then lost.
+    {"kind": "thermal_slowdown", "node": "gpu-node-0006", "gpu": 1},
+    {"kind": "nic_saturation", "node": "gpu-node-0011", "port": "mlx5_1/1", "direction": "tx"},
+    {"kind": "straggler", "node": "gpu-node-0004"},
+]
+
+
+def test_every_query_returns_data_from_a_prometheus_scraping_the_simulator(tmp_path):
+    scenario = tmp_path / "scenario.yml"
+    scenario.write_text(yaml.safe_dump({"faults": FAULTS}))
+    rules = tmp_path / "rules.yml"
+    rules.write_text(render(Config().scaled(8)))  # Recorded series and ALERTS in minutes, not hours.
+    with simulator(tmp_path, "--nodes=16", "--seed=0", "--cluster=dash", "--collect-interval=2s",
+                   f"--scenario={scenario}") as (_, file_sd):
+        config = tmp_path / "prometheus.yml"
+        config.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "2s", "scrape_timeout": "1900ms", "evaluation_interval": "2s"},
+            "rule_files": [str(rules)],
+            "scrape_configs": [{"job_name": "gpufleet",
+                                "file_sd_configs": [{"files": [str(file_sd)], "refresh_interval": "1s"}]}],
+        }))
+        with prometheus(config, tmp_path / "data") as url:
+            pending = {(uid, title, expr) for uid, title, expr in targets()}
+            deadline = time.monotonic() + 240
+            while pending and time.monotonic() < deadline:
+                pending = {t for t in pending if not query(url, expand(t[2]))}
+                time.sleep(2)
+    assert not pending, "queries without data:\n" + "\n".join(f"{u} / {t}: {e}" for u, t, e in sorted(pending))
