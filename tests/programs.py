@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from helpers import free_port, stop_process
 
@@ -71,41 +72,59 @@ def _ready(process: subprocess.Popen, port: int, path: str, what: str, timeout: 
 
 
 @contextlib.contextmanager
-def simulator(workdir: Path, *args: str) -> Iterator[tuple[str, Path]]:
+def _serving(argv: list[str], port: int, ready_path: str, what: str, timeout: float) -> Iterator[str]:
+    """Run `argv`, yield its URL once `ready_path` answers 200, and stop it however the block ends."""
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        yield _ready(process, port, ready_path, what, timeout)
+    finally:
+        stop_process(process)
+
+
+@contextlib.contextmanager
+def simulator(workdir: Path, *args: str, timeout: float = 30) -> Iterator[tuple[str, Path]]:
     """`gpufleet simulate` with file_sd; yields its URL and the targets file."""
     port = free_port()
     targets = workdir / "targets.json"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet", "simulate", f"--web.listen-address=127.0.0.1:{port}",
-         f"--file-sd={targets}", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        yield _ready(process, port, "/healthz", "simulator start", 30), targets
-    finally:
-        stop_process(process)
+    argv = [sys.executable, "-m", "gpufleet", "simulate", f"--web.listen-address=127.0.0.1:{port}",
+            f"--file-sd={targets}", *args]
+    with _serving(argv, port, "/healthz", "simulator start", timeout) as url:
+        yield url, targets
+
+
+def prometheus_config(path: Path, targets: Path, interval: str, rules: Path | None = None,
+                      alertmanager: str | None = None) -> Path:
+    """A Prometheus configuration that scrapes the simulator's file_sd targets as job `gpufleet`."""
+    seconds = int(interval.removesuffix("s"))
+    config: dict = {
+        "global": {"scrape_interval": interval, "scrape_timeout": f"{seconds * 1000 - 100}ms",
+                   "evaluation_interval": interval},
+        "scrape_configs": [{"job_name": "gpufleet",
+                            "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}],
+    }
+    if rules is not None:
+        config["rule_files"] = [str(rules)]
+    if alertmanager is not None:
+        address = alertmanager.removeprefix("http://")
+        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [address]}]}]}
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 @contextlib.contextmanager
 def prometheus(config: Path, data: Path) -> Iterator[str]:
     port = free_port()
-    process = subprocess.Popen(
-        [binary("prometheus", "prometheus"), f"--config.file={config}", f"--storage.tsdb.path={data}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        yield _ready(process, port, "/-/ready", "prometheus start", 60)
-    finally:
-        stop_process(process)
+    argv = [binary("prometheus", "prometheus"), f"--config.file={config}", f"--storage.tsdb.path={data}",
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+    with _serving(argv, port, "/-/ready", "prometheus start", 60) as url:
+        yield url
 
 
 @contextlib.contextmanager
 def alertmanager(config: Path, data: Path) -> Iterator[str]:
     port, cluster_port = free_port(), free_port()
-    process = subprocess.Popen(
-        [binary("prometheus-alertmanager", "prometheus-alertmanager"), f"--config.file={config}",
-         f"--storage.path={data}", f"--web.listen-address=127.0.0.1:{port}",
-         f"--cluster.listen-address=127.0.0.1:{cluster_port}", "--log.level=warn"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        yield _ready(process, port, "/-/ready", "alertmanager start", 60)
-    finally:
-        stop_process(process)
+    argv = [binary("prometheus-alertmanager", "prometheus-alertmanager"), f"--config.file={config}",
+            f"--storage.path={data}", f"--web.listen-address=127.0.0.1:{port}",
+            f"--cluster.listen-address=127.0.0.1:{cluster_port}", "--log.level=warn"]
+    with _serving(argv, port, "/-/ready", "alertmanager start", 60) as url:
+        yield url

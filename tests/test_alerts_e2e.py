@@ -22,7 +22,7 @@ import yaml
 from alerts.config import Config
 from alerts.rules import render
 from helpers import free_port
-from programs import alertmanager, http, prometheus, simulator
+from programs import alertmanager, http, prometheus, prometheus_config, simulator
 from simulator.faults import KINDS
 
 ROUTING = Path(__file__).parent.parent / "compose" / "alertmanager" / "alertmanager.yml"
@@ -202,14 +202,7 @@ def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_no
                    f"--scenario={scenario}") as (_, targets), \
             alertmanager(_routing(tmp_path, receiver), tmp_path / "am") as am_url:
         started = time.monotonic()
-        config = tmp_path / "prometheus.yml"
-        config.write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "1s", "scrape_timeout": "900ms", "evaluation_interval": "1s"},
-            "rule_files": [str(rules)],
-            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [am_url.removeprefix("http://")]}]}]},
-            "scrape_configs": [{"job_name": "gpufleet",
-                                "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}],
-        }))
+        config = prometheus_config(tmp_path / "prometheus.yml", targets, "1s", rules, am_url)
         with prometheus(config, tmp_path / "data") as prom_url:
             log = AlertLog(prom_url)
             try:

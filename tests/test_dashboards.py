@@ -14,7 +14,7 @@ import yaml
 from alerts.config import Config
 from alerts.rules import render
 from dashboards.cli import OUTPUT, rendered
-from programs import prometheus, query, simulator
+from programs import prometheus, prometheus_config, query, simulator
 
 BUILTINS = {"__rate_interval", "__interval", "__range", "__all"}
 
@@ -104,13 +104,7 @@ def test_every_query_returns_data_from_a_prometheus_scraping_the_simulator(tmp_p
     rules.write_text(render(Config().scaled(8)))  # Recorded series and ALERTS in minutes, not hours.
     with simulator(tmp_path, "--nodes=16", "--seed=0", "--cluster=dash", "--collect-interval=2s",
                    f"--scenario={scenario}") as (_, file_sd):
-        config = tmp_path / "prometheus.yml"
-        config.write_text(yaml.safe_dump({
-            "global": {"scrape_interval": "2s", "scrape_timeout": "1900ms", "evaluation_interval": "2s"},
-            "rule_files": [str(rules)],
-            "scrape_configs": [{"job_name": "gpufleet",
-                                "file_sd_configs": [{"files": [str(file_sd)], "refresh_interval": "1s"}]}],
-        }))
+        config = prometheus_config(tmp_path / "prometheus.yml", file_sd, "2s", rules)
         with prometheus(config, tmp_path / "data") as url:
             pending = {(uid, title, expr) for uid, title, expr in targets()}
             deadline = time.monotonic() + 240

@@ -2,9 +2,6 @@
 
 import asyncio
 import json
-import shutil
-import subprocess
-import sys
 import time
 from unittest import mock
 
@@ -12,8 +9,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
-from helpers import free_port, parse, stop_process
-from programs import http, listening, query, wait_for
+from helpers import parse
+import programs
+from programs import http, query, wait_for
 from simulator.faults import Fault
 from simulator.fleet import Fleet
 from simulator.server import build_app, list_faults
@@ -21,42 +19,19 @@ from simulator.server import build_app, list_faults
 
 @pytest.fixture
 def simulator(tmp_path):
-    port = free_port()
     scenario = tmp_path / "scenario.yml"
     scenario.write_text("faults:\n  - {kind: exporter_down, node: gpu-node-0004, start: 0}\n")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet", "simulate", "--nodes", "4", f"--web.listen-address=127.0.0.1:{port}",
-         f"--file-sd={tmp_path / 'targets.json'}", "--cluster=ci", "--label=region=lab", f"--scenario={scenario}",
-         "--seed=5", "--collect-interval=2s"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: http("GET", f"{url}/healthz", timeout=1)[0] == 200 if listening(port) else False, 20,
-             "simulator start", process)
-    yield url, tmp_path / "targets.json"
-    stop_process(process)
+    with programs.simulator(tmp_path, "--nodes", "4", "--cluster=ci", "--label=region=lab", f"--scenario={scenario}",
+                            "--seed=5", "--collect-interval=2s", timeout=20) as running:
+        yield running
 
 
 @pytest.fixture
 def prometheus(tmp_path, simulator):
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.fail("prometheus is missing: install Debian's prometheus package (.ci/run does)")
     _, targets = simulator
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global: {scrape_interval: 1s, scrape_timeout: 900ms, evaluation_interval: 1s}\n"
-        "scrape_configs:\n"
-        f"  - job_name: gpufleet\n    file_sd_configs: [{{files: ['{targets}'], refresh_interval: 1s}}]\n")
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: listening(port) and http("GET", f"{url}/-/ready", timeout=1)[0] == 200, 30,
-             "prometheus start", process)
-    yield url
-    stop_process(process)
+    config = programs.prometheus_config(tmp_path / "prometheus.yml", targets, "1s")
+    with programs.prometheus(config, tmp_path / "data") as url:
+        yield url
 
 
 def test_prometheus_scrapes_the_fleet_through_file_sd(simulator, prometheus):
