@@ -32,6 +32,7 @@ KINDS: dict[str, tuple[tuple[str, ...], str]] = {
     "ib_congestion": (("port",), "port_xmit_wait rises by 5 million ticks per second"),
     "ib_link_down": (("port",), "an InfiniBand port goes down: its traffic stops"),
     "ib_link_flap": (("port",), "an InfiniBand port goes down and up every 10 s"),
+    "ib_rate_degraded": (("port",), "an InfiniBand port trains down to 200 Gb/s and stays up"),
     "symbol_errors": (("port",), "symbol errors at 2 per second"),
     "exporter_down": ((), "the node's endpoint stops answering"),
 }

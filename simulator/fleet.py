@@ -373,7 +373,8 @@ class Node:
                                 ("node_guid", f"946d:ae03:00{self.index % 256:02x}:{int(device[5:]):04x}")):
                 tree.set(f"{base}/{name}", value)
             ports = f"{base}/ports/{number}"
-            tree.set(f"{ports}/rate", "400 Gb/sec (4X NDR)")
+            tree.set(f"{ports}/rate", lambda p=port: "200 Gb/sec (4X HDR)" if any(
+                f.active(self.t) for f in self._active("ib_rate_degraded", port=p)) else "400 Gb/sec (4X NDR)")
             tree.set(f"{ports}/link_layer", "InfiniBand")
             tree.set(f"{ports}/state", lambda p=port: "1: DOWN" if self._ib_down(p) else "4: ACTIVE")
             tree.set(f"{ports}/phys_state", lambda p=port: "2: Polling" if self._ib_down(p) else "5: LinkUp")

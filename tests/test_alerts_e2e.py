@@ -97,6 +97,8 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
       expect("NicInfinibandLinkDowned", 12, "ticket", required=False, device="mlx5_5"),
       # Down half of the time, so "port down" may go pending; its 2m `for` outlasts each 10 s down.
       expect("NicInfinibandPortDown", 12, None, required=False, device="mlx5_5")]),
+    ({"kind": "ib_rate_degraded", "node": node(16), "port": "mlx5_6/1"},
+     [expect("NicInfinibandRateDegraded", 16, "pager", device="mlx5_6")]),
     ({"kind": "gpu_lost", "node": node(15), "gpu": 5},
      [expect("GpuLost", 15, "pager", gpu="5"), expect("GpuXidCritical", 15, "pager", gpu="5", xid="79"),
       # The GPU collector fails while a board is lost; the page for the lost GPU holds back these tickets.

@@ -165,6 +165,7 @@ async def test_a_straggler_slows_itself_and_its_peers_wait_while_other_nodes_see
      {"gpufleet_infiniband_state_id", "gpufleet_infiniband_physical_state_id", "gpufleet_infiniband_link_downed_total",
       "gpufleet_infiniband_port_xmit_data_bytes_total", "gpufleet_infiniband_port_rcv_data_bytes_total",
       "gpufleet_infiniband_port_xmit_packets_total", "gpufleet_infiniband_port_rcv_packets_total"}),
+    ({"kind": "ib_rate_degraded", "port": "mlx5_3/1"}, {"gpufleet_infiniband_rate_bytes_per_second"}),
 ])
 async def test_each_port_fault_changes_only_its_ports_series(baseline, fault, expected):
     # On a job member, so the port carries traffic that a fault can stop.
