@@ -37,13 +37,14 @@ dashboard = dashboard(
             (f"max by (instance, gpu, uuid) (gpufleet_gpu_row_remap_failed{{{GPU}}})", "remap failed"),
             (f"sum by (instance, gpu, uuid) (increase(gpufleet_gpu_pcie_replays_total{{{GPU}}}[24h]))",
              "PCIe replays 24h"),
-        ], height=10, description="One row per GPU; sort by any column to find the GPUs to drain first."),
+        ], height=10, node_link=True,
+            description="One row per GPU; sort by any column to find the GPUs to drain first."),
          ],
-        [table("Lost GPUs", [(f"gpufleet_gpu_up{{{GPU}}} == 0", "")], width=12,
+        [table("Lost GPUs", [(f"gpufleet_gpu_up{{{GPU}}} == 0", "")], width=12, node_link=True,
                description="GPUs NVML no longer answers for."),
          table("Active hardware slowdowns", [
              (f'gpufleet_gpu_clock_event_active{{{GPU}, reason=~"hw_.*|sw_thermal_slowdown"}} == 1', "")],
              width=12)],
     ],
-    related=[("gpufleet-fleet", "Fleet overview")],
+    related=[("gpufleet-fleet", "Fleet overview"), ("gpufleet-node", "Node detail")],
 )

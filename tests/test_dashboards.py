@@ -16,7 +16,9 @@ from alerts.rules import render
 from dashboards.cli import OUTPUT, rendered
 from programs import prometheus, prometheus_config, query, simulator
 
-BUILTINS = {"__rate_interval", "__interval", "__range", "__all"}
+# Grafana's own variables, and the data-link ones (`${__data.fields.x}`, `${__value.raw}`).
+BUILTINS = {"__rate_interval", "__interval", "__interval_ms", "__range", "__all", "__url_time_range", "__data",
+            "__value"}
 
 
 def models() -> list[dict]:
@@ -67,25 +69,31 @@ def test_each_dashboard_is_a_valid_grafana_model(model):
     text = json.dumps(panels) + json.dumps([v for v in model["templating"]["list"]])
     used = set(re.findall(r"\$\{?(\w+)", text))
     assert used - BUILTINS <= set(variables), f"undefined variables: {used - BUILTINS - set(variables)}"
+    uids = {m["uid"] for m in models()}
     for link in model["links"]:
         assert link["includeVars"] and link["keepTime"]
-        assert link["url"].removeprefix("/d/") in {m["uid"] for m in models()}, link
+        assert link["url"].removeprefix("/d/") in uids, link
+    data_links = re.findall(r'"url": "/d/([\w-]+)\?', json.dumps(panels))
+    assert set(data_links) <= uids, f"data links to missing dashboards: {set(data_links) - uids}"
 
 
 def test_rate_queries_use_the_rate_interval():
     for uid, title, expr in targets():
         for window in re.findall(r"(?:rate|increase)\([^\[]*\[([^\]]+)\]", expr):
-            assert window in {"$__rate_interval", "24h"}, (uid, title, expr)
+            assert window in {"$__rate_interval", "$__range", "24h"}, (uid, title, expr)
 
 
 def expand(expr: str) -> str:
-    """What Grafana sends with every variable at All, and a rate interval of four 2 s scrapes."""
-    expr = expr.replace("$__rate_interval", "8s")
+    """What Grafana sends with every variable at All, a 2 s interval and a rate interval of four scrapes."""
+    for name, value in (("$__rate_interval", "8s"), ("$__interval_ms", "2000"), ("$__interval", "2s"),
+                        ("$__range", "1m")):
+        expr = expr.replace(name, value)
     return re.sub(r"\$\{?(cluster|instance|gpu|job_id)\}?", ".*", expr)
 
 
 # Faults that fill the panels a healthy fleet leaves empty: XIDs of each class, a lost GPU, a saturated
-# link, a straggler. Seed 0 puts a Kubernetes job on nodes 4, 9, 12 and 16.
+# link, ports down, slow, flapping or erroring, a straggler with a cause. Seed 0 puts a Kubernetes job on
+# nodes 4, 9, 12 and 16.
 FAULTS = [
     {"kind": "xid", "node": "gpu-node-0001", "gpu": 0, "xid": 79},
     {"kind": "xid", "node": "gpu-node-0001", "gpu": 1, "xid": 94},
@@ -94,6 +102,11 @@ FAULTS = [
     {"kind": "thermal_slowdown", "node": "gpu-node-0006", "gpu": 1},
     {"kind": "nic_saturation", "node": "gpu-node-0011", "port": "mlx5_1/1", "direction": "tx"},
     {"kind": "straggler", "node": "gpu-node-0004"},
+    {"kind": "thermal_slowdown", "node": "gpu-node-0004", "gpu": 0},  # A cause for the straggler.
+    {"kind": "ib_link_down", "node": "gpu-node-0009", "port": "mlx5_4/1"},
+    {"kind": "ib_link_flap", "node": "gpu-node-0012", "port": "mlx5_5/1"},
+    {"kind": "ib_rate_degraded", "node": "gpu-node-0016", "port": "mlx5_6/1"},
+    {"kind": "symbol_errors", "node": "gpu-node-0014", "port": "mlx5_3/1"},
 ]
 
 
@@ -111,4 +124,13 @@ def test_every_query_returns_data_from_a_prometheus_scraping_the_simulator(tmp_p
             while pending and time.monotonic() < deadline:
                 pending = {t for t in pending if not query(url, expand(t[2]))}
                 time.sleep(2)
+            capacity = {title: float(query(url, expand(expr))[0]["value"][1])
+                        for uid, title, expr in targets() if uid == "gpufleet-capacity" and title in STATS}
     assert not pending, "queries without data:\n" + "\n".join(f"{u} / {t}: {e}" for u, t, e in sorted(pending))
+    assert capacity == STATS
+
+
+# What the capacity stats read for that fleet: 16 nodes of 8 GPUs, nodes 5 and 7 idle, and the lost GPU
+# neither allocated nor idle.
+STATS = {"GPUs installed": 128, "GPUs healthy": 127, "GPUs allocated": 111, "GPUs idle": 16,
+         "Allocated share": 111 / 128}
