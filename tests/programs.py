@@ -112,8 +112,9 @@ def prometheus_config(path: Path, targets: Path, interval: str, rules: Path | No
 
 
 @contextlib.contextmanager
-def prometheus(config: Path, data: Path) -> Iterator[str]:
-    port = free_port()
+def prometheus(config: Path, data: Path, port: int | None = None) -> Iterator[str]:
+    """Prometheus on `port` (a free one by default: pass one where its config must name its own address)."""
+    port = port or free_port()
     argv = [binary("prometheus", "prometheus"), f"--config.file={config}", f"--storage.tsdb.path={data}",
             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
     with _serving(argv, port, "/-/ready", "prometheus start", 60) as url:

@@ -1,0 +1,27 @@
+# The gpufleet image: exporter, simulator and the alert/dashboard builders behind one `gpufleet` command.
+# NVML comes from the host's driver, mounted by the NVIDIA container toolkit; nothing CUDA is installed here.
+FROM python:3.11.10-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+COPY pyproject.toml README.md gpufleet.py ./
+COPY exporter ./exporter
+COPY simulator ./simulator
+COPY alerts ./alerts
+COPY dashboards ./dashboards
+# The kubernetes extra (grpcio) names pods through the kubelet's pod-resources socket.
+RUN pip install '.[kubernetes]' && rm -rf /src
+
+# A fixed uid, so that host paths (a job mapping directory, a web config) can be granted to it.
+# The simulator writes its file_sd targets to /var/lib/gpufleet-sim, a volume Prometheus reads.
+RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin gpufleet \
+    && install -d -o gpufleet -g gpufleet /var/lib/gpufleet-sim
+USER 10001:10001
+WORKDIR /
+
+EXPOSE 19400
+HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:19400/healthz', timeout=4)"]
+ENTRYPOINT ["gpufleet"]
+CMD ["exporter"]

@@ -1,0 +1,253 @@
+"""The deployment, checked through its parts: Docker has no engine here, the real Prometheus tools do.
+
+The compose file is read as data; every container path its services use is mapped back to the
+repository file or a temporary directory through the service's own mounts, so promtool, amtool,
+Prometheus and Alertmanager run the very files the stack mounts. Only addresses change: service
+names become loopback ports, and the simulator stands in for the fleet.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path, PurePosixPath
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+from dashboards.cli import OUTPUT as DASHBOARDS
+from exporter import __version__
+from gpufleet import build_parser
+from helpers import free_port
+from programs import alertmanager, binary, http, prometheus, query, simulator, wait_for
+
+ROOT = Path(__file__).parent.parent
+COMPOSE_DIR = ROOT / "compose"
+COMPOSE = yaml.safe_load((COMPOSE_DIR / "docker-compose.yml").read_text())
+SERVICES = COMPOSE["services"]
+KUBERNETES = [doc for path in sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
+              for doc in yaml.safe_load_all(path.read_text()) if doc]
+UNIT = ROOT / "deploy" / "systemd" / "gpufleet-exporter.service"
+IMAGE = f"ghcr.io/gpufleet/gpufleet:{__version__}"
+
+
+def mounts(service: str) -> list[tuple[str, str]]:
+    """(source, container path) of each volume: a path for a bind mount, a name for a named volume."""
+    result = []
+    for volume in SERVICES[service].get("volumes", []):
+        source, target, *_ = volume.split(":")
+        result.append((source, target))
+    return result
+
+
+def host_path(service: str, container_path: str, named: dict[str, Path] | None = None) -> Path:
+    """Where a container path of `service` lies here: through the deepest mount that holds it."""
+    path = PurePosixPath(container_path)
+    best = None
+    for source, target in mounts(service):
+        if path == PurePosixPath(target) or PurePosixPath(target) in path.parents:
+            if best is None or len(target) > len(best[1]):
+                best = (source, target)
+    assert best is not None, f"{service} mounts nothing at {container_path}"
+    source, target = best
+    base = (COMPOSE_DIR / source).resolve() if source.startswith(".") else (named or {}).get(source, Path(source))
+    return base / path.relative_to(target)
+
+
+def flag(argv: list[str], name: str) -> str:
+    return next(arg.split("=", 1)[1] for arg in argv if arg.startswith(f"{name}="))
+
+
+def host_prometheus_config(path: Path, named: dict[str, Path], addresses: dict[str, str]) -> Path:
+    """The compose Prometheus config with its container paths mapped here and `addresses` substituted."""
+    text = (COMPOSE_DIR / "prometheus" / "prometheus.yml").read_text()
+    for container in sorted(set(re.findall(r"^\s+- (/\S+)", text, re.M)), key=len, reverse=True):
+        text = text.replace(container, str(host_path("prometheus", container, named)))
+    for service, address in addresses.items():
+        text = text.replace(service, address)
+    path.write_text(text)
+    return path
+
+
+def test_every_mounted_file_exists_and_every_named_volume_is_declared():
+    for service in SERVICES:
+        for source, _ in mounts(service):
+            if source.startswith((".", "/")):
+                assert (COMPOSE_DIR / source).exists(), f"{service} mounts {source}, which does not exist"
+            else:
+                assert source in COMPOSE["volumes"], f"{service} uses undeclared volume {source}"
+
+
+def test_every_image_is_pinned_and_gpufleet_runs_one_image_everywhere():
+    for name, service in SERVICES.items():
+        image = service["image"]
+        assert re.fullmatch(r"[\w./-]+:v?\d+\.\d+\.\d+", image), f"{name}: {image} is not pinned to a version"
+    assert SERVICES["exporter"]["image"] == SERVICES["simulator"]["image"] == IMAGE
+    containers = [c for doc in KUBERNETES if doc["kind"] == "DaemonSet"
+                  for c in doc["spec"]["template"]["spec"]["containers"]]
+    assert [c["image"] for c in containers] == [IMAGE]
+
+
+def test_the_image_is_slim_pinned_non_root_and_checks_its_health():
+    lines = [line for line in (ROOT / "Dockerfile").read_text().splitlines() if line and not line.startswith("#")]
+    instructions = [tuple(line.split(None, 1)) for line in lines if line[0].isupper()]
+    base = next(arg for op, arg in instructions if op == "FROM")
+    assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", base), base
+    user = [arg for op, arg in instructions if op == "USER"]
+    assert user and not user[-1].startswith(("root", "0")), "the image must not run as root"
+    assert ("ENTRYPOINT", '["gpufleet"]') in instructions
+    assert any(op == "HEALTHCHECK" for op, _ in instructions)
+    copied = [source for op, arg in instructions if op == "COPY" for source in arg.split()[:-1]]
+    allowed = {line.removeprefix("!").rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.startswith("!")}
+    assert copied and all((ROOT / source).exists() and source in allowed for source in copied), (copied, allowed)
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert {name.rstrip("*") for name in packages["include"]} <= set(copied), "a package is left out of the image"
+
+
+def test_every_gpufleet_command_line_parses():
+    """The compose services, the DaemonSet and the systemd unit start gpufleet with flags it accepts."""
+    parser = build_parser()
+    unit = re.search(r"^ExecStart=\S+ (.*)$", UNIT.read_text(), re.M).group(1)
+    command_lines = [SERVICES["exporter"]["command"], SERVICES["simulator"]["command"],
+                     [arg for arg in shlex.split(unit) if not arg.startswith("$")]]
+    command_lines += [c["args"] for doc in KUBERNETES if doc["kind"] == "DaemonSet"
+                      for c in doc["spec"]["template"]["spec"]["containers"]]
+    for argv in command_lines:
+        parser.parse_args(argv)  # argparse exits on a flag it does not know
+
+
+def test_services_reach_each_other_by_their_compose_names():
+    config = yaml.safe_load((COMPOSE_DIR / "prometheus" / "prometheus.yml").read_text())
+    alertmanagers = [t for am in config["alerting"]["alertmanagers"] for sc in am["static_configs"]
+                     for t in sc["targets"]]
+    assert alertmanagers == ["alertmanager:9093"] and "alertmanager" in SERVICES
+    datasource = yaml.safe_load((COMPOSE_DIR / "grafana/provisioning/datasources/gpufleet.yml").read_text())
+    assert urlparse(datasource["datasources"][0]["url"]).netloc == "prometheus:9090"
+    simulate = SERVICES["simulator"]["command"]
+    assert flag(simulate, "--file-sd.address") == "simulator:" + flag(simulate, "--web.listen-address").lstrip(":")
+    for name, service in SERVICES.items():
+        assert set(service.get("depends_on", {})) <= set(SERVICES), name
+    # What the simulator writes, Prometheus reads: one volume, and a file_sd glob that matches the file.
+    written = PurePosixPath(flag(simulate, "--file-sd"))
+    volume = next(s for s, t in mounts("simulator") if PurePosixPath(t) in written.parents)
+    read_at = next(t for s, t in mounts("prometheus") if s == volume)
+    globs = [f for job in config["scrape_configs"] for sd in job.get("file_sd_configs", []) for f in sd["files"]]
+    assert any((PurePosixPath(read_at) / written.name).match(g) for g in globs), (written, globs)
+
+
+def test_the_exporter_sees_the_host():
+    exporter = SERVICES["exporter"]
+    assert exporter["network_mode"] == "host" and exporter["pid"] == "host"
+    assert {"/sys:/host/sys:ro", "/proc:/host/proc:ro"} <= set(exporter["volumes"])
+    assert flag(exporter["command"], "--path.sysfs") == "/host/sys"
+    assert flag(exporter["command"], "--path.procfs") == "/host/proc"
+    devices = exporter["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
+
+
+def test_grafana_is_locked_down_and_provisions_every_dashboard():
+    grafana = SERVICES["grafana"]
+    env = grafana["environment"]
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert re.fullmatch(r"\$\{GRAFANA_ADMIN_PASSWORD:\?.+\}", env["GF_SECURITY_ADMIN_PASSWORD"]), \
+        "the admin password must come from the uncommitted .env, and compose must refuse to start without it"
+    ignored = subprocess.run(["git", "check-ignore", "-q", "compose/.env"], cwd=ROOT)
+    assert ignored.returncode == 0, "compose/.env must be ignored by git"
+    datasources = yaml.safe_load(host_path("grafana", "/etc/grafana/provisioning/datasources/gpufleet.yml")
+                                 .read_text())["datasources"]
+    dashboards = json.loads((DASHBOARDS / "gpufleet-fleet.json").read_text())
+    default = next(v for v in dashboards["templating"]["list"] if v["name"] == "datasource")
+    assert [d["uid"] for d in datasources] == [default["current"]["value"]] == ["gpufleet-prometheus"]
+    providers = yaml.safe_load(host_path("grafana", "/etc/grafana/provisioning/dashboards/gpufleet.yml")
+                               .read_text())["providers"]
+    provided = {p.name for p in host_path("grafana", providers[0]["options"]["path"]).glob("*.json")}
+    assert providers[0]["type"] == "file" and provided == {p.name for p in DASHBOARDS.glob("*.json")}
+    assert len(provided) == 6
+
+
+def test_promtool_accepts_the_prometheus_config_and_its_rules(tmp_path):
+    config = host_prometheus_config(tmp_path / "prometheus.yml", {"sim-targets": tmp_path}, {})
+    check = subprocess.run([binary("promtool", "prometheus"), "check", "config", str(config)],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+    assert re.search(r"SUCCESS: \d+ rules found", check.stdout + check.stderr)
+
+
+def test_the_kubernetes_manifests_bound_their_resources_and_are_scraped_as_job_gpufleet():
+    kinds = {doc["kind"]: doc for doc in KUBERNETES}
+    assert set(kinds) == {"Namespace", "DaemonSet", "Service", "ServiceMonitor"}
+    pod = kinds["DaemonSet"]["spec"]["template"]
+    for container in pod["spec"]["containers"]:
+        for bound in ("requests", "limits"):
+            assert {"cpu", "memory"} <= set(container["resources"][bound]), (container["name"], bound)
+    assert pod["spec"]["hostNetwork"] and pod["spec"]["hostPID"]
+    service, monitor = kinds["Service"], kinds["ServiceMonitor"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {p["name"] for p in service["spec"]["ports"]}
+    relabel = monitor["spec"]["endpoints"][0]["relabelings"]
+    assert {"targetLabel": "job", "replacement": "gpufleet"} in relabel, "the rules select job=gpufleet"
+
+
+def test_the_systemd_unit_verifies(tmp_path):
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed")
+    gpufleet = Path(sys.executable).with_name("gpufleet")  # Installed beside the Python running the tests.
+    assert gpufleet.exists(), f"{gpufleet} is not installed"
+    unit = tmp_path / UNIT.name  # The unit as installed, pointing at this checkout's gpufleet.
+    unit.write_text(re.sub(r"^ExecStart=\S+", f"ExecStart={gpufleet}", UNIT.read_text(), flags=re.M))
+    verify = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, timeout=60)
+    assert verify.returncode == 0 and not verify.stderr.strip(), verify.stderr
+
+
+def test_the_stack_scrapes_the_simulator_loads_its_rules_and_pages_on_a_fault(tmp_path):
+    """Prometheus and Alertmanager from their compose configs, the simulator from its compose command line."""
+    am_data, sim_volume, secrets = tmp_path / "am", tmp_path / "sim-targets", tmp_path / "secrets"
+    sim_volume.mkdir()
+    secrets.mkdir()
+    (secrets / "pagerduty-routing-key").write_text("test-key\n")
+    routing = tmp_path / "alertmanager.yml"  # Secrets from here, PagerDuty at a closed loopback port.
+    routing.write_text((COMPOSE_DIR / "alertmanager" / "alertmanager.yml").read_text()
+                       .replace("/etc/alertmanager/secrets", str(secrets))
+                       .replace("jiralert:9097", f"127.0.0.1:{free_port()}"))
+    simulate = SERVICES["simulator"]["command"]
+    args = [arg for arg in simulate[1:] if not arg.startswith(("--web.listen-address", "--file-sd"))]
+    args = [f"--scenario={host_path('simulator', flag(simulate, '--scenario'))}" if a.startswith("--scenario") else a
+            for a in args]
+    with alertmanager(routing, am_data) as am_url, simulator(sim_volume, *args, timeout=60) as (sim_url, _):
+        port = free_port()
+        config = host_prometheus_config(tmp_path / "prometheus.yml", {"sim-targets": sim_volume}, {
+            "alertmanager:9093": am_url.removeprefix("http://"), "localhost:9090": f"127.0.0.1:{port}"})
+        with prometheus(config, tmp_path / "data", port) as prom_url:
+            def targets_up() -> list[dict] | None:
+                active = json.loads(http("GET", f"{prom_url}/api/v1/targets")[1])["data"]["activeTargets"]
+                return active if len(active) == 18 and all(t["health"] == "up" for t in active) else None
+
+            active = wait_for(targets_up, 60, "all targets up")
+            assert {t["labels"]["job"] for t in active} == {"gpufleet", "prometheus", "alertmanager"}
+            groups = json.loads(http("GET", f"{prom_url}/api/v1/rules")[1])["data"]["groups"]
+            assert len(groups) == 5 and all(r["health"] != "err" for g in groups for r in g["rules"])
+            assert query(prom_url, 'count(gpufleet_gpu_up{cluster="sim"}) == 128')
+
+            status, _ = http("POST", f"{sim_url}/control/faults",
+                             {"kind": "xid", "node": "gpu-node-0001", "gpu": 0, "xid": 79})
+            assert status == 201
+
+            def paged() -> list[dict]:
+                alerts = json.loads(http("GET", f"{am_url}/api/v2/alerts")[1])
+                return [a for a in alerts if a["labels"]["alertname"] == "GpuXidCritical"]
+
+            started = time.monotonic()
+            alert = wait_for(paged, 120, "GpuXidCritical at Alertmanager")[0]
+    assert alert["labels"]["instance"] == "gpu-node-0001" and alert["labels"]["cluster"] == "sim"
+    assert [r["name"] for r in alert["receivers"]] == ["pager"]
+    print(f"fault to Alertmanager: {time.monotonic() - started:.0f}s")
