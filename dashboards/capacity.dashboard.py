@@ -4,16 +4,15 @@ GPU-hours over the dashboard's range are sums of per-interval counts (a subquery
 interval), so a GPU that joined halfway through counts for half the range, not all of it.
 """
 
-from dashboards.panels import dashboard, stat, table, timeseries
+from dashboards.panels import CLUSTER, dashboard, stat, table, timeseries
 
-FLEET = 'cluster=~"$cluster"'
 _GPU_KEY = "cluster, instance, gpu"
-INSTALLED = f"gpufleet_gpu_info{{{FLEET}}}"
-HEALTHY = f"gpufleet_gpu_up{{{FLEET}}} == 1"
-JOBS = f"gpufleet_gpu_job_info{{{FLEET}}}"
+INSTALLED = f"gpufleet_gpu_info{{{CLUSTER}}}"
+HEALTHY = f"gpufleet_gpu_up{{{CLUSTER}}} == 1"
+JOBS = f"gpufleet_gpu_job_info{{{CLUSTER}}}"
 ALLOCATED = f"count by ({_GPU_KEY}) ({JOBS})"
 IDLE = f"{HEALTHY} unless on ({_GPU_KEY}) {JOBS}"
-UTILIZATION = f"gpufleet_gpu_utilization_ratio{{{FLEET}}}"
+UTILIZATION = f"gpufleet_gpu_utilization_ratio{{{CLUSTER}}}"
 _HOURS = "* $__interval_ms / 3600000"
 
 
@@ -23,7 +22,7 @@ def _gpu_hours(per_instant: str) -> str:
 
 
 def _by_model(metric: str) -> str:
-    return f"sum by (name) ({metric}{{{FLEET}}} * on ({_GPU_KEY}) group_left (name) {INSTALLED})"
+    return f"sum by (name) ({metric}{{{CLUSTER}}} * on ({_GPU_KEY}) group_left (name) {INSTALLED})"
 
 
 dashboard = dashboard(
@@ -36,7 +35,7 @@ dashboard = dashboard(
          stat("GPUs allocated", f"count({ALLOCATED}) or vector(0)", description="GPUs a job is attributed to."),
          stat("GPUs idle", f"count({IDLE}) or vector(0)", description="Healthy GPUs no job is attributed to."),
          stat("Allocated share", f"(count({ALLOCATED}) or vector(0)) / count({INSTALLED})", "percentunit"),
-         stat("Energy in range", f"sum(increase(gpufleet_gpu_energy_joules_total{{{FLEET}}}[$__range])) / 3.6e6",
+         stat("Energy in range", f"sum(increase(gpufleet_gpu_energy_joules_total{{{CLUSTER}}}[$__range])) / 3.6e6",
               "kwatth")],
         [stat("GPU-hours installed", _gpu_hours(f"count({INSTALLED})"), "suffix: GPU-h", width=6),
          stat("GPU-hours allocated", _gpu_hours(f"count({ALLOCATED}) or vector(0)"), "suffix: GPU-h", width=6),
@@ -54,7 +53,7 @@ dashboard = dashboard(
          timeseries("Allocated against idle", [
              (f"count({ALLOCATED}) or vector(0)", "allocated"),
              (f"count({IDLE}) or vector(0)", "idle"),
-             (f"count(gpufleet_gpu_up{{{FLEET}}} == 0) or vector(0)", "lost"),
+             (f"count(gpufleet_gpu_up{{{CLUSTER}}} == 0) or vector(0)", "lost"),
          ], "short", stacked=True)],
         [timeseries("Utilisation distribution", [
             (f"quantile({q}, {UTILIZATION})", f"p{round(q * 100)}") for q in (0.1, 0.5, 0.9)

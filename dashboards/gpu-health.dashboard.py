@@ -1,7 +1,7 @@
 """GPU health: which GPUs to drain, and why. XIDs by class, memory errors, links, slowdowns, lost boards."""
 
 from alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH, matcher
-from dashboards.panels import GPU, dashboard, table, timeseries
+from dashboards.panels import GPU, dashboard, rate, table, timeseries
 
 _CLASSES = (("reset or reboot", RESET_OR_REBOOT), ("watch", WATCH), ("application", APPLICATION))
 
@@ -20,13 +20,14 @@ dashboard = dashboard(
              'scope="volatile"}[$__rate_interval]))', "{{instance}} GPU {{gpu}}")], "short", width=8),
          timeseries("Remapped rows", [(f"sum by (instance, gpu, cause) (gpufleet_gpu_remapped_rows{{{GPU}}})",
                                        "{{instance}} GPU {{gpu}} {{cause}}")], "short", width=8),
-         timeseries("PCIe replays", [(f"rate(gpufleet_gpu_pcie_replays_total{{{GPU}}}[$__rate_interval])",
+         timeseries("PCIe replays", [(rate("gpufleet_gpu_pcie_replays_total", GPU),
                                       "{{instance}} GPU {{gpu}}")], "ops", width=8)],
-        [timeseries("NVLink errors", [(f"sum by (instance, gpu, error) (rate(gpufleet_gpu_nvlink_errors_total"
-                                       f"{{{GPU}}}[$__rate_interval]))", "{{instance}} GPU {{gpu}} {{error}}")],
+        [timeseries("NVLink errors", [
+            (f"sum by (instance, gpu, error) ({rate('gpufleet_gpu_nvlink_errors_total', GPU)})",
+             "{{instance}} GPU {{gpu}} {{error}}")],
                     "ops"),
          timeseries("Slowdown time by reason", [
-             (f"sum by (policy) (rate(gpufleet_gpu_violation_seconds_total{{{GPU}}}[$__rate_interval]))",
+             (f"sum by (policy) ({rate('gpufleet_gpu_violation_seconds_total', GPU)})",
               "{{policy}}")], "percentunit",
              description="Share of time the GPUs' clocks were held down, per performance policy.")],
         [table("GPUs to drain", [

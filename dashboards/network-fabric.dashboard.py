@@ -5,22 +5,17 @@ InfiniBand port read on one scale; congestion is `port_xmit_wait`, the time a po
 to send and no credits, which rises before throughput falls.
 """
 
-from dashboards.panels import NODE, dashboard, heatmap, table, timeseries
+from dashboards.panels import NODE, PORT_LEGEND, dashboard, heatmap, rate, table, timeseries
 
-_PORT = "{{instance}} {{device}}/{{port}}"
 _IB_KEY = "cluster, instance, device, port"
 
 
-def _rate(metric: str) -> str:
-    return f"rate({metric}{{{NODE}}}[$__rate_interval])"
-
-
 def _ib_share(counter: str) -> str:
-    return f"{_rate(counter)} / on ({_IB_KEY}) gpufleet_infiniband_rate_bytes_per_second{{{NODE}}}"
+    return f"{rate(counter, NODE)} / on ({_IB_KEY}) gpufleet_infiniband_rate_bytes_per_second{{{NODE}}}"
 
 
 def _eth_share(counter: str) -> str:
-    return f"{_rate(counter)} / on (cluster, instance, device) gpufleet_network_speed_bytes_per_second{{{NODE}}}"
+    return f"{rate(counter, NODE)} / on (cluster, instance, device) gpufleet_network_speed_bytes_per_second{{{NODE}}}"
 
 
 # Every per-port error counter; their rates add up to one "errors per second" line per port.
@@ -34,8 +29,8 @@ dashboard = dashboard(
     ["cluster", "instance"],
     [
         [timeseries("InfiniBand throughput, share of link rate", [
-            (_ib_share("gpufleet_infiniband_port_xmit_data_bytes_total"), _PORT + " tx"),
-            (_ib_share("gpufleet_infiniband_port_rcv_data_bytes_total"), _PORT + " rx"),
+            (_ib_share("gpufleet_infiniband_port_xmit_data_bytes_total"), PORT_LEGEND + " tx"),
+            (_ib_share("gpufleet_infiniband_port_rcv_data_bytes_total"), PORT_LEGEND + " rx"),
         ], "percentunit", max_value=1),
          timeseries("Ethernet throughput, share of link speed", [
              (_eth_share("gpufleet_network_transmit_bytes_total"), "{{instance}} {{device}} tx"),
@@ -43,35 +38,36 @@ dashboard = dashboard(
          ], "percentunit", max_value=1)],
         [heatmap("Busiest direction per InfiniBand port", "max by (instance, device, port) ("
                  + _ib_share("gpufleet_infiniband_port_xmit_data_bytes_total") + " or "
-                 + _ib_share("gpufleet_infiniband_port_rcv_data_bytes_total") + ")", _PORT, "percentunit")],
+                 + _ib_share("gpufleet_infiniband_port_rcv_data_bytes_total") + ")", PORT_LEGEND, "percentunit")],
         [timeseries("InfiniBand congestion (port_xmit_wait)", [
-            (_rate("gpufleet_infiniband_port_xmit_wait_total"), _PORT)], "short",
+            (rate("gpufleet_infiniband_port_xmit_wait_total", NODE), PORT_LEGEND)], "short",
             description="Ticks per second a port waited for credits with data to send. The tick length depends "
                         "on the HCA; compare ports of one fabric, not fabrics."),
          timeseries("Discards", [
-             (_rate("gpufleet_infiniband_port_xmit_discards_total"), _PORT + " xmit discards"),
-             (_rate("gpufleet_network_transmit_dropped_total"), "{{instance}} {{device}} tx dropped"),
-             (_rate("gpufleet_network_receive_dropped_total"), "{{instance}} {{device}} rx dropped"),
+             (rate("gpufleet_infiniband_port_xmit_discards_total", NODE), PORT_LEGEND + " xmit discards"),
+             (rate("gpufleet_network_transmit_dropped_total", NODE), "{{instance}} {{device}} tx dropped"),
+             (rate("gpufleet_network_receive_dropped_total", NODE), "{{instance}} {{device}} rx dropped"),
          ], "pps")],
         [timeseries("InfiniBand errors", [
-            ("(" + " + ".join(_rate(f"gpufleet_infiniband_{c}_total") for c in _IB_ERRORS) + ") > 0", _PORT)],
+            ("(" + " + ".join(rate(f"gpufleet_infiniband_{c}_total", NODE) for c in _IB_ERRORS) + ") > 0",
+             PORT_LEGEND)],
             "ops",
             description="Symbol, receive, integrity, recovery, overrun, remote physical and VL15 errors together; "
                         "only ports with errors are drawn. The node's table splits them by counter."),
          timeseries("Ethernet errors", [
-             (_rate("gpufleet_network_transmit_errors_total"), "{{instance}} {{device}} tx"),
-             (_rate("gpufleet_network_receive_errors_total"), "{{instance}} {{device}} rx"),
+             (rate("gpufleet_network_transmit_errors_total", NODE), "{{instance}} {{device}} tx"),
+             (rate("gpufleet_network_receive_errors_total", NODE), "{{instance}} {{device}} rx"),
          ], "ops")],
         [timeseries("Link flaps", [
-            (f"increase(gpufleet_infiniband_link_downed_total{{{NODE}}}[$__rate_interval])", _PORT + " downed"),
+            (f"increase(gpufleet_infiniband_link_downed_total{{{NODE}}}[$__rate_interval])", PORT_LEGEND + " downed"),
             (f"increase(gpufleet_network_carrier_changes_total{{{NODE}}}[$__rate_interval])",
              "{{instance}} {{device}} carrier changes"),
         ], "short"),
          timeseries("RoCE drops and retransmissions", [
-             (_rate("gpufleet_infiniband_hw_out_of_buffer_total"), _PORT + " out of buffer"),
-             (_rate("gpufleet_infiniband_hw_out_of_sequence_total"), _PORT + " out of sequence"),
-             (_rate("gpufleet_infiniband_hw_packet_seq_err_total"), _PORT + " sequence errors (NAK)"),
-             (_rate("gpufleet_infiniband_hw_local_ack_timeout_err_total"), _PORT + " ack timeouts"),
+             (rate("gpufleet_infiniband_hw_out_of_buffer_total", NODE), PORT_LEGEND + " out of buffer"),
+             (rate("gpufleet_infiniband_hw_out_of_sequence_total", NODE), PORT_LEGEND + " out of sequence"),
+             (rate("gpufleet_infiniband_hw_packet_seq_err_total", NODE), PORT_LEGEND + " sequence errors (NAK)"),
+             (rate("gpufleet_infiniband_hw_local_ack_timeout_err_total", NODE), PORT_LEGEND + " ack timeouts"),
          ], "ops", description="HCA counters of RoCE ports: packets lost for want of buffers, and what the "
                                "transport did about it.")],
         [table("Ports not active", [

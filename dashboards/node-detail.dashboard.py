@@ -1,13 +1,8 @@
 """Node detail: one node's GPUs, links, sensors and jobs, for the engineer who was sent here by an alert."""
 
-from dashboards.panels import GPU, NODE, dashboard, stat, table, timeseries
+from dashboards.panels import GPU, NODE, PORT_LEGEND, dashboard, rate, stat, table, timeseries
 
 _BY_GPU = "{{instance}} GPU {{gpu}}"
-_PORT = "{{instance}} {{device}}/{{port}}"
-
-
-def _rate(metric: str, selector: str = GPU) -> str:
-    return f"rate({metric}{{{selector}}}[$__rate_interval])"
 
 
 dashboard = dashboard(
@@ -50,13 +45,14 @@ dashboard = dashboard(
                     "short", width=8),
          timeseries("Remapped rows", [(f"gpufleet_gpu_remapped_rows{{{GPU}}}", _BY_GPU + " {{cause}}")], "short",
                     width=8),
-         timeseries("PCIe replays", [(_rate("gpufleet_gpu_pcie_replays_total"), _BY_GPU)], "ops", width=8)],
+         timeseries("PCIe replays", [(rate("gpufleet_gpu_pcie_replays_total", GPU), _BY_GPU)], "ops", width=8)],
         [timeseries("NVLink throughput", [
-            (f"sum by (instance, gpu) ({_rate('gpufleet_gpu_nvlink_transmit_bytes_total')})", _BY_GPU + " tx"),
-            (f"sum by (instance, gpu) ({_rate('gpufleet_gpu_nvlink_receive_bytes_total')})", _BY_GPU + " rx"),
+            (f"sum by (instance, gpu) ({rate('gpufleet_gpu_nvlink_transmit_bytes_total', GPU)})", _BY_GPU + " tx"),
+            (f"sum by (instance, gpu) ({rate('gpufleet_gpu_nvlink_receive_bytes_total', GPU)})", _BY_GPU + " rx"),
         ], "Bps", width=8),
-         timeseries("NVLink errors", [(f"sum by (instance, gpu, error) ({_rate('gpufleet_gpu_nvlink_errors_total')})",
-                                       _BY_GPU + " {{error}}")], "ops", width=8),
+         timeseries("NVLink errors", [
+             (f"sum by (instance, gpu, error) ({rate('gpufleet_gpu_nvlink_errors_total', GPU)})",
+              _BY_GPU + " {{error}}")], "ops", width=8),
          timeseries("NVLinks up", [(f"sum by (instance, gpu) (gpufleet_gpu_nvlink_up{{{GPU}}})", _BY_GPU)], "short",
                     width=8, description="A step down is a link lost; its traffic moves to the others or stops.")],
         [table("PCIe links", [
@@ -67,12 +63,12 @@ dashboard = dashboard(
         ], width=12, description="A link narrower or slower than its maximum starves the GPU of host bandwidth."),
          table("GPUs", [(f"gpufleet_gpu_info{{{GPU}}}", "")], width=12)],
         [timeseries("Ethernet throughput", [
-            (_rate("gpufleet_network_transmit_bytes_total", NODE), "{{instance}} {{device}} tx"),
-            (_rate("gpufleet_network_receive_bytes_total", NODE), "{{instance}} {{device}} rx"),
+            (rate("gpufleet_network_transmit_bytes_total", NODE), "{{instance}} {{device}} tx"),
+            (rate("gpufleet_network_receive_bytes_total", NODE), "{{instance}} {{device}} rx"),
         ], "Bps"),
          timeseries("InfiniBand throughput", [
-             (_rate("gpufleet_infiniband_port_xmit_data_bytes_total", NODE), _PORT + " tx"),
-             (_rate("gpufleet_infiniband_port_rcv_data_bytes_total", NODE), _PORT + " rx"),
+             (rate("gpufleet_infiniband_port_xmit_data_bytes_total", NODE), PORT_LEGEND + " tx"),
+             (rate("gpufleet_infiniband_port_rcv_data_bytes_total", NODE), PORT_LEGEND + " rx"),
          ], "Bps")],
         [table("InfiniBand ports", [
             (f"gpufleet_infiniband_state_id{{{NODE}}}", "state (4 active)"),

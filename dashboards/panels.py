@@ -14,9 +14,11 @@ from grafanalib import core
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GRID_COLUMNS = 24
-# The selector every gpufleet query starts from; panels add their own matchers after it.
-NODE = 'cluster=~"$cluster", instance=~"$instance"'
+# The selectors gpufleet queries start from; panels add their own matchers after them.
+CLUSTER = 'cluster=~"$cluster"'
+NODE = CLUSTER + ', instance=~"$instance"'
 GPU = NODE + ', gpu=~"$gpu"'
+PORT_LEGEND = "{{instance}} {{device}}/{{port}}"
 
 _VARIABLES = {
     "cluster": ("Cluster", "label_values(gpufleet_gpu_devices, cluster)"),
@@ -41,6 +43,11 @@ def templating(*names: str) -> core.Templating:
 def target(expr: str, legend: str = "", ref: str = "A", instant: bool = False, table: bool = False) -> core.Target:
     return core.Target(expr=expr, legendFormat=legend, refId=ref, instant=instant, datasource=DATASOURCE,
                        format="table" if table else "time_series")
+
+
+def rate(metric: str, selector: str) -> str:
+    """A counter's per-second rate over Grafana's `$__rate_interval`, which follows the zoom."""
+    return f"rate({metric}{{{selector}}}[$__rate_interval])"
 
 
 def _targets(queries: Sequence[tuple[str, str]], **kwargs) -> list[core.Target]:
