@@ -34,6 +34,8 @@ COMPOSE = yaml.safe_load((COMPOSE_DIR / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
 KUBERNETES = [doc for path in sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
               for doc in yaml.safe_load_all(path.read_text()) if doc]
+DAEMONSET_CONTAINERS = [c for doc in KUBERNETES if doc["kind"] == "DaemonSet"
+                        for c in doc["spec"]["template"]["spec"]["containers"]]
 UNIT = ROOT / "deploy" / "systemd" / "gpufleet-exporter.service"
 IMAGE = f"ghcr.io/gpufleet/gpufleet:{__version__}"
 
@@ -90,9 +92,7 @@ def test_every_image_is_pinned_and_gpufleet_runs_one_image_everywhere():
         image = service["image"]
         assert re.fullmatch(r"[\w./-]+:v?\d+\.\d+\.\d+", image), f"{name}: {image} is not pinned to a version"
     assert SERVICES["exporter"]["image"] == SERVICES["simulator"]["image"] == IMAGE
-    containers = [c for doc in KUBERNETES if doc["kind"] == "DaemonSet"
-                  for c in doc["spec"]["template"]["spec"]["containers"]]
-    assert [c["image"] for c in containers] == [IMAGE]
+    assert [c["image"] for c in DAEMONSET_CONTAINERS] == [IMAGE]
 
 
 def test_the_image_is_slim_pinned_non_root_and_checks_its_health():
@@ -118,8 +118,7 @@ def test_every_gpufleet_command_line_parses():
     unit = re.search(r"^ExecStart=\S+ (.*)$", UNIT.read_text(), re.M).group(1)
     command_lines = [SERVICES["exporter"]["command"], SERVICES["simulator"]["command"],
                      [arg for arg in shlex.split(unit) if not arg.startswith("$")]]
-    command_lines += [c["args"] for doc in KUBERNETES if doc["kind"] == "DaemonSet"
-                      for c in doc["spec"]["template"]["spec"]["containers"]]
+    command_lines += [c["args"] for c in DAEMONSET_CONTAINERS]
     for argv in command_lines:
         parser.parse_args(argv)  # argparse exits on a flag it does not know
 
