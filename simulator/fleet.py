@@ -480,6 +480,7 @@ class Fleet:
     node_count: int
     gpus_per_node: int = 8
     seed: int = 0
+    idle_share: float = 0.15
     faults: list[Fault] = field(default_factory=list)
     fault_version: int = 0
     nodes: dict[str, Node] = field(default_factory=dict)
@@ -490,7 +491,7 @@ class Fleet:
     def __post_init__(self) -> None:
         names = [f"gpu-node-{index:04d}" for index in range(1, self.node_count + 1)]
         self.nodes = {name: Node(self, index, name, self.gpus_per_node) for index, name in enumerate(names, 1)}
-        self.jobs = layout_jobs(names, self.seed)
+        self.jobs = layout_jobs(names, self.seed, self.idle_share)
         for job in self.jobs:
             for name in job.nodes:
                 self.nodes[name].assign(job)
