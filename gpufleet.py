@@ -15,9 +15,10 @@ from alerts import cli as alerts_cli
 from dashboards import cli as dashboards_cli
 from exporter import __version__
 from exporter import cli as exporter_cli
+from report import cli as report_cli
 from simulator import cli as simulator_cli
 
-_PACKAGES = (exporter_cli, simulator_cli, alerts_cli, dashboards_cli)
+_PACKAGES = (exporter_cli, simulator_cli, alerts_cli, dashboards_cli, report_cli)
 
 
 def build_parser() -> argparse.ArgumentParser:

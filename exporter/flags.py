@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import re
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)?$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
 
 
 def duration(text: str) -> float:
-    """`500ms`, `5s`, `1m`, `1h`, or plain seconds; returns seconds, always positive."""
+    """`500ms`, `5s`, `1m`, `1h`, `30d`, `2w`, or plain seconds; returns seconds, always positive."""
     match = _DURATION.match(text.strip())
     if not match:
         raise argparse.ArgumentTypeError(f"invalid duration {text!r} (use for example 500ms, 5s, 1m)")

@@ -28,7 +28,11 @@ def _labelled(labels: str | None, target: str) -> str:
 
 async def history(fleet: Fleet, start: float, end: float, step: float, metrics: re.Pattern[str],
                   labels: dict[str, str], progress: Callable[[int, int], None] | None = None) -> dict[str, list[str]]:
-    """OpenMetrics sample lines per family, for every node at start, start + step, ... up to end (epoch s)."""
+    """OpenMetrics sample lines per family, for every node at start, start + step, ... up to end (epoch s).
+
+    XID events reach the exporter's ledger through each node's watcher thread: start the fleet first
+    (`fleet.start()`) where the history should hold them, and close its nodes afterwards.
+    """
     families: dict[str, list[str]] = {"up": []}
     wall = itertools.count(0, 10**6).__next__  # Each pass is "long after" the last: every collector is due.
     steps = int((end - start) // step) + 1

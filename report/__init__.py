@@ -1,0 +1,1 @@
+"""Reports for the people who plan budgets and purchases: figures over weeks, read from Prometheus."""

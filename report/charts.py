@@ -1,0 +1,90 @@
+"""PNG charts for the report, drawn with matplotlib's Agg backend: no display, no fonts to install.
+
+Each chart is a pure function of figures the report already computed, returning PNG bytes, so the
+HTML can embed it and the Markdown can link it as a file.
+"""
+
+from __future__ import annotations
+
+import datetime
+import io
+from collections.abc import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.dates as mdates  # noqa: E402  (the backend must be chosen first)
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from report.document import Chart  # noqa: E402
+from report.figures import Projection  # noqa: E402
+
+_COLOURS = {"installed": "#555555", "allocated": "#1f77b4", "idle": "#ff7f0e", "lost": "#d62728", "used": "#2ca02c"}
+
+
+def _png(figure: Figure) -> bytes:
+    buffer = io.BytesIO()
+    figure.tight_layout()
+    figure.savefig(buffer, format="png", dpi=100)
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-") or "all"
+
+
+def gpu_hours(bars: Sequence[tuple[str, float, float, float]]) -> Chart:
+    """Stacked GPU-hours per cluster and model: (label, allocated, idle, lost)."""
+    figure, axes = plt.subplots(figsize=(8, 0.6 * len(bars) + 2.0))
+    labels = [b[0] for b in bars]
+    left = [0.0] * len(bars)
+    for column, state in enumerate(("allocated", "idle", "lost"), start=1):
+        values = [b[column] for b in bars]
+        axes.barh(labels, values, left=left, label=state, color=_COLOURS[state])
+        left = [a + b for a, b in zip(left, values, strict=True)]
+    axes.set_xlabel("GPU-hours")
+    axes.invert_yaxis()
+    axes.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3)
+    return Chart("gpu-hours", "GPU-hours by state", _png(figure))
+
+
+def utilisation(histograms: dict[str, list[tuple[float, float, float]]]) -> Chart:
+    """Share of allocated GPU-hours per utilisation bucket, one series per cluster and model."""
+    figure, axes = plt.subplots(figsize=(8, 3.6))
+    width = 0.8 / max(1, len(histograms))
+    for offset, (label, buckets) in enumerate(histograms.items()):
+        centres = [i + offset * width for i in range(len(buckets))]
+        axes.bar(centres, [100 * share for _, _, share in buckets], width=width, label=label)
+    first = next(iter(histograms.values()), [])
+    axes.set_xticks([i + 0.4 - width / 2 for i in range(len(first))],
+                    [f"{low:.0%}–{high:.0%}" for low, high, _ in first], rotation=45, ha="right")
+    axes.set_xlabel("GPU utilisation")
+    axes.set_ylabel("% of allocated GPU-hours")
+    axes.legend()
+    return Chart("utilisation", "Utilisation of allocated GPU-hours", _png(figure))
+
+
+def trend(cluster: str, lines: dict[str, list[tuple[float, float]]], projection: Projection | None,
+          end: float) -> Chart:
+    """Installed, allocated and used GPUs over time, with the fitted allocation line carried forward."""
+    figure, axes = plt.subplots(figsize=(8, 3.6))
+    when = lambda t: datetime.datetime.fromtimestamp(t, datetime.UTC)  # noqa: E731
+    for state in ("installed", "allocated", "used", "lost"):
+        points = lines.get(state)
+        if points:
+            axes.plot([when(t) for t, _ in points], [v for _, v in points], label=state, color=_COLOURS[state])
+    if projection is not None and projection.days_to_target:
+        days = min(projection.days_to_target, 365.0)
+        ahead = end + days * 86400
+        axes.plot([when(end), when(ahead)],
+                  [projection.fitted_now, projection.fitted_now + projection.slope_per_day * days],
+                  linestyle="--", color=_COLOURS["allocated"], label="projected allocation")
+        axes.axhline(projection.target, linestyle=":", color="#999999", label="90% of installed")
+    axes.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d"))
+    axes.set_ylabel("GPUs")
+    axes.set_ylim(bottom=0)
+    axes.set_title(f"Cluster {cluster}")
+    axes.legend(loc="lower left", fontsize="small")
+    return Chart(f"trend-{_slug(cluster)}", f"Trend, cluster {cluster}", _png(figure))

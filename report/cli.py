@@ -1,0 +1,119 @@
+"""`gpufleet report capacity`: flags, and turning the report's outcome into files and an exit code.
+
+Exit 0 when any section was computed (the failures are listed in the report and on stderr), 1 when
+none could be, 2 for bad flags or a Prometheus that cannot be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import sys
+import time
+from pathlib import Path
+
+from exporter.flags import duration
+from report.prometheus import Auth, Prometheus, Unreachable
+from report.progress import Progress
+from report.query import choose_step, Window
+from report.render import write
+from report.run import NothingToReport, capacity
+from report.capacity import SECTIONS
+
+
+def _instant(text: str) -> float:
+    """RFC 3339 (`2026-11-01T00:00:00Z`) or Unix seconds, as Prometheus's API takes them."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid time {text!r} (use RFC 3339 or Unix seconds)") from None
+    if moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"time {text!r} needs a zone, for example Z or +02:00")
+    return moment.timestamp()
+
+
+def _secret(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {path}: {error.strerror}") from None
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("report", help="write reports from Prometheus data",
+                                   description="Reports for capacity planning, from the data Prometheus holds.")
+    commands = parser.add_subparsers(dest="report_command", metavar="REPORT", required=True)
+    cap = commands.add_parser(
+        "capacity", help="what the fleet has, what it uses, and when it runs out",
+        description="Query Prometheus over a range and write capacity-report.html (self-contained) and "
+                    "capacity-report.md with charts/*.png into --out.")
+    cap.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus base URL, e.g. http://prom:9090")
+    cap.add_argument("--range", dest="length", type=duration, default=duration("30d"), metavar="DURATION",
+                     help="length of the period, e.g. 7d, 30d, 12w (default: 30d)")
+    cap.add_argument("--end", type=_instant, metavar="TIME", help="end of the period (default: now)")
+    cap.add_argument("--step", type=duration, metavar="DURATION",
+                     help="sampling step inside the range (default: range/1440, at least 5m)")
+    cap.add_argument("--out", type=Path, default=Path("capacity-report"), metavar="DIR",
+                     help="folder to write into (default: %(default)s)")
+    auth = cap.add_mutually_exclusive_group()
+    auth.add_argument("--prometheus.bearer-token-file", dest="token", type=_secret, metavar="PATH",
+                      help="send the token in this file as a bearer token")
+    auth.add_argument("--prometheus.username", dest="username", metavar="USER", help="basic auth user")
+    cap.add_argument("--prometheus.password-file", dest="password", type=_secret, metavar="PATH",
+                     help="basic auth password, read from this file")
+    cap.add_argument("--tls.ca-file", dest="ca_file", metavar="PATH", help="CA bundle to verify Prometheus with")
+    cap.add_argument("--tls.insecure-skip-verify", dest="verify_tls", action="store_false",
+                     help="do not verify Prometheus's TLS certificate")
+    cap.add_argument("--query.timeout", dest="timeout", type=duration, default=120.0, metavar="DURATION",
+                     help="per query (default: 2m)")
+    cap.add_argument("--query.concurrency", dest="concurrency", type=int, choices=range(1, 33), default=4,
+                     metavar="N", help="queries in flight at once, 1 to 32 (default: %(default)s)")
+    cap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                     help="draw a progress bar (default: when stderr is a terminal)")
+    cap.set_defaults(handler=run_capacity)
+
+
+def run_capacity(args: argparse.Namespace) -> int:
+    if args.password is not None and args.username is None:
+        print("gpufleet report: --prometheus.password-file needs --prometheus.username", file=sys.stderr)
+        return 2
+    step = choose_step(args.length, args.step)
+    if step > args.length:
+        print(f"gpufleet report: --step ({step}s) is longer than --range ({args.length:g}s)", file=sys.stderr)
+        return 2
+    window = Window.ending(args.end if args.end is not None else time.time(), args.length, step)
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    progress = Progress(len(SECTIONS), sys.stderr, show)
+    client = Prometheus(args.prometheus, Auth(args.token, args.username, args.password), ca_file=args.ca_file,
+                        verify_tls=args.verify_tls, timeout=args.timeout, concurrency=args.concurrency)
+    started = time.monotonic()
+
+    async def go() -> tuple:
+        async with client:
+            return await capacity(client, window, progress)
+
+    try:
+        report, queries = asyncio.run(go())
+    except Unreachable as error:
+        progress.finish()
+        print(f"gpufleet report: {error}", file=sys.stderr)
+        return 2
+    except NothingToReport as error:
+        progress.finish()
+        print(f"gpufleet report: {error}", file=sys.stderr)
+        return 1
+    progress.finish()
+    for failure in report.failures:
+        print(f"gpufleet report: not computed: {failure.title}: {failure.reason}", file=sys.stderr)
+    if not report.sections:
+        print("gpufleet report: no section could be computed; nothing written", file=sys.stderr)
+        return 1
+    written = write(report, args.out)
+    print(f"gpufleet report: wrote {written[-2]} and {written[-1]}: {len(report.sections)} of {len(SECTIONS)} "
+          f"sections from {queries} queries in {time.monotonic() - started:.1f}s", file=sys.stderr)
+    return 0

@@ -1,0 +1,95 @@
+"""The report's window onto Prometheus: one time range, one step, and each distinct query asked once.
+
+Every figure over the range is an instant query at its end with a subquery `[range:step]`, so one
+request returns the whole period per GPU model or per GPU; the step bounds the samples Prometheus
+touches (a 30-day range at 30 minutes is 1,440 points a series). Sections that need the same
+expression share one request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from report.prometheus import Prometheus, Series
+
+POINTS_PER_SERIES = 1440
+MIN_STEP = 300  # Never finer than Prometheus's 5-minute lookback: coarser data would show gaps.
+
+
+def choose_step(range_seconds: float, requested: float | None = None) -> int:
+    """Whole minutes, at least 5, and few enough points that a 30-day range costs 1,440 per series."""
+    if requested is not None:
+        return max(60, int(requested) // 60 * 60)
+    return max(MIN_STEP, math.ceil(range_seconds / POINTS_PER_SERIES / 60) * 60)
+
+
+@dataclass(frozen=True)
+class Window:
+    start: float
+    end: float
+    step: int
+
+    @classmethod
+    def ending(cls, end: float, length: float, step: int) -> Window:
+        """Aligned to the step, so a subquery's points fall exactly `length / step` times in the range."""
+        aligned = math.floor(end / step) * step
+        points = max(1, round(length / step))
+        return cls(aligned - points * step, aligned, step)
+
+    @property
+    def seconds(self) -> int:
+        return int(self.end - self.start)
+
+    @property
+    def r(self) -> str:
+        return f"{self.seconds}s"
+
+    @property
+    def s(self) -> str:
+        return f"{self.step}s"
+
+    @property
+    def rate_window(self) -> str:
+        """Rates inside subqueries average over a whole step, but over no less than two 5-minute scrapes."""
+        return f"{max(self.step, 2 * MIN_STEP)}s"
+
+    @property
+    def hours_per_point(self) -> float:
+        return self.step / 3600
+
+    def over(self, expr: str) -> str:
+        """A subquery with exactly `seconds / step` points: its range stops half a step short of the start,
+        which no point falls on, so it does not matter whether this Prometheus includes a range's left edge
+        (2.x does, 3.x does not)."""
+        return f"({expr})[{self.seconds - self.step // 2}s:{self.s}]"
+
+
+@dataclass
+class Queries:
+    prometheus: Prometheus
+    window: Window
+    on_done: Callable[[], None] = lambda: None
+    _asked: dict[tuple[str, str, int], asyncio.Task[list[Series]]] = field(default_factory=dict)
+    count: int = 0
+
+    def _once(self, key: tuple[str, str, int], make: Callable[[], Awaitable[list[Series]]]) -> asyncio.Task[list[Series]]:
+        if key not in self._asked:
+            self._asked[key] = asyncio.ensure_future(self._counted(make()))
+        return self._asked[key]
+
+    async def _counted(self, pending: Awaitable[list[Series]]) -> list[Series]:
+        try:
+            return await pending
+        finally:
+            self.count += 1
+            self.on_done()
+
+    async def at_end(self, expr: str) -> list[Series]:
+        return await self._once(("instant", expr, 0), lambda: self.prometheus.instant(expr, self.window.end))
+
+    async def over_range(self, expr: str, step: int) -> list[Series]:
+        w = self.window
+        return await self._once(("range", expr, step), lambda: self.prometheus.range(expr, w.start + step, w.end, step))
