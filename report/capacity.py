@@ -161,7 +161,8 @@ async def allocation(q: Queries) -> Section:
     rows, bars = [], []
     total = defaultdict(float)
     for key in sorted(over):
-        span = {state: over[key].get(state, 0) * w.hours_per_point for state in ("installed", "allocated", "idle", "lost")}
+        span = {state: over[key].get(state, 0) * w.hours_per_point
+                for state in ("installed", "allocated", "idle", "lost")}
         for state, value in span.items():
             total[state] += value
         rows.append((*key, _hours(span["installed"]), _hours(span["allocated"]), _hours(span["idle"]),

@@ -9,6 +9,7 @@ of two errors: the server cannot be used at all (`Unreachable`), or one query fa
 from __future__ import annotations
 
 import asyncio
+import base64
 import ssl
 from dataclasses import dataclass
 from types import TracebackType
@@ -32,10 +33,12 @@ class Auth:
     password: str | None = None
 
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.bearer_token}"} if self.bearer_token else {}
-
-    def basic(self) -> aiohttp.BasicAuth | None:
-        return aiohttp.BasicAuth(self.username, self.password or "") if self.username is not None else None
+        if self.bearer_token:
+            return {"Authorization": f"Bearer {self.bearer_token}"}
+        if self.username is not None:
+            pair = base64.b64encode(f"{self.username}:{self.password or ''}".encode()).decode()
+            return {"Authorization": f"Basic {pair}"}
+        return {}
 
 
 @dataclass(frozen=True)
@@ -61,7 +64,7 @@ class Prometheus:
 
     async def __aenter__(self) -> Prometheus:
         self._session = aiohttp.ClientSession(
-            headers=self._auth.headers(), auth=self._auth.basic(),
+            headers=self._auth.headers(),
             timeout=aiohttp.ClientTimeout(total=self._timeout, connect=min(10.0, self._timeout)))
         return self
 

@@ -75,7 +75,8 @@ class Queries:
     _asked: dict[tuple[str, str, int], asyncio.Task[list[Series]]] = field(default_factory=dict)
     count: int = 0
 
-    def _once(self, key: tuple[str, str, int], make: Callable[[], Awaitable[list[Series]]]) -> asyncio.Task[list[Series]]:
+    def _once(self, key: tuple[str, str, int],
+              make: Callable[[], Awaitable[list[Series]]]) -> asyncio.Task[list[Series]]:
         if key not in self._asked:
             self._asked[key] = asyncio.ensure_future(self._counted(make()))
         return self._asked[key]

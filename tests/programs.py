@@ -65,18 +65,19 @@ def binary(name: str, package: str) -> str:
     return path
 
 
-def _ready(process: subprocess.Popen, port: int, path: str, what: str, timeout: float) -> str:
+def _ready(process: subprocess.Popen, port: int, path: str, what: str, timeout: float, status: int = 200) -> str:
     url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: listening(port) and http("GET", url + path, timeout=1)[0] == 200, timeout, what, process)
+    wait_for(lambda: listening(port) and http("GET", url + path, timeout=1)[0] == status, timeout, what, process)
     return url
 
 
 @contextlib.contextmanager
-def _serving(argv: list[str], port: int, ready_path: str, what: str, timeout: float) -> Iterator[str]:
-    """Run `argv`, yield its URL once `ready_path` answers 200, and stop it however the block ends."""
+def _serving(argv: list[str], port: int, ready_path: str, what: str, timeout: float,
+             ready_status: int = 200) -> Iterator[str]:
+    """Run `argv`, yield its URL once `ready_path` answers `ready_status`, and stop it however the block ends."""
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        yield _ready(process, port, ready_path, what, timeout)
+        yield _ready(process, port, ready_path, what, timeout, ready_status)
     finally:
         stop_process(process)
 
@@ -112,12 +113,17 @@ def prometheus_config(path: Path, targets: Path, interval: str, rules: Path | No
 
 
 @contextlib.contextmanager
-def prometheus(config: Path, data: Path, port: int | None = None) -> Iterator[str]:
-    """Prometheus on `port` (a free one by default: pass one where its config must name its own address)."""
+def prometheus(config: Path, data: Path, port: int | None = None, web_config: Path | None = None) -> Iterator[str]:
+    """Prometheus on `port` (a free one by default: pass one where its config must name its own address).
+
+    With `web_config` (users and passwords), it is ready when it refuses an anonymous request.
+    """
     port = port or free_port()
     argv = [binary("prometheus", "prometheus"), f"--config.file={config}", f"--storage.tsdb.path={data}",
             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
-    with _serving(argv, port, "/-/ready", "prometheus start", 60) as url:
+    if web_config is not None:
+        argv.append(f"--web.config.file={web_config}")
+    with _serving(argv, port, "/-/ready", "prometheus start", 60, 401 if web_config else 200) as url:
         yield url
 
 

@@ -1,0 +1,348 @@
+"""`gpufleet report capacity` against a real Prometheus holding two days of simulated fleet history.
+
+The history is written by the simulator for past timestamps and imported with `promtool tsdb
+create-blocks-from openmetrics`, so every figure can be checked against what the simulator was told:
+8 nodes of 8 GPUs, two of them idle throughout (25% of GPU-hours), and a known list of faults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import html.parser
+import json
+import math
+import re
+import subprocess
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import bcrypt
+import pytest
+import yaml
+
+import gpufleet
+from helpers import free_port
+from programs import binary, http, prometheus
+from report.figures import project, quantile_from_buckets
+from simulator.faults import Fault
+from simulator.fleet import Fleet
+from simulator.history import history, write_openmetrics
+
+H = 3600
+STEP = 600
+DAYS = 2
+METRICS = re.compile(
+    r"gpufleet_gpu_(info|up|job_info|utilization_ratio|memory_(free|total)_bytes|power_watts|power_limit_watts"
+    r"|energy_joules_total|xid_errors_total|ecc_errors_total|row_remap_(pending|failed)|clock_hertz|devices"
+    r"|pci_devices)|gpufleet_infiniband_(port_(xmit|rcv)_data_bytes_total|rate_bytes_per_second)"
+    r"|gpufleet_network_((transmit|receive)_bytes_total|speed_bytes_per_second)")
+# Seed 0 with a quarter idle lays out jobs on nodes 6 | 1, 2, 7, 8 | 5, and leaves nodes 3 and 4 idle.
+FAULTS = [
+    Fault("slow", "straggler", "gpu-node-0001", 20 * H, 6 * H),
+    Fault("xid31", "xid", "gpu-node-0006", 10 * H, gpu=0, xid=31),
+    Fault("lost", "gpu_lost", "gpu-node-0002", 30 * H, 2 * H, gpu=3),
+    Fault("dbe", "ecc_dbe", "gpu-node-0007", 5 * H, gpu=1),
+    Fault("remap", "row_remap_pending", "gpu-node-0008", 40 * H, 3 * H, gpu=2),
+    Fault("busy", "nic_saturation", "gpu-node-0005", 12 * H, 12 * H, port="mlx5_0/1", direction="tx"),
+]
+
+
+def _backfill(tmp: Path, fleet: Fleet, start: float, end: float, metrics: re.Pattern[str]) -> Path:
+    fleet.start()
+    try:
+        families = asyncio.run(history(fleet, start, end, STEP, metrics, {"cluster": "test"}))
+    finally:
+        for node in fleet.nodes.values():
+            node.close()
+    dump = tmp / "history.om"
+    with dump.open("w") as out:
+        write_openmetrics(families, out)
+    data = tmp / "data"
+    subprocess.run([binary("promtool", "prometheus"), "tsdb", "create-blocks-from", "openmetrics", str(dump),
+                    str(data)], check=True, capture_output=True, timeout=120)
+    dump.unlink()
+    return data
+
+
+def _config(tmp: Path) -> Path:
+    path = tmp / "prometheus.yml"
+    path.write_text("global:\n  scrape_interval: 1m\n")  # Nothing to scrape: the data is all imported.
+    return path
+
+
+@pytest.fixture(scope="module")
+def fleet_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, float]]:
+    tmp = tmp_path_factory.mktemp("history")
+    end = math.floor(time.time() / STEP) * STEP - STEP
+    fleet = Fleet(8, seed=0, idle_share=0.25)
+    fleet.add(FAULTS)
+    data = _backfill(tmp, fleet, end - DAYS * 86400, end, METRICS)
+    with prometheus(_config(tmp), data) as url:
+        yield url, end
+
+
+def _report(capsys: pytest.CaptureFixture[str], out: Path, *args: str) -> tuple[int, str]:
+    code = gpufleet.main(["report", "capacity", "--out", str(out), *args])
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def markdown_tables() -> dict:
+    return {}
+
+
+@pytest.fixture
+def report(fleet_prometheus, tmp_path_factory, capsys) -> tuple[Path, str]:
+    """The report over the whole history, written once for the module's tests."""
+    url, end = fleet_prometheus
+    out = tmp_path_factory.getbasetemp() / "capacity-report"
+    if not (out / "capacity-report.md").exists():
+        code, err = _report(capsys, out, "--prometheus", url, "--range", f"{DAYS}d", "--step", f"{STEP}s",
+                            "--end", str(end), "--progress")
+        assert code == 0, err
+        (out / "stderr.txt").write_text(err)
+    return out, (out / "stderr.txt").read_text()
+
+
+def _markdown_tables(text: str) -> dict[str, list[list[str]]]:
+    """Caption (the bold line above a table) -> rows of cells, header first."""
+    tables, caption = {}, None
+    for line in text.splitlines():
+        if line.startswith("**") and line.endswith("**"):
+            caption = line.strip("*")
+        elif line.startswith("| ") and caption is not None:
+            cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+            tables.setdefault(caption, []).append(cells)
+    return tables
+
+
+class _HtmlTables(html.parser.HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: dict[str, list[list[str]]] = {}
+        self._caption: str | None = None
+        self._text: list[str] | None = None
+        self._row: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        if tag in ("caption", "td", "th"):
+            self._text = []
+        elif tag == "tr":
+            self._row = []
+
+    def handle_data(self, data: str) -> None:
+        if self._text is not None:
+            self._text.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "caption":
+            self._caption, self._text = "".join(self._text or []), None
+        elif tag in ("td", "th") and self._row is not None:
+            self._row.append("".join(self._text or []).strip())
+            self._text = None
+        elif tag == "tr" and self._caption is not None:
+            self.tables.setdefault(self._caption, []).append(self._row or [])
+
+
+def _rows(tables: dict, caption: str) -> list[dict[str, str]]:
+    header, *rows = tables[caption]
+    return [dict(zip(header, row, strict=True)) for row in rows]
+
+
+def _number(cell: str) -> float:
+    return float(cell.replace(",", "").removesuffix("%").removesuffix(" W").removesuffix(" kW"))
+
+
+def test_figures_match_what_the_simulator_was_told(report: tuple[Path, str]) -> None:
+    out, err = report
+    tables = _markdown_tables((out / "capacity-report.md").read_text())
+    assert "Sections not computed" not in (out / "capacity-report.md").read_text()
+    hours = DAYS * 24
+
+    [inventory] = _rows(tables, "GPUs by cluster and model")
+    assert (inventory["Cluster"], inventory["Model"]) == ("test", "NVIDIA H100 80GB HBM3")
+    assert (inventory["Installed"], inventory["Healthy"], inventory["Lost"]) == ("64", "64", "0")
+    assert _number(inventory["GPU-hours installed"]) == pytest.approx(64 * hours, rel=0.01)
+    assert _number(inventory["GPU-hours lost"]) == pytest.approx(2.0, abs=STEP / H)
+
+    [allocation] = _rows(tables, "GPU-hours by cluster and model")
+    assert _number(allocation["Idle share"]) == pytest.approx(25.0, abs=1.0)
+    assert _number(allocation["Idle"]) == pytest.approx(16 * hours, rel=0.01)
+    assert _number(allocation["Allocated"]) == pytest.approx(48 * hours - 2, rel=0.01)
+
+    [power] = _rows(tables, "Energy and power by cluster and model")
+    # The energy counter and the power gauge are separate series: they must tell the same story.
+    assert _number(power["Energy (kWh)"]) == pytest.approx(
+        _number(power["Mean power per GPU"]) * 64 * hours / 1000, rel=0.02)
+
+    problems = {(r["Node"], r["GPU"]): r for r in _rows(tables, "GPUs with health problems")}
+    assert set(problems) == {("gpu-node-0006", "0"), ("gpu-node-0002", "3"), ("gpu-node-0007", "1"),
+                             ("gpu-node-0008", "2")}
+    assert problems[("gpu-node-0006", "0")]["XIDs (code ×count)"] == "31 ×1"
+    assert problems[("gpu-node-0007", "1")]["Uncorrectable ECC"] == "1"
+    assert problems[("gpu-node-0008", "2")]["Row remap"] == "pending"
+    assert _number(problems[("gpu-node-0002", "3")]["Hours lost"]) == pytest.approx(2.0, abs=STEP / H)
+
+    [straggler] = _rows(tables, "Straggling nodes")
+    assert straggler["Node"] == "gpu-node-0001"
+    assert _number(straggler["Hours straggling"]) == pytest.approx(6.0, abs=2 * STEP / H)
+
+    [busiest, *_] = _rows(tables, "Busiest links")
+    assert (busiest["Node"], busiest["Port"], busiest["Direction"]) == ("gpu-node-0005", "mlx5_0/1", "transmit")
+    assert _number(busiest["Peak"]) >= 90  # 97% of line rate, averaged over 10-minute windows.
+
+    jobs = _rows(tables, "Top 20 jobs")
+    assert [(j["Most GPUs"], j["Most nodes"]) for j in jobs] == [("32", "4"), ("8", "1"), ("8", "1")]
+    assert _number(jobs[0]["GPU-hours"]) == pytest.approx(32 * hours - 2, rel=0.01)
+
+    [trend] = _rows(tables, "Projection by cluster")
+    assert trend["Reaches it"] == "not at the current growth"  # The layout does not change over the history.
+    # The progress bar, redrawn as queries finish (capsys reads its carriage returns as newlines).
+    assert re.search(r"^\[-{30}\] 0/10 sections, 1 queries$", err, re.M), err
+    assert re.search(r"^\[#{30}\] 10/10 sections, \d+ queries$", err, re.M), err
+
+
+def test_utilisation_agrees_with_the_raw_samples(fleet_prometheus, report) -> None:
+    """The bucketed quantiles against exact ones from every allocated GPU's samples."""
+    url, end = fleet_prometheus
+    query = ("gpufleet_gpu_utilization_ratio and on (cluster, instance, gpu) gpufleet_gpu_job_info")
+    params = urllib.parse.urlencode({"query": query, "start": end - DAYS * 86400 + STEP, "end": end, "step": STEP})
+    status, body = http("GET", f"{url}/api/v1/query_range?{params}")
+    assert status == 200, body
+    values = sorted(float(v) for s in json.loads(body)["data"]["result"] for _, v in s["values"])
+    assert len(values) == pytest.approx(48 * DAYS * 86400 / STEP, rel=0.01)
+    [row] = _rows(_markdown_tables((report[0] / "capacity-report.md").read_text()), "Utilisation by cluster and model")
+    assert _number(row["Mean"]) == pytest.approx(100 * sum(values) / len(values), abs=0.1)
+    for column, q in (("p50", 0.5), ("p95", 0.95)):
+        assert _number(row[column]) == pytest.approx(100 * values[int(q * (len(values) - 1))], abs=5.0)
+    assert _number(row["Below 10%"]) == pytest.approx(100 * sum(v < 0.1 for v in values) / len(values), abs=0.1)
+
+
+def test_markdown_and_html_hold_the_same_tables(report) -> None:
+    out, _ = report
+    parser = _HtmlTables()
+    parser.feed((out / "capacity-report.html").read_text())
+    markdown = _markdown_tables((out / "capacity-report.md").read_text())
+    assert len(parser.tables) >= 10
+    assert parser.tables == markdown
+    empty = "Nodes where NVML missed GPUs on the PCI bus:"  # No such node in the history: a line, not a table.
+    assert f"<strong>{empty}</strong> None in this period." in (out / "capacity-report.html").read_text()
+    assert f"**{empty}** None in this period." in (out / "capacity-report.md").read_text()
+
+
+_PROBE = """<script>
+window.__errors = [];
+window.addEventListener("error", e => window.__errors.push(String(e.message || (e.target && e.target.src))), true);
+window.addEventListener("load", () => {
+  const p = document.createElement("pre"); p.id = "probe";
+  p.textContent = JSON.stringify({errors: window.__errors, tables: document.querySelectorAll("table").length,
+    images: [...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight])});
+  document.body.appendChild(p);
+});
+</script>"""
+
+
+def test_html_opens_in_headless_chromium_with_real_charts(report, tmp_path: Path) -> None:
+    out, _ = report
+    page = tmp_path / "probed.html"
+    page.write_text((out / "capacity-report.html").read_text().replace("<head>", "<head>" + _PROBE, 1))
+    dom = subprocess.run([binary("chromium", "chromium"), "--headless", "--no-sandbox", "--disable-gpu",
+                          "--virtual-time-budget=5000", f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
+                          page.as_uri()], capture_output=True, text=True, timeout=120, check=True).stdout
+    probe = json.loads(html.unescape(re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)[1]))
+    assert probe["errors"] == []
+    assert probe["tables"] >= 10
+    assert len(probe["images"]) == 3  # GPU-hours, utilisation, and the one cluster's trend.
+    for complete, width, height in probe["images"]:
+        assert complete and width >= 600 and height >= 250
+    from matplotlib import image
+    for png in (out / "charts").glob("*.png"):
+        pixels = image.imread(png)
+        colours = {tuple(p) for p in pixels.reshape(-1, pixels.shape[-1])[::7].tolist()}
+        assert png.stat().st_size > 10_000 and len(colours) > 20, png
+
+
+@pytest.fixture(scope="module")
+def partial_prometheus(tmp_path_factory) -> Iterator[tuple[str, float, Path]]:
+    """Six hours of GPU inventory only, behind basic auth: most sections cannot be computed."""
+    tmp = tmp_path_factory.mktemp("partial")
+    end = math.floor(time.time() / STEP) * STEP - STEP
+    data = _backfill(tmp, Fleet(2, seed=1), end - 6 * H, end, re.compile(r"gpufleet_gpu_(info|up)"))
+    web = tmp / "web.yml"
+    web.write_text(yaml.safe_dump({"basic_auth_users": {
+        "planner": bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()}}))
+    (tmp / "password").write_text("s3cret\n")
+    (tmp / "wrong").write_text("guess\n")
+    with prometheus(_config(tmp), data, web_config=web) as url:
+        yield url, end, tmp
+
+
+def test_missing_metrics_name_the_sections_that_failed(partial_prometheus, tmp_path, capsys) -> None:
+    url, end, secrets = partial_prometheus
+    code, err = _report(capsys, tmp_path, "--prometheus", url, "--range", "6h", "--end", str(end),
+                        "--prometheus.username", "planner", "--prometheus.password-file", str(secrets / "password"))
+    assert code == 0, err
+    text = (tmp_path / "capacity-report.md").read_text()
+    [inventory] = _rows(_markdown_tables(text), "GPUs by cluster and model")
+    assert inventory["Installed"] == "16"
+    assert "not computed: Allocated and idle GPU-hours: no samples of gpufleet_gpu_job_info in the range" in err
+    assert ("- Network links: no samples of gpufleet_infiniband_port_xmit_data_bytes_total or "
+            "gpufleet_network_transmit_bytes_total in the range") in text
+    assert "## Inventory" in text and "## Allocated and idle GPU-hours" not in text
+
+
+def test_refused_credentials_are_an_error(partial_prometheus, tmp_path, capsys) -> None:
+    url, end, secrets = partial_prometheus
+    code, err = _report(capsys, tmp_path, "--prometheus", url, "--range", "6h", "--end", str(end),
+                        "--prometheus.username", "planner", "--prometheus.password-file", str(secrets / "wrong"))
+    assert code == 2 and "refused the credentials (HTTP 401)" in err
+    assert not (tmp_path / "capacity-report.html").exists()
+
+
+def test_unreachable_prometheus_is_an_error(tmp_path, capsys) -> None:
+    code, err = _report(capsys, tmp_path, "--prometheus", f"http://127.0.0.1:{free_port()}", "--range", "1d")
+    assert code == 2 and "cannot connect to Prometheus at http://127.0.0.1:" in err
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_range_without_data_computes_nothing(fleet_prometheus, tmp_path, capsys) -> None:
+    url, end = fleet_prometheus
+    code, err = _report(capsys, tmp_path, "--prometheus", url, "--range", "7d", "--end", str(end - 30 * 86400))
+    assert code == 1 and "no gpufleet GPU metrics" in err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--range", "soon"], "invalid duration 'soon'"),
+    (["--end", "2026-11-01T00:00:00"], "needs a zone"),
+    (["--range", "1h", "--step", "2h"], "is longer than --range"),
+    (["--prometheus.password-file", "/nonexistent/pw"], "cannot read /nonexistent/pw"),
+])
+def test_bad_flags_say_what_is_wrong(args, message, tmp_path, capsys) -> None:
+    try:
+        code = gpufleet.main(["report", "capacity", "--prometheus", "http://127.0.0.1:1", "--out", str(tmp_path),
+                              *args])
+    except SystemExit as exit:
+        code = exit.code
+    assert code == 2 and message in capsys.readouterr().err
+
+
+def test_quantiles_interpolate_inside_a_bucket() -> None:
+    bounds = (0.25, 0.5, 0.75, 1.0)
+    assert quantile_from_buckets(0.5, bounds, (10, 50, 90, 100), 100) == pytest.approx(0.5)
+    assert quantile_from_buckets(0.3, bounds, (10, 50, 90, 100), 100) == pytest.approx(0.25 + 0.25 * 20 / 40)
+    assert quantile_from_buckets(0.99, bounds, (0, 0, 0, 0), 100) == 1.0  # All samples at exactly 100%.
+    assert quantile_from_buckets(0.5, bounds, (0, 0, 0, 0), 0) is None
+
+
+def test_projection_reaches_ninety_percent_on_the_fitted_line() -> None:
+    day = 86400.0
+    growing = [(i * day, 50 + 2 * i) for i in range(10)]  # 2 GPUs a day, at 68 on day 9.
+    projection = project(growing, installed=100)
+    assert projection.slope_per_day == pytest.approx(2.0)
+    assert projection.days_to_target == pytest.approx((90 - 68) / 2)
+    assert project([(i * day, 95.0) for i in range(5)], installed=100).days_to_target == 0
+    assert project([(i * day, 60 - i) for i in range(5)], installed=100).days_to_target is None
+    assert project([(0.0, 1.0)], installed=100) is None
