@@ -10,6 +10,7 @@ COPY exporter ./exporter
 COPY simulator ./simulator
 COPY alerts ./alerts
 COPY dashboards ./dashboards
+COPY report ./report
 # The kubernetes extra (grpcio) names pods through the kubelet's pod-resources socket.
 RUN pip install '.[kubernetes]' && rm -rf /src
 
