@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from report.prometheus import Prometheus, Series
 
 POINTS_PER_SERIES = 1440
-MIN_STEP = 300  # Never finer than Prometheus's 5-minute lookback: coarser data would show gaps.
+MIN_STEP = 300  # Finer steps multiply the points Prometheus evaluates and change nothing a planner reads.
 
 
 def choose_step(range_seconds: float, requested: float | None = None) -> int:
