@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,8 @@ from pathlib import Path
 
 import aiohttp
 import psutil
+
+from support import free_port, wait_ready
 
 SINGLE_REQUESTS = 2000
 CONCURRENT_SCRAPERS = 50
@@ -80,26 +81,6 @@ def build_sysfs(root: Path) -> None:
             write(f"{hwmon}/temp{sensor}_label", f"Core {sensor - 1}")
             write(f"{hwmon}/temp{sensor}_max", 84000)
             write(f"{hwmon}/temp{sensor}_crit", 100000)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_ready(url: str, process: subprocess.Popen, seconds: float = 20) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"{process.args[0]} exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise SystemExit(f"{url} did not answer within {seconds}s")
 
 
 async def latencies(url: str, scrapers: int, requests_each: int) -> list[float]:

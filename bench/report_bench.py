@@ -18,23 +18,17 @@ from __future__ import annotations
 import argparse
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from support import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS = 8
 PORTS = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_history(paths: list[Path], nodes: int, days: int, step: int, end: int) -> int:
@@ -121,21 +115,12 @@ def main() -> int:
             path.unlink()
         print(f"import: promtool tsdb create-blocks-from openmetrics in {time.monotonic() - started:.1f}s", flush=True)
         (work / "prometheus.yml").write_text("global:\n  scrape_interval: 1m\n")
-        port = _free_port()
+        port = free_port()
         prometheus = subprocess.Popen(
             ["prometheus", f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
              f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=90d", "--log.level=warn"])
         try:
-            for _ in range(240):
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1) as reply:
-                        if reply.status == 200:
-                            break
-                except OSError:
-                    time.sleep(0.5)
-            else:
-                print("prometheus did not become ready in 2 minutes", file=sys.stderr)
-                return 1
+            wait_ready(f"http://127.0.0.1:{port}/-/ready", prometheus, 120)
             started = time.monotonic()
             report = subprocess.run([str(ROOT / ".venv/bin/gpufleet"), "report", "capacity",
                                      f"--prometheus=http://127.0.0.1:{port}", f"--range={args.days}d",

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,11 +30,7 @@ from pathlib import Path
 
 import psutil
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from support import free_port
 
 
 def get(url: str, timeout: float = 10.0) -> bytes:
