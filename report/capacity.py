@@ -231,13 +231,16 @@ async def memory(q: Queries) -> Section:
     free = f"gpufleet_gpu_memory_free_bytes and on ({GPU}) {ALLOCATED}"
     total = f"gpufleet_gpu_memory_total_bytes and on ({GPU}) {ALLOCATED}"
     ratio = f"gpufleet_gpu_memory_free_bytes / gpufleet_gpu_memory_total_bytes and on ({GPU}) {ALLOCATED}"
-    free_sum, total_sum, tight, held = await asyncio.gather(
+    free_sum, total_sum, lowest = await asyncio.gather(
         q.at_end(_by_model(f"sum_over_time({w.over(free)})", w)),
         q.at_end(_by_model(f"sum_over_time({w.over(total)})", w)),
-        q.at_end(_by_model(f"min_over_time({w.over(ratio)}) < bool 0.1", w)),
-        q.at_end(_by_model(f"min_over_time({w.over(ratio)}) >= bool 0", w)))
+        q.at_end(f"min_over_time({w.over(ratio)}) * on ({GPU}) group_left (name) {_model_over(w)}"))
     totals = _need(_per_model(total_sum), "memory samples of allocated GPUs")
-    frees, tights, helds = _per_model(free_sum), _per_model(tight), _per_model(held)
+    frees = _per_model(free_sum)
+    tights, helds = defaultdict(int), defaultdict(int)  # Per model: GPUs below 10% free at some point; all.
+    for series in lowest:
+        helds[_key(series.labels)] += 1
+        tights[_key(series.labels)] += series.values[-1][1] < 0.1
     rows = [(*key, _pct(frees.get(key, 0) / totals[key]), _count(tights.get(key, 0)), _count(helds.get(key, 0)))
             for key in sorted(totals)]
     return Section("memory", "Memory headroom",
