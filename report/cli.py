@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from exporter.flags import duration
+from report.document import Report
 from report.prometheus import Auth, Prometheus, Unreachable
 from report.progress import Progress
 from report.query import choose_step, Window
@@ -93,20 +94,16 @@ def run_capacity(args: argparse.Namespace) -> int:
                         verify_tls=args.verify_tls, timeout=args.timeout, concurrency=args.concurrency)
     started = time.monotonic()
 
-    async def go() -> tuple:
+    async def go() -> Report:
         async with client:
             return await capacity(client, window, progress)
 
     try:
-        report, queries = asyncio.run(go())
-    except Unreachable as error:
+        report = asyncio.run(go())
+    except (Unreachable, NothingToReport) as error:
         progress.finish()
         print(f"gpufleet report: {error}", file=sys.stderr)
-        return 2
-    except NothingToReport as error:
-        progress.finish()
-        print(f"gpufleet report: {error}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(error, Unreachable) else 1
     progress.finish()
     for failure in report.failures:
         print(f"gpufleet report: not computed: {failure.title}: {failure.reason}", file=sys.stderr)
@@ -115,5 +112,5 @@ def run_capacity(args: argparse.Namespace) -> int:
         return 1
     written = write(report, args.out)
     print(f"gpufleet report: wrote {written[-2]} and {written[-1]}: {len(report.sections)} of {len(SECTIONS)} "
-          f"sections from {queries} queries in {time.monotonic() - started:.1f}s", file=sys.stderr)
+          f"sections from {progress.queries} queries in {time.monotonic() - started:.1f}s", file=sys.stderr)
     return 0

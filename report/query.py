@@ -73,7 +73,6 @@ class Queries:
     window: Window
     on_done: Callable[[], None] = lambda: None
     _asked: dict[tuple[str, str, int], asyncio.Task[list[Series]]] = field(default_factory=dict)
-    count: int = 0
 
     def _once(self, key: tuple[str, str, int],
               make: Callable[[], Awaitable[list[Series]]]) -> asyncio.Task[list[Series]]:
@@ -85,7 +84,6 @@ class Queries:
         try:
             return await pending
         finally:
-            self.count += 1
             self.on_done()
 
     async def at_end(self, expr: str) -> list[Series]:

@@ -47,8 +47,8 @@ async def _section(spec: SectionSpec, queries: Queries, progress: Progress) -> S
         progress.section_done()
 
 
-async def capacity(prometheus: Prometheus, window: Window, progress: Progress) -> tuple[Report, int]:
-    """The report and the number of queries it took; raises Unreachable or NothingToReport."""
+async def capacity(prometheus: Prometheus, window: Window, progress: Progress) -> Report:
+    """The report, with its queries counted on `progress`; raises Unreachable or NothingToReport."""
     version = await prometheus.check()
     names = await prometheus.metric_names(window.start, window.end)
     period = f"{_stamp(window.start)} to {_stamp(window.end)} ({window.seconds / 86400:g} days)"
@@ -75,4 +75,4 @@ async def capacity(prometheus: Prometheus, window: Window, progress: Progress) -
         (report.failures if isinstance(outcome, Failure) else report.sections).append(outcome)
     order = [spec.key for spec in SECTIONS]
     report.sections.sort(key=lambda s: order.index(s.key))
-    return report, queries.count
+    return report
