@@ -118,6 +118,14 @@ def _per_state(result: list[Series]) -> dict[Key, dict[str, float]]:
     return states
 
 
+def _ident(series: Series, names: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(series.labels.get(name, "") for name in names)
+
+
+def _by_labels(result: list[Series], names: tuple[str, ...]) -> dict[tuple[str, ...], float]:
+    return {_ident(series, names): series.values[-1][1] for series in result}
+
+
 def _share(part: float | None, whole: float | None) -> float | None:
     return None if part is None or not whole else part / whole
 
@@ -343,11 +351,11 @@ async def stragglers(q: Queries) -> Section:
         q.at_end(f"min_over_time({w.over(relative)})"))
     if not worst:
         raise SectionError("no job with two or more nodes in the range")
-    lowest = {tuple(s.labels.get(k, "") for k in ("cluster", "scheduler", "job_id", "instance")): s.values[-1][1]
-              for s in worst}
+    names = ("cluster", "scheduler", "job_id", "instance")
+    lowest = _by_labels(worst, names)
     rows = []
-    for s in sorted(slow, key=lambda s: -s.values[-1][1]):
-        ident = tuple(s.labels.get(k, "") for k in ("cluster", "scheduler", "job_id", "instance"))
+    for s in sorted(slow, key=lambda s: (-s.values[-1][1], _ident(s, names))):
+        ident = _ident(s, names)
         rows.append((_cluster(s.labels), s.labels.get("instance", ""), f"{ident[1]} {ident[2]}",
                      _hours(s.values[-1][1] * w.hours_per_point), _pct(lowest.get(ident))))
     return Section("stragglers", "Nodes that straggled",
@@ -377,11 +385,9 @@ async def network(q: Queries) -> Section:
     if not peak:
         raise SectionError("no link throughput in the range")
 
-    def ident(s: Series) -> tuple[str, ...]:
-        return tuple(s.labels.get(k, "") for k in ("cluster", "instance", "device", "port", "direction"))
-
-    peaks = {ident(s): s.values[-1][1] for s in peak}
-    ranked = sorted(((s.values[-1][1], ident(s)) for s in p95), reverse=True)
+    names = ("cluster", "instance", "device", "port", "direction")
+    peaks = _by_labels(peak, names)
+    ranked = sorted(((s.values[-1][1], _ident(s, names)) for s in p95), reverse=True)
     busy = sum(1 for value, _ in ranked if value >= 0.8)
     rows = [(_cluster({"cluster": i[0]}), i[1], f"{i[2]}/{i[3]}" if i[3] else i[2],
              "InfiniBand" if i[3] else "Ethernet", i[4], _pct(value), _pct(peaks.get(i)))
@@ -408,13 +414,11 @@ async def jobs(q: Queries) -> Section:
     if not top:
         raise SectionError("no job was attributed to a GPU in the range")
 
-    def ident(s: Series) -> tuple[str, ...]:
-        return tuple(s.labels.get(k, "") for k in ("cluster", "scheduler", "job_id", "namespace", "pod"))
-
-    used_by, widest_by, nodes_by = ({ident(s): s.values[-1][1] for s in r} for r in (used, widest, spread))
+    names = ("cluster", "scheduler", "job_id", "namespace", "pod")
+    used_by, widest_by, nodes_by = (_by_labels(r, names) for r in (used, widest, spread))
     rows = []
-    for s in sorted(top, key=lambda s: -s.values[-1][1]):
-        i = ident(s)
+    for s in sorted(top, key=lambda s: (-s.values[-1][1], _ident(s, names))):
+        i = _ident(s, names)
         name = f"{i[1]} {i[2]}" if i[2] else f"{i[3]}/{i[4]}"
         rows.append((_cluster(s.labels), name.strip(), _hours(s.values[-1][1] * w.hours_per_point),
                      _pct(used_by.get(i, 0) / s.values[-1][1]), _count(widest_by.get(i, 0)),
