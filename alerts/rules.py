@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from alerts.capacity import capacity
 from alerts.config import Config
 from alerts.exporter import exporter_health
 from alerts.fabric import fabric
@@ -20,7 +21,8 @@ from alerts.stragglers import stragglers
 
 
 def groups(config: Config) -> list[dict[str, Any]]:
-    return [shared(config), stragglers(config), gpu_failures(config), fabric(config), exporter_health(config)]
+    return [shared(config), stragglers(config), gpu_failures(config), fabric(config), exporter_health(config),
+            capacity(config)]
 
 
 def render(config: Config | None = None) -> str:

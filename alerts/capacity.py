@@ -1,0 +1,125 @@
+"""Recording rules for the capacity report: the fleet's month, kept small enough to read in seconds.
+
+A 30-day report over raw per-GPU series scraped every 15 s would decode billions of samples
+(8,000 GPUs x 172,800 scrapes a series). These rules evaluate every `INTERVAL` and keep three kinds
+of series, so the report's cost follows clusters, jobs and links, not GPUs times scrapes:
+
+- per cluster and GPU model (`cluster_name:`): GPU counts by state, utilisation sums and buckets,
+  memory, power and energy;
+- per job (`cluster_job:`) and per link (`instance_port:`): what the top-jobs and busiest-links
+  tables rank;
+- per GPU or node, only while something is wrong: ECC errors, row remaps, lost GPUs, GPUs missing
+  from NVML, straggling nodes. Healthy hardware writes nothing here.
+
+Every per-GPU series carries the GPU's model (`name`), so the report never joins over the range.
+The report's step must not be finer than `INTERVAL`, or its points would miss samples.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from alerts.config import Config
+from alerts.rule import record
+
+INTERVAL = "5m"
+WINDOW = "10m"  # Rates and averages span two evaluations, so a late one leaves no gap.
+BUCKETS = 20  # Utilisation buckets 5% wide: quantiles are exact to 5%.
+TIGHT_MEMORY = 0.1  # Free memory share under which an allocated GPU counts as memory-bound.
+CAPPED_POWER = 0.95  # Share of the enforced power limit at which a GPU is likely being capped.
+
+GPUS = "cluster_name:gpufleet_gpus:count"  # Label `state`: installed, allocated, idle or lost.
+USED = "cluster_name:gpufleet_gpu_utilization_ratio:sum"
+ALLOCATED_USED = "cluster_name:gpufleet_allocated_gpu_utilization_ratio:sum"
+ALLOCATED_BUCKETS = "cluster_name_bucket:gpufleet_allocated_gpu_utilization_ratio:count"
+MEMORY_FREE = "cluster_name:gpufleet_allocated_gpu_memory_free_bytes:sum"
+MEMORY_TOTAL = "cluster_name:gpufleet_allocated_gpu_memory_total_bytes:sum"
+MEMORY_TIGHT = "cluster_name:gpufleet_allocated_gpus_memory_tight:count"
+MEMORY_LOWEST = "cluster_name:gpufleet_allocated_gpu_memory_free:min_ratio"
+ENERGY = "cluster_name:gpufleet_gpu_energy_joules:sum_rate10m"
+POWER = "cluster_name:gpufleet_gpu_power_watts:sum"
+POWER_GPUS = "cluster_name:gpufleet_gpu_power_watts:count"
+POWER_OF_LIMIT = "cluster_name:gpufleet_gpu_power_limit:sum_ratio"
+POWER_CAPPED = "cluster_name:gpufleet_gpus_power_capped:count"
+ECC = "instance_gpu:gpufleet_gpu_ecc_uncorrected_errors:total"
+REMAP_PENDING = "instance_gpu:gpufleet_gpu_row_remap_pending:true"
+REMAP_FAILED = "instance_gpu:gpufleet_gpu_row_remap_failed:true"
+LOST = "instance_gpu:gpufleet_gpu_lost:true"
+PCI_MISSING = "instance:gpufleet_gpus_missing_from_nvml:count"
+STRAGGLING = "job_instance:gpufleet_gpu_sm_clock:ratio_to_fastest_straggling"
+JOB_GPUS = "cluster_job:gpufleet_gpus:count"
+JOB_NODES = "cluster_job:gpufleet_nodes:count"
+JOB_USED = "cluster_job:gpufleet_gpu_utilization_ratio:sum"
+LINKS = "instance_port:gpufleet_link_utilization:ratio_rate10m"
+
+GPU = "cluster, instance, gpu"
+JOB = "cluster, scheduler, job_id, namespace, pod"
+
+
+def capacity(c: Config) -> dict[str, Any]:
+    m = c.metric
+    jobs = m("gpufleet_gpu_job_info", 'job_id!=""')
+    sm_clock = m("gpufleet_gpu_clock_hertz", 'clock="sm"')
+    ecc = m("gpufleet_gpu_ecc_errors_total", 'error="uncorrected"', 'scope="aggregate"')
+    info = f"max by ({GPU}, name) ({m('gpufleet_gpu_info')})"
+    allocated = f"group by ({GPU}) ({m('gpufleet_gpu_job_info')})"
+    healthy = f"({info} and on ({GPU}) ({m('gpufleet_gpu_up')} == 1))"
+    util = m("gpufleet_gpu_utilization_ratio")
+    held_util = f"{util} * on ({GPU}) group_left (name) ({info} and on ({GPU}) {allocated})"
+    free_share = f"({m('gpufleet_gpu_memory_free_bytes')} / {m('gpufleet_gpu_memory_total_bytes')})"
+
+    def by_model(per_gpu: str) -> str:
+        return f"sum by (cluster, name) (({per_gpu}) * on ({GPU}) group_left (name) {info})"
+
+    def allocated_only(per_gpu: str) -> str:
+        return f"{per_gpu} and on ({GPU}) {allocated}"
+
+    def named(per_gpu: str) -> str:
+        return f"({per_gpu}) * on ({GPU}) group_left (name) {info}"
+
+    power_ratio = f"({m('gpufleet_gpu_power_watts')} / {m('gpufleet_gpu_power_limit_watts')})"
+    job_key = "cluster, scheduler, job_id"
+    clock = (f"avg by ({job_key}, instance) ({jobs} * on ({GPU}, uuid) "
+             f"group_left avg_over_time({sm_clock}[{c.d(WINDOW)}]))")
+    relative = (f"({clock} / on ({job_key}) group_left max by ({job_key}) ({clock})) "
+                f"and on ({job_key}) (count by ({job_key}) ({clock}) >= 2)")
+    ib = ("gpufleet_infiniband_port_xmit_data_bytes_total", "gpufleet_infiniband_port_rcv_data_bytes_total",
+          "gpufleet_infiniband_rate_bytes_per_second", "cluster, instance, device, port", "infiniband")
+    eth = ("gpufleet_network_transmit_bytes_total", "gpufleet_network_receive_bytes_total",
+           "gpufleet_network_speed_bytes_per_second", "cluster, instance, device", "net")
+    links = []
+    for transmit, receive, speed, port, kind in (ib, eth):
+        for counter, direction in ((transmit, "transmit"), (receive, "receive")):
+            links.append(record(LINKS, f"rate({m(counter)}[{c.d(WINDOW)}]) / on ({port}) ({m(speed)} > 0)",
+                                direction=direction, **{"class": kind}))
+    rules = [
+        record(GPUS, f"count by (cluster, name) ({info})", state="installed"),
+        record(GPUS, f"count by (cluster, name) ({healthy} and on ({GPU}) {allocated})", state="allocated"),
+        record(GPUS, f"count by (cluster, name) ({healthy} unless on ({GPU}) {allocated})", state="idle"),
+        record(GPUS, f"count by (cluster, name) ({info} and on ({GPU}) ({m('gpufleet_gpu_up')} == 0))",
+               state="lost"),
+        record(USED, by_model(util)),
+        record(ALLOCATED_USED, f"sum by (cluster, name) ({held_util})"),
+        record(ALLOCATED_BUCKETS, f'count_values by (cluster, name) ("bucket", floor({BUCKETS} * ({held_util})) '
+                                  f"/ {BUCKETS})"),
+        record(MEMORY_FREE, by_model(allocated_only(m("gpufleet_gpu_memory_free_bytes")))),
+        record(MEMORY_TOTAL, by_model(allocated_only(m("gpufleet_gpu_memory_total_bytes")))),
+        record(MEMORY_TIGHT, f"count by (cluster, name) ({named(allocated_only(free_share))} < {TIGHT_MEMORY:g})"),
+        record(MEMORY_LOWEST, f"min by (cluster, name) ({named(allocated_only(free_share))})"),
+        record(ENERGY, by_model(f"rate({m('gpufleet_gpu_energy_joules_total')}[{c.d(WINDOW)}])")),
+        record(POWER, by_model(m("gpufleet_gpu_power_watts"))),
+        record(POWER_GPUS, f"count by (cluster, name) ({named(m('gpufleet_gpu_power_watts'))})"),
+        record(POWER_OF_LIMIT, by_model(power_ratio)),
+        record(POWER_CAPPED, f"count by (cluster, name) ({named(power_ratio)} >= {CAPPED_POWER:g})"),
+        record(ECC, named(f"sum by ({GPU}) ({ecc}) > 0")),
+        record(REMAP_PENDING, named(f"max by ({GPU}) ({m('gpufleet_gpu_row_remap_pending')}) == 1")),
+        record(REMAP_FAILED, named(f"max by ({GPU}) ({m('gpufleet_gpu_row_remap_failed')}) == 1")),
+        record(LOST, f"{info} and on ({GPU}) ({m('gpufleet_gpu_up')} == 0)"),
+        record(PCI_MISSING, f"({m('gpufleet_gpu_pci_devices')} - {m('gpufleet_gpu_devices')}) > 0"),
+        record(STRAGGLING, f"({relative}) < {c.straggler_relative:g}"),
+        record(JOB_GPUS, f"count by ({JOB}) ({m('gpufleet_gpu_job_info')})"),
+        record(JOB_NODES, f"count by ({JOB}) (group by ({JOB}, instance) ({m('gpufleet_gpu_job_info')}))"),
+        record(JOB_USED, f"sum by ({JOB}) ({m('gpufleet_gpu_job_info')} * on ({GPU}, uuid) group_left {util})"),
+        *links,
+    ]
+    return {"name": "gpufleet-capacity", "interval": INTERVAL, "rules": rules}
