@@ -1,9 +1,11 @@
 """The capacity report's sections: what the fleet has, what jobs hold, what they make of it, and the trend.
 
-Figures are per cluster and GPU model, over GPU-hours: a subquery counts GPUs in each state at every
-step of the range, so a GPU that joined halfway counts for half the range. Allocated means a job is
-attributed to the GPU (`gpufleet_gpu_job_info`); idle means healthy and unattributed; lost means the
-exporter saw the GPU fall off the bus (`gpufleet_gpu_up == 0`).
+Every section reads the series of the `gpufleet-capacity` rule group (alerts/capacity.py), not the
+exporters' raw series: the joins and aggregations over every GPU are paid once per evaluation as
+the data arrives, so a month of a thousand nodes is a few thousand small series to read here.
+Figures are per cluster and GPU model, over GPU-hours: a subquery reads the GPUs in each state at
+every step of the range, so a GPU that joined halfway counts for half the range. Allocated means a
+job is attributed to the GPU; idle, healthy and unattributed; lost, fallen off the bus.
 """
 
 from __future__ import annotations
@@ -14,24 +16,21 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from alerts import capacity as rec
+from alerts.config import Config
 from report import charts
 from report.document import Section, Table
 from report.figures import project, quantile_from_buckets
 from report.prometheus import Series
 from report.query import Queries, Window
 
-GPU = "cluster, instance, gpu"
-JOB = "cluster, scheduler, job_id, namespace, pod"
-INFO = "max by (cluster, instance, gpu, name) (gpufleet_gpu_info)"
-ALLOCATED = "group by (cluster, instance, gpu) (gpufleet_gpu_job_info)"
-UTIL = "gpufleet_gpu_utilization_ratio"
-POWER = "gpufleet_gpu_power_watts"
-BUCKETS = 20
-UTIL_BOUNDS = tuple(round((i + 1) / BUCKETS, 2) for i in range(BUCKETS))
+UTIL_BOUNDS = tuple(round((i + 1) / rec.BUCKETS, 2) for i in range(rec.BUCKETS))
 LOW_UTIL = 0.1
 TOP = 20
 PROJECTION_SHARE = 0.9
 TREND_POINTS = 200
+
+INSTALLED = f'{rec.GPUS}{{state="installed"}}'
 
 Key = tuple[str, str]  # (cluster, GPU model)
 
@@ -50,36 +49,19 @@ class SectionSpec:
 
 # Expressions --------------------------------------------------------------------------------------
 
-def _states(by: str) -> str:
-    """GPUs by state at one instant, with a `state` label; installed = allocated + idle + lost."""
-    healthy = f"({INFO} and on ({GPU}) (gpufleet_gpu_up == 1))"
-    parts = {
-        "installed": INFO,
-        "allocated": f"{healthy} and on ({GPU}) {ALLOCATED}",
-        "idle": f"{healthy} unless on ({GPU}) {ALLOCATED}",
-        "lost": f"{INFO} and on ({GPU}) (gpufleet_gpu_up == 0)",
-    }
-    return " or ".join(f'label_replace(count by ({by}) ({expr}), "state", "{state}", "", "")'
-                       for state, expr in parts.items())
-
-
-def _model_over(w: Window) -> str:
-    """Each GPU seen in the range with its model, for joining per-GPU figures that span the range."""
-    return f"max by ({GPU}, name) (max_over_time({w.over('gpufleet_gpu_info')}))"
-
-
-def _by_model(per_gpu: str, w: Window) -> str:
-    return f"sum by (cluster, name) (({per_gpu}) * on ({GPU}) group_left (name) {_model_over(w)})"
-
-
 def _grown(selector: str, on: str, w: Window) -> str:
     """How much a counter grew in the range: its largest value less its value at the start, or all of it
     for a series born inside the range (an XID counter is created by its first event, which `increase()`
-    would miss). Sampled at the step, never over raw samples: a raw 30-day range would load every scrape.
+    would miss). Only for sparse series, that exist for the few GPUs with a problem: the range is raw.
     Counters that restart inside the range (XIDs, with the exporter) count from the restart.
     """
-    largest = f"max_over_time({w.over(selector)})"
+    largest = f"max_over_time({selector}[{w.r}])"
     return f"({largest} unless on ({on}) {selector} offset {w.r}) or ({largest} - on ({on}) {selector} offset {w.r})"
+
+
+def _summed(w: Window, recorded: str) -> str:
+    """A recorded series summed over the range's points; times the step in hours, that is GPU-hours."""
+    return f"sum_over_time({w.over(recorded)})"
 
 
 # Formatting ---------------------------------------------------------------------------------------
@@ -140,8 +122,7 @@ def _need(values: dict[Key, float], what: str) -> dict[Key, float]:
 
 async def inventory(q: Queries) -> Section:
     w = q.window
-    now, hours = await asyncio.gather(q.at_end(_states("cluster, name")),
-                                      q.at_end(f"sum_over_time({w.over(_states('cluster, name'))})"))
+    now, hours = await asyncio.gather(q.at_end(rec.GPUS), q.at_end(_summed(w, rec.GPUS)))
     at_end, over = _per_state(now), _per_state(hours)
     if not over:
         raise SectionError("no GPU was seen in the range")
@@ -163,7 +144,7 @@ async def inventory(q: Queries) -> Section:
 
 async def allocation(q: Queries) -> Section:
     w = q.window
-    over = _per_state(await q.at_end(f"sum_over_time({w.over(_states('cluster, name'))})"))
+    over = _per_state(await q.at_end(_summed(w, rec.GPUS)))
     if not over:
         raise SectionError("no GPU was seen in the range")
     rows, bars = [], []
@@ -196,13 +177,9 @@ def _cumulative(buckets: dict[float, float]) -> list[float]:
 
 async def utilisation(q: Queries) -> Section:
     w = q.window
-    held = f"{UTIL} and on ({GPU}) {ALLOCATED}"
-    # One pass over the raw utilisation for the whole distribution: count_values buckets each sample.
-    modelled = f"{UTIL} * on ({GPU}) group_left (name) ({INFO} and on ({GPU}) {ALLOCATED})"
-    histogram = f'count_values by (cluster, name) ("bucket", floor({BUCKETS} * ({modelled})) / {BUCKETS})'
-    counted, summed, used_all = await asyncio.gather(q.at_end(f"sum_over_time({w.over(histogram)})"),
-                                                     q.at_end(_by_model(f"sum_over_time({w.over(held)})", w)),
-                                                     q.at_end(_by_model(f"sum_over_time({w.over(UTIL)})", w)))
+    counted, summed, used_all = await asyncio.gather(q.at_end(_summed(w, rec.ALLOCATED_BUCKETS)),
+                                                     q.at_end(_summed(w, rec.ALLOCATED_USED)),
+                                                     q.at_end(_summed(w, rec.USED)))
     buckets: dict[Key, dict[float, float]] = defaultdict(lambda: defaultdict(float))
     for series in counted:
         buckets[_key(series.labels)][min(1.0, max(0.0, float(series.labels["bucket"])))] += series.values[-1][1]
@@ -226,7 +203,7 @@ async def utilisation(q: Queries) -> Section:
     return Section(
         "utilisation", "Utilisation of allocated GPUs",
         "Over allocated GPU-hours. Used GPU-hours weight every GPU-hour by its utilisation (all GPUs). Quantiles "
-        f"are read from utilisation buckets {1 / BUCKETS:.0%} wide, so they are exact to that.",
+        f"are read from utilisation buckets {1 / rec.BUCKETS:.0%} wide, so they are exact to that.",
         findings=[f"{_pct(all_low / all_samples)} of allocated GPU-hours ran below {LOW_UTIL:.0%} utilisation."],
         tables=[Table("Utilisation by cluster and model",
                       ("Cluster", "Model", "GPU-hours used", "GPU-hours allocated", "Mean", "p50", "p95",
@@ -236,40 +213,29 @@ async def utilisation(q: Queries) -> Section:
 
 async def memory(q: Queries) -> Section:
     w = q.window
-    free = f"gpufleet_gpu_memory_free_bytes and on ({GPU}) {ALLOCATED}"
-    total = f"gpufleet_gpu_memory_total_bytes and on ({GPU}) {ALLOCATED}"
-    ratio = f"gpufleet_gpu_memory_free_bytes / gpufleet_gpu_memory_total_bytes and on ({GPU}) {ALLOCATED}"
-    free_sum, total_sum, lowest = await asyncio.gather(
-        q.at_end(_by_model(f"sum_over_time({w.over(free)})", w)),
-        q.at_end(_by_model(f"sum_over_time({w.over(total)})", w)),
-        q.at_end(f"min_over_time({w.over(ratio)}) * on ({GPU}) group_left (name) {_model_over(w)}"))
+    free_sum, total_sum, tight, lowest, states = await asyncio.gather(
+        q.at_end(_summed(w, rec.MEMORY_FREE)), q.at_end(_summed(w, rec.MEMORY_TOTAL)),
+        q.at_end(_summed(w, rec.MEMORY_TIGHT)), q.at_end(f"min_over_time({rec.MEMORY_LOWEST}[{w.r}])"),
+        q.at_end(_summed(w, rec.GPUS)))
     totals = _need(_per_model(total_sum), "memory samples of allocated GPUs")
-    frees = _per_model(free_sum)
-    tights, helds = defaultdict(int), defaultdict(int)  # Per model: GPUs below 10% free at some point; all.
-    for series in lowest:
-        helds[_key(series.labels)] += 1
-        tights[_key(series.labels)] += series.values[-1][1] < 0.1
-    rows = [(*key, _pct(frees.get(key, 0) / totals[key]), _count(tights.get(key, 0)), _count(helds.get(key, 0)))
-            for key in sorted(totals)]
+    frees, tights, lowests = _per_model(free_sum), _per_model(tight), _per_model(lowest)
+    held = {key: by_state.get("allocated", 0) for key, by_state in _per_state(states).items()}
+    rows = [(*key, _pct(frees.get(key, 0) / totals[key]), _pct(_share(tights.get(key, 0), held.get(key))),
+             _pct(lowests.get(key))) for key in sorted(totals)]
     return Section("memory", "Memory headroom",
-                   "Free GPU memory as a share of total, over allocated GPU-hours; and the allocated GPUs whose "
-                   "free memory fell below 10% at some point in the period.",
+                   "Free GPU memory as a share of total, over allocated GPU-hours; the share of allocated "
+                   f"GPU-hours with less than {rec.TIGHT_MEMORY:.0%} free, and the lowest any GPU reached.",
                    tables=[Table("Memory headroom by cluster and model",
-                                 ("Cluster", "Model", "Mean headroom", "GPUs below 10% free", "GPUs allocated"),
-                                 rows)])
+                                 ("Cluster", "Model", "Mean headroom",
+                                  f"Share of GPU-hours below {rec.TIGHT_MEMORY:.0%} free", "Lowest headroom"), rows)])
 
 
 async def energy(q: Queries) -> Section:
     w = q.window
-    power_limit = f"{POWER} / gpufleet_gpu_power_limit_watts"
     joules, watts, samples, of_limit, capped, peak = await asyncio.gather(
-        q.at_end(_by_model(f"sum_over_time({w.over(f'rate(gpufleet_gpu_energy_joules_total[{w.rate_window}])')})"
-                           f" * {w.step}", w)),
-        q.at_end(_by_model(f"sum_over_time({w.over(POWER)})", w)),
-        q.at_end(_by_model(f"count_over_time({w.over(POWER)})", w)),
-        q.at_end(_by_model(f"sum_over_time({w.over(power_limit)})", w)),
-        q.at_end(_by_model(f"sum_over_time({w.over(f'{power_limit} >= bool 0.95')})", w)),
-        q.at_end(f"max_over_time({w.over(f'sum by (cluster) ({POWER})')})"))
+        q.at_end(f"{_summed(w, rec.ENERGY)} * {w.step}"), q.at_end(_summed(w, rec.POWER)),
+        q.at_end(_summed(w, rec.POWER_GPUS)), q.at_end(_summed(w, rec.POWER_OF_LIMIT)),
+        q.at_end(_summed(w, rec.POWER_CAPPED)), q.at_end(f"max_over_time({w.over(f'sum by (cluster) ({rec.POWER})')})"))
     counts = _need(_per_model(samples), "GPU power samples")
     kwh, power, shares, at_cap = (_per_model(r) for r in (joules, watts, of_limit, capped))
     rows = [(*key, f"{kwh[key] / 3.6e6:,.0f}" if key in kwh else "—", f"{power.get(key, 0) / counts[key]:,.0f} W",
@@ -280,31 +246,30 @@ async def energy(q: Queries) -> Section:
     return Section(
         "energy", "Energy and power",
         "Energy from the GPUs' own counters (board power only: no CPUs, fans or cooling). Power against the "
-        "enforced limit; a GPU at 95% of its limit or more is likely being capped.",
+        f"enforced limit; a GPU at {rec.CAPPED_POWER:.0%} of its limit or more is likely being capped.",
         findings=[f"The GPUs used {total_kwh:,.0f} kWh in the period."],
         tables=[Table("Energy and power by cluster and model",
                       ("Cluster", "Model", "Energy (kWh)", "Mean power per GPU", "Mean share of limit",
-                       "GPU-hours at 95% of limit or more"), rows),
+                       f"GPU-hours at {rec.CAPPED_POWER:.0%} of limit or more"), rows),
                 Table("Peak GPU power draw by cluster", ("Cluster", "Peak draw"), sorted(draws))])
 
 
 async def health(q: Queries) -> Section:
     w = q.window
     xid_on = "cluster, instance, job, gpu, uuid, xid"
-    ecc = 'gpufleet_gpu_ecc_errors_total{error="uncorrected",scope="aggregate"}'
-    models, xids, eccs, pending, failed, lost, missing = await asyncio.gather(
-        q.at_end(_model_over(w)),
-        q.at_end(f"sum by ({GPU}, xid) ({_grown('gpufleet_gpu_xid_errors_total', xid_on, w)}) > 0"),
-        q.at_end(f"sum by ({GPU}) ({_grown(ecc, 'cluster, instance, job, gpu, uuid, error, scope', w)}) > 0"),
-        q.at_end(f"max by ({GPU}) (max_over_time({w.over('gpufleet_gpu_row_remap_pending')})) > 0"),
-        q.at_end(f"max by ({GPU}) (max_over_time({w.over('gpufleet_gpu_row_remap_failed')})) > 0"),
-        q.at_end(f"sum by ({GPU}) (sum_over_time({w.over('gpufleet_gpu_up == bool 0')})) > 0"),
-        q.at_end("max by (cluster, instance) (max_over_time("
-                 f"{w.over('gpufleet_gpu_pci_devices - gpufleet_gpu_devices')})) > 0"))
-    if not models:
+    models, installed, xids, eccs, pending, failed, lost, missing = await asyncio.gather(
+        q.at_end(f"max by ({rec.GPU}, name) (gpufleet_gpu_info)"),
+        q.at_end(f"max_over_time({w.over(f'sum({INSTALLED})')})"),
+        q.at_end(f"sum by ({rec.GPU}, xid) ({_grown('gpufleet_gpu_xid_errors_total', xid_on, w)}) > 0"),
+        q.at_end(f"{_grown(rec.ECC, rec.GPU, w)} > 0"),
+        q.at_end(f"max_over_time({rec.REMAP_PENDING}[{w.r}])"),
+        q.at_end(f"max_over_time({rec.REMAP_FAILED}[{w.r}])"),
+        q.at_end(_summed(w, rec.LOST)),
+        q.at_end(f"max_over_time({rec.PCI_MISSING}[{w.r}])"))
+    if not installed:
         raise SectionError("no GPU was seen in the range")
     model = {(_cluster(s.labels), s.labels.get("instance", ""), s.labels.get("gpu", "")): s.labels.get("name", "")
-             for s in models}
+             for s in (*models, *eccs, *pending, *failed, *lost)}
     problems: dict[tuple[str, str, str], dict[str, str]] = defaultdict(dict)
 
     def gpu(series: Series) -> dict[str, str]:
@@ -329,8 +294,10 @@ async def health(q: Queries) -> Section:
         per_model[(cluster, model.get((cluster, instance, g), "") or "unknown model")] += 1
     return Section(
         "health", "GPUs with health problems",
-        "Any critical XID, new uncorrectable ECC error, row remap pending or failed, or time fallen off the bus.",
-        findings=[f"{len(problems)} of {len(model)} GPUs had a health problem in the period."],
+        "Any critical XID, new uncorrectable ECC error, row remap pending or failed, or time fallen off the bus "
+        f"(read every {rec.INTERVAL}).",
+        findings=[f"{len(problems)} GPUs had a health problem in the period, of at most "
+                  f"{installed[0].values[-1][1]:,.0f} installed."],
         tables=[Table("GPUs with health problems", ("Cluster", "Node", "GPU", "Model", "XIDs (code ×count)",
                                                     "Uncorrectable ECC", "Row remap", "Hours lost"), rows),
                 Table("Nodes where NVML missed GPUs on the PCI bus", ("Cluster", "Node", "Most GPUs missing"),
@@ -341,16 +308,8 @@ async def health(q: Queries) -> Section:
 
 async def stragglers(q: Queries) -> Section:
     w = q.window
-    job = "cluster, scheduler, job_id"
-    clock = (f'avg by ({job}, instance) (gpufleet_gpu_job_info{{job_id!=""}} * on ({GPU}, uuid) group_left '
-             f'avg_over_time(gpufleet_gpu_clock_hertz{{clock="sm"}}[{w.rate_window}]))')
-    relative = (f"(({clock} / on ({job}) group_left max by ({job}) ({clock})) "
-                f"and on ({job}) (count by ({job}) ({clock}) >= 2))")
-    slow, worst = await asyncio.gather(
-        q.at_end(f"sum_over_time({w.over(f'{relative} < bool 0.75')}) > 0"),
-        q.at_end(f"min_over_time({w.over(relative)})"))
-    if not worst:
-        raise SectionError("no job with two or more nodes in the range")
+    slow, worst = await asyncio.gather(q.at_end(f"count_over_time({w.over(rec.STRAGGLING)})"),
+                                       q.at_end(f"min_over_time({rec.STRAGGLING}[{w.r}])"))
     names = ("cluster", "scheduler", "job_id", "instance")
     lowest = _by_labels(worst, names)
     rows = []
@@ -359,29 +318,17 @@ async def stragglers(q: Queries) -> Section:
         rows.append((_cluster(s.labels), s.labels.get("instance", ""), f"{ident[1]} {ident[2]}",
                      _hours(s.values[-1][1] * w.hours_per_point), _pct(lowest.get(ident))))
     return Section("stragglers", "Nodes that straggled",
-                   "A node straggles while its mean SM clock is below 75% of the fastest node's in the same job "
-                   "(jobs of two nodes or more), measured at every step of the range.",
+                   f"A node straggles while its mean SM clock is below {Config().straggler_relative:.0%} of the "
+                   "fastest node's in the same job (jobs of two nodes or more), judged at every step of the range.",
                    findings=[f"Nodes that straggled in the period: {len({(r[0], r[1]) for r in rows})}."],
                    tables=[Table("Straggling nodes", ("Cluster", "Node", "Job", "Hours straggling",
                                                       "Lowest clock against the fastest node"), rows[:TOP * 5])])
 
 
-def _links(w: Window) -> str:
-    ib = "on (cluster, instance, device, port) gpufleet_infiniband_rate_bytes_per_second > 0"
-    eth = "on (cluster, instance, device) gpufleet_network_speed_bytes_per_second > 0"
-    parts = [
-        (f"rate(gpufleet_infiniband_port_xmit_data_bytes_total[{w.rate_window}]) / {ib}", "transmit"),
-        (f"rate(gpufleet_infiniband_port_rcv_data_bytes_total[{w.rate_window}]) / {ib}", "receive"),
-        (f"rate(gpufleet_network_transmit_bytes_total[{w.rate_window}]) / {eth}", "transmit"),
-        (f"rate(gpufleet_network_receive_bytes_total[{w.rate_window}]) / {eth}", "receive"),
-    ]
-    return " or ".join(f'label_replace({expr}, "direction", "{d}", "", "")' for expr, d in parts)
-
-
 async def network(q: Queries) -> Section:
     w = q.window
-    peak, p95 = await asyncio.gather(q.at_end(f"max_over_time({w.over(_links(w))})"),
-                                     q.at_end(f"quantile_over_time(0.95, {w.over(_links(w))})"))
+    peak, p95 = await asyncio.gather(q.at_end(f"max_over_time({rec.LINKS}[{w.r}])"),
+                                     q.at_end(f"quantile_over_time(0.95, {rec.LINKS}[{w.r}])"))
     if not peak:
         raise SectionError("no link throughput in the range")
 
@@ -393,7 +340,7 @@ async def network(q: Queries) -> Section:
              "InfiniBand" if i[3] else "Ethernet", i[4], _pct(value), _pct(peaks.get(i)))
             for value, i in ranked[:TOP]]
     return Section("network", "Network links",
-                   f"Link throughput against link speed, averaged over each {w.rate_window} step; the busiest "
+                   f"Link throughput against link speed, averaged over {rec.WINDOW} every {rec.INTERVAL}; the busiest "
                    f"{TOP} links by p95.",
                    findings=[f"{busy} of {len(ranked)} link directions spent 5% or more of the period at 80% of "
                              "line rate or above."],
@@ -403,14 +350,9 @@ async def network(q: Queries) -> Section:
 
 async def jobs(q: Queries) -> Section:
     w = q.window
-    gpus = f"count by ({JOB}) (gpufleet_gpu_job_info)"
-    busy = f"sum by ({JOB}) (gpufleet_gpu_job_info * on ({GPU}, uuid) group_left {UTIL})"
-    nodes = f"count by ({JOB}) (group by ({JOB}, instance) (gpufleet_gpu_job_info))"
     top, used, widest, spread = await asyncio.gather(
-        q.at_end(f"topk({TOP}, sum_over_time({w.over(gpus)}))"),
-        q.at_end(f"sum_over_time({w.over(busy)})"),
-        q.at_end(f"max_over_time({w.over(gpus)})"),
-        q.at_end(f"max_over_time({w.over(nodes)})"))
+        q.at_end(f"topk({TOP}, {_summed(w, rec.JOB_GPUS)})"), q.at_end(_summed(w, rec.JOB_USED)),
+        q.at_end(f"max_over_time({rec.JOB_GPUS}[{w.r}])"), q.at_end(f"max_over_time({rec.JOB_NODES}[{w.r}])"))
     if not top:
         raise SectionError("no job was attributed to a GPU in the range")
 
@@ -431,8 +373,8 @@ async def jobs(q: Queries) -> Section:
 async def trend(q: Queries) -> Section:
     w = q.window
     step = max(w.step, -(-w.seconds // TREND_POINTS) // w.step * w.step)
-    used = f'label_replace(sum by (cluster) ({UTIL}), "state", "used", "", "")'
-    result = await q.over_range(f"{_states('cluster')} or {used}", step)
+    used = f'label_replace(sum by (cluster) ({rec.USED}), "state", "used", "", "")'
+    result = await q.over_range(f"sum by (cluster, state) ({rec.GPUS}) or {used}", step)
     series: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(dict)
     for s in result:
         series[_cluster(s.labels)][s.labels["state"]] = s.values
@@ -471,22 +413,16 @@ async def trend(q: Queries) -> Section:
 
 
 SECTIONS = (
-    SectionSpec("inventory", "Inventory", ("gpufleet_gpu_info", "gpufleet_gpu_up"), inventory),
-    SectionSpec("allocation", "Allocated and idle GPU-hours",
-                ("gpufleet_gpu_info", "gpufleet_gpu_up", "gpufleet_gpu_job_info"), allocation),
-    SectionSpec("utilisation", "Utilisation of allocated GPUs",
-                ("gpufleet_gpu_info", "gpufleet_gpu_job_info", UTIL), utilisation),
-    SectionSpec("memory", "Memory headroom", ("gpufleet_gpu_info", "gpufleet_gpu_job_info",
-                                              "gpufleet_gpu_memory_free_bytes", "gpufleet_gpu_memory_total_bytes"),
-                memory),
-    SectionSpec("energy", "Energy and power", ("gpufleet_gpu_info", POWER, "gpufleet_gpu_energy_joules_total",
-                                               "gpufleet_gpu_power_limit_watts"), energy),
-    SectionSpec("health", "GPUs with health problems", ("gpufleet_gpu_info", "gpufleet_gpu_up"), health),
-    SectionSpec("stragglers", "Nodes that straggled", ("gpufleet_gpu_job_info", "gpufleet_gpu_clock_hertz"),
-                stragglers),
-    SectionSpec("network", "Network links", ("gpufleet_infiniband_port_xmit_data_bytes_total|"
-                                             "gpufleet_network_transmit_bytes_total",), network),
-    SectionSpec("jobs", "Top jobs by GPU-hours", ("gpufleet_gpu_job_info", UTIL), jobs),
-    SectionSpec("trend", "Trend and projection", ("gpufleet_gpu_info", "gpufleet_gpu_up", "gpufleet_gpu_job_info",
-                                                  UTIL), trend),
+    SectionSpec("inventory", "Inventory", (rec.GPUS,), inventory),
+    SectionSpec("allocation", "Allocated and idle GPU-hours", (rec.GPUS,), allocation),
+    SectionSpec("utilisation", "Utilisation of allocated GPUs", (rec.ALLOCATED_BUCKETS, rec.USED), utilisation),
+    SectionSpec("memory", "Memory headroom", (rec.GPUS, rec.MEMORY_TOTAL), memory),
+    SectionSpec("energy", "Energy and power", (rec.POWER_GPUS,), energy),
+    # The health and straggler series exist only while something is wrong: their absence is good news,
+    # as long as the group that records them is loaded (its GPU counts are there).
+    SectionSpec("health", "GPUs with health problems", (rec.GPUS,), health),
+    SectionSpec("stragglers", "Nodes that straggled", (rec.GPUS, rec.JOB_NODES), stragglers),
+    SectionSpec("network", "Network links", (rec.LINKS,), network),
+    SectionSpec("jobs", "Top jobs by GPU-hours", (rec.JOB_GPUS,), jobs),
+    SectionSpec("trend", "Trend and projection", (rec.GPUS, rec.USED), trend),
 )

@@ -1,9 +1,9 @@
 """The report's window onto Prometheus: one time range, one step, and each distinct query asked once.
 
-Every figure over the range is an instant query at its end with a subquery `[range:step]`, so one
-request returns the whole period per GPU model or per GPU; the step bounds the samples Prometheus
-touches (a 30-day range at 30 minutes is 1,440 points a series). Sections that need the same
-expression share one request.
+Every figure over the range is an instant query at its end, over the recorded series of the
+`gpufleet-capacity` rule group: a subquery `[range:step]` where a figure is a sum over time (so a
+30-day range at 30 minutes is 1,440 points a series), a raw range where every evaluation counts (a
+peak, a p95). Sections that need the same expression share one request.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from report.prometheus import Prometheus, Series
 
 POINTS_PER_SERIES = 1440
-MIN_STEP = 300  # Finer steps multiply the points Prometheus evaluates and change nothing a planner reads.
+MIN_STEP = 300  # The capacity rules' interval: a finer step would read points between evaluations.
 
 
 def choose_step(range_seconds: float, requested: float | None = None) -> int:
@@ -50,11 +50,6 @@ class Window:
     @property
     def s(self) -> str:
         return f"{self.step}s"
-
-    @property
-    def rate_window(self) -> str:
-        """Rates inside subqueries average over a whole step, but over no less than two 5-minute scrapes."""
-        return f"{max(self.step, 2 * MIN_STEP)}s"
 
     @property
     def hours_per_point(self) -> float:

@@ -31,6 +31,13 @@ def _missing(spec: SectionSpec, names: set[str]) -> list[str]:
     return [need.replace("|", " or ") for need in spec.requires if not any(n in names for n in need.split("|"))]
 
 
+def _hint(missing: list[str]) -> str:
+    if not any(":" in name for name in missing):
+        return ""
+    return (" (recorded by the rule group gpufleet-capacity in alerts/gpufleet-rules.yml: load it into this "
+            "Prometheus; the report covers the time since)")
+
+
 async def _section(spec: SectionSpec, queries: Queries, progress: Progress) -> Section | Failure:
     try:
         return await spec.build(queries)
@@ -59,7 +66,8 @@ async def capacity(prometheus: Prometheus, window: Window, progress: Progress) -
     report = Report("GPU fleet capacity report", period, f"{prometheus.url} (Prometheus {version})",
                     _stamp(time.time()),
                     [f"Figures over the range are sampled every {window.step // 60} minutes "
-                     "(a Prometheus subquery at that step); GPU-hours are samples times the step.",
+                     "(a Prometheus subquery at that step) from the series that the gpufleet-capacity rules "
+                     "record every 5 minutes; GPU-hours are samples times the step.",
                      "A GPU is allocated while gpufleet_gpu_job_info attributes a job to it, idle while it is "
                      "healthy and has none, and lost while gpufleet_gpu_up is 0.",
                      "Clusters are the `cluster` label of the scraped series; \u2014 means the series have none."])
@@ -67,7 +75,8 @@ async def capacity(prometheus: Prometheus, window: Window, progress: Progress) -
     for spec in SECTIONS:
         missing = _missing(spec, names)
         if missing:
-            report.failures.append(Failure(spec.title, f"no samples of {', '.join(missing)} in the range"))
+            why = f"no samples of {', '.join(missing)} in the range{_hint(missing)}"
+            report.failures.append(Failure(spec.title, why))
             progress.section_done()
         else:
             runnable.append(spec)

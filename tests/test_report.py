@@ -1,8 +1,10 @@
 """`gpufleet report capacity` against a real Prometheus holding two days of simulated fleet history.
 
 The history is written by the simulator for past timestamps and imported with `promtool tsdb
-create-blocks-from openmetrics`, so every figure can be checked against what the simulator was told:
-8 nodes of 8 GPUs, two of them idle throughout (25% of GPU-hours), and a known list of faults.
+create-blocks-from openmetrics`; the committed `gpufleet-capacity` rules are then evaluated over it
+with `promtool tsdb create-blocks-from rules`, as Prometheus would have recorded them, so every
+figure can be checked against what the simulator was told: 8 nodes of 8 GPUs, two of them idle
+throughout (25% of GPU-hours), and a known list of faults.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import subprocess
 import time
 import urllib.parse
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import bcrypt
@@ -23,6 +26,8 @@ import pytest
 import yaml
 
 import gpufleet
+from alerts.capacity import INTERVAL
+from alerts.cli import RULES_FILE
 from helpers import free_port
 from programs import binary, http, prometheus
 from report.figures import project, quantile_from_buckets
@@ -31,7 +36,7 @@ from simulator.fleet import Fleet
 from simulator.history import history, write_openmetrics
 
 H = 3600
-STEP = 600
+STEP = 300  # The capacity rules' interval: the history holds a sample at every evaluation.
 DAYS = 2
 METRICS = re.compile(
     r"gpufleet_gpu_(info|up|job_info|utilization_ratio|memory_(free|total)_bytes|power_watts|power_limit_watts"
@@ -72,6 +77,24 @@ def _config(tmp: Path) -> Path:
     return path
 
 
+@contextmanager
+def _recorded(tmp: Path, data: Path, start: float, end: float, **web: Path) -> Iterator[str]:
+    """Prometheus on `data` after the capacity rules were evaluated from `start` to `end` into it."""
+    groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
+    rules = tmp / "capacity-rules.yml"
+    rules.write_text(yaml.safe_dump({"groups": [g for g in groups if g["name"] == "gpufleet-capacity"]}))
+    assert f"interval: {INTERVAL}" in rules.read_text()
+    recorded = tmp / "recorded"
+    with prometheus(_config(tmp), data) as url:
+        subprocess.run([binary("promtool", "prometheus"), "tsdb", "create-blocks-from", "rules", f"--url={url}",
+                        f"--start={int(start)}", f"--end={int(end) + 1}", f"--output-dir={recorded}", str(rules)],
+                       check=True, capture_output=True, timeout=300)
+    for block in recorded.iterdir():
+        block.rename(data / block.name)
+    with prometheus(_config(tmp), data, **web) as url:
+        yield url
+
+
 @pytest.fixture(scope="module")
 def fleet_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, float]]:
     tmp = tmp_path_factory.mktemp("history")
@@ -79,7 +102,7 @@ def fleet_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
     fleet = Fleet(8, seed=0, idle_share=0.25)
     fleet.add(FAULTS)
     data = _backfill(tmp, fleet, end - DAYS * 86400, end, METRICS)
-    with prometheus(_config(tmp), data) as url:
+    with _recorded(tmp, data, end - DAYS * 86400, end) as url:
         yield url, end
 
 
@@ -266,7 +289,8 @@ def test_html_opens_in_headless_chromium_with_real_charts(report, tmp_path: Path
 
 @pytest.fixture(scope="module")
 def partial_prometheus(tmp_path_factory) -> Iterator[tuple[str, float, Path]]:
-    """Six hours of GPU inventory only, behind basic auth: most sections cannot be computed."""
+    """Six hours of GPU inventory only, behind basic auth: most sections cannot be computed. The capacity
+    rules were loaded three hours in: the hours before have raw series and nothing recorded."""
     tmp = tmp_path_factory.mktemp("partial")
     end = math.floor(time.time() / STEP) * STEP - STEP
     data = _backfill(tmp, Fleet(2, seed=1), end - 6 * H, end, re.compile(r"gpufleet_gpu_(info|up)"))
@@ -275,22 +299,29 @@ def partial_prometheus(tmp_path_factory) -> Iterator[tuple[str, float, Path]]:
         "planner": bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()}}))
     (tmp / "password").write_text("s3cret\n")
     (tmp / "wrong").write_text("guess\n")
-    with prometheus(_config(tmp), data, web_config=web) as url:
+    with _recorded(tmp, data, end - 3 * H, end, web_config=web) as url:
         yield url, end, tmp
 
 
 def test_missing_metrics_name_the_sections_that_failed(partial_prometheus, tmp_path, capsys) -> None:
     url, end, secrets = partial_prometheus
-    code, err = _report(capsys, tmp_path, "--prometheus", url, "--range", "6h", "--end", str(end),
-                        "--prometheus.username", "planner", "--prometheus.password-file", str(secrets / "password"))
+    login = ("--prometheus.username", "planner", "--prometheus.password-file", str(secrets / "password"))
+    code, err = _report(capsys, tmp_path, "--prometheus", url, "--range", "6h", "--end", str(end), *login)
     assert code == 0, err
     text = (tmp_path / "capacity-report.md").read_text()
     [inventory] = _rows(_markdown_tables(text), "GPUs by cluster and model")
     assert inventory["Installed"] == "16"
-    assert "not computed: Allocated and idle GPU-hours: no samples of gpufleet_gpu_job_info in the range" in err
-    assert ("- Network links: no samples of gpufleet_infiniband_port_xmit_data_bytes_total or "
-            "gpufleet_network_transmit_bytes_total in the range") in text
-    assert "## Inventory" in text and "## Allocated and idle GPU-hours" not in text
+    assert _number(inventory["GPU-hours installed"]) == pytest.approx(16 * 3, abs=16 * STEP / H)  # Recorded hours.
+    assert ("not computed: Network links: no samples of instance_port:gpufleet_link_utilization:ratio_rate10m in "
+            "the range (recorded by the rule group gpufleet-capacity in alerts/gpufleet-rules.yml") in err
+    assert "- Top jobs by GPU-hours: no samples of cluster_job:gpufleet_gpus:count in the range" in text
+    assert "## Inventory" in text and "## Top jobs by GPU-hours" not in text
+
+    # Before the rules were loaded there are raw series and nothing the report reads: it says so, and fails.
+    code, err = _report(capsys, tmp_path / "early", "--prometheus", url, "--range", "2h", "--end",
+                        str(end - 4 * H), *login)
+    assert code == 1, err
+    assert "Inventory: no samples of cluster_name:gpufleet_gpus:count in the range (recorded by" in err
 
 
 def test_refused_credentials_are_an_error(partial_prometheus, tmp_path, capsys) -> None:
