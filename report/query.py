@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from report.prometheus import Prometheus, Series
 
 POINTS_PER_SERIES = 1440
-MIN_STEP = 300  # The capacity rules' interval: a finer step would read points between evaluations.
+MIN_STEP = 300  # The capacity rules record every 5 minutes: a finer step reads the same evaluation again.
 
 
 def choose_step(range_seconds: float, requested: float | None = None) -> int:
