@@ -20,7 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 from alerts.config import Config
+from alerts.recording import link_utilization
 from alerts.rule import record
+from alerts.stragglers import signal_in_jobs
 
 INTERVAL = "5m"
 WINDOW = "10m"  # Rates and averages span two evaluations, so a late one leaves no gap.
@@ -58,8 +60,6 @@ JOB = "cluster, scheduler, job_id, namespace, pod"
 
 def capacity(c: Config) -> dict[str, Any]:
     m = c.metric
-    jobs = m("gpufleet_gpu_job_info", 'job_id!=""')
-    sm_clock = m("gpufleet_gpu_clock_hertz", 'clock="sm"')
     ecc = m("gpufleet_gpu_ecc_errors_total", 'error="uncorrected"', 'scope="aggregate"')
     info = f"max by ({GPU}, name) ({m('gpufleet_gpu_info')})"
     allocated = f"group by ({GPU}) ({m('gpufleet_gpu_job_info')})"
@@ -79,19 +79,9 @@ def capacity(c: Config) -> dict[str, Any]:
 
     power_ratio = f"({m('gpufleet_gpu_power_watts')} / {m('gpufleet_gpu_power_limit_watts')})"
     job_key = "cluster, scheduler, job_id"
-    clock = (f"avg by ({job_key}, instance) ({jobs} * on ({GPU}, uuid) "
-             f"group_left avg_over_time({sm_clock}[{c.d(WINDOW)}]))")
+    clock = signal_in_jobs(c, "sm_clock", WINDOW)
     relative = (f"({clock} / on ({job_key}) group_left max by ({job_key}) ({clock})) "
                 f"and on ({job_key}) (count by ({job_key}) ({clock}) >= 2)")
-    ib = ("gpufleet_infiniband_port_xmit_data_bytes_total", "gpufleet_infiniband_port_rcv_data_bytes_total",
-          "gpufleet_infiniband_rate_bytes_per_second", "cluster, instance, device, port", "infiniband")
-    eth = ("gpufleet_network_transmit_bytes_total", "gpufleet_network_receive_bytes_total",
-           "gpufleet_network_speed_bytes_per_second", "cluster, instance, device", "net")
-    links = []
-    for transmit, receive, speed, port, kind in (ib, eth):
-        for counter, direction in ((transmit, "transmit"), (receive, "receive")):
-            links.append(record(LINKS, f"rate({m(counter)}[{c.d(WINDOW)}]) / on ({port}) ({m(speed)} > 0)",
-                                direction=direction, **{"class": kind}))
     rules = [
         record(GPUS, f"count by (cluster, name) ({info})", state="installed"),
         record(GPUS, f"count by (cluster, name) ({healthy} and on ({GPU}) {allocated})", state="allocated"),
@@ -120,6 +110,6 @@ def capacity(c: Config) -> dict[str, Any]:
         record(JOB_GPUS, f"count by ({JOB}) ({m('gpufleet_gpu_job_info')})"),
         record(JOB_NODES, f"count by ({JOB}) (group by ({JOB}, instance) ({m('gpufleet_gpu_job_info')}))"),
         record(JOB_USED, f"sum by ({JOB}) ({m('gpufleet_gpu_job_info')} * on ({GPU}, uuid) group_left {util})"),
-        *links,
+        *link_utilization(c, LINKS, WINDOW, known_speed=True),
     ]
     return {"name": "gpufleet-capacity", "interval": INTERVAL, "rules": rules}

@@ -24,14 +24,31 @@ def _per_job(node_level: str) -> str:
     return f"{NODE_JOBS} * 0 + on (cluster, instance) group_left {node_level}"
 
 
-def _utilization(c: Config, counter: str, speed: str, match: str, class_: str, direction: str) -> dict[str, Any]:
-    ratio = f"rate({c.metric(counter)}[{c.d('5m')}]) / on ({match}) {c.metric(speed)}"
-    return record(LINK_UTILIZATION, ratio, direction=direction, **{"class": class_})
+# Counter, link speed, the labels that name a port, its class, and the direction.
+_LINKS = (
+    ("gpufleet_network_transmit_bytes_total", "gpufleet_network_speed_bytes_per_second", "cluster, instance, device",
+     "net", "transmit"),
+    ("gpufleet_network_receive_bytes_total", "gpufleet_network_speed_bytes_per_second", "cluster, instance, device",
+     "net", "receive"),
+    ("gpufleet_infiniband_port_xmit_data_bytes_total", "gpufleet_infiniband_rate_bytes_per_second",
+     "cluster, instance, device, port", "infiniband", "transmit"),
+    ("gpufleet_infiniband_port_rcv_data_bytes_total", "gpufleet_infiniband_rate_bytes_per_second",
+     "cluster, instance, device, port", "infiniband", "receive"),
+)
+
+
+def link_utilization(c: Config, name: str, window: str, known_speed: bool = False) -> list[dict[str, Any]]:
+    """Throughput as a share of link speed, one rule per link class and direction. `known_speed` leaves out
+    links that report a speed of 0, rather than recording them as infinitely busy."""
+    rules = []
+    for counter, speed, port, class_, direction in _LINKS:
+        divisor = f"({c.metric(speed)} > 0)" if known_speed else c.metric(speed)
+        ratio = f"rate({c.metric(counter)}[{c.d(window)}]) / on ({port}) {divisor}"
+        rules.append(record(name, ratio, direction=direction, **{"class": class_}))
+    return rules
 
 
 def shared(c: Config) -> dict[str, Any]:
-    ethernet = ("gpufleet_network_speed_bytes_per_second", "cluster, instance, device", "net")
-    infiniband = ("gpufleet_infiniband_rate_bytes_per_second", "cluster, instance, device, port", "infiniband")
     rules = [
         record(NODE_JOBS, f"count by (cluster, instance, scheduler, job_id, namespace, pod) "
                           f"({c.metric('gpufleet_gpu_job_info')})"),
@@ -40,10 +57,7 @@ def shared(c: Config) -> dict[str, Any]:
         record("instance:gpufleet_gpu_power_watts:sum",
                f"sum by (cluster, instance) ({c.metric('gpufleet_gpu_power_watts')})"),
         record("instance:gpufleet_gpus_up:sum", f"sum by (cluster, instance) ({c.metric('gpufleet_gpu_up')})"),
-        _utilization(c, "gpufleet_network_transmit_bytes_total", *ethernet, "transmit"),
-        _utilization(c, "gpufleet_network_receive_bytes_total", *ethernet, "receive"),
-        _utilization(c, "gpufleet_infiniband_port_xmit_data_bytes_total", *infiniband, "transmit"),
-        _utilization(c, "gpufleet_infiniband_port_rcv_data_bytes_total", *infiniband, "receive"),
+        *link_utilization(c, LINK_UTILIZATION, "5m"),
         record(XMIT_WAIT, f"rate({c.metric('gpufleet_infiniband_port_xmit_wait_total')}[{c.d('5m')}])"),
         record(JOB_XMIT_WAIT, _per_job(f"sum by (cluster, instance) ({XMIT_WAIT})")),
         record(JOB_XMIT_WAIT_MEDIAN, f"quantile by (cluster, scheduler, job_id) (0.5, {JOB_XMIT_WAIT})"),

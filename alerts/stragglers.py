@@ -35,15 +35,24 @@ _GPU_KEY = "cluster, instance, gpu, uuid"
 _GPU_SIGNALS = {"sm_clock": ('gpufleet_gpu_clock_hertz', 'clock="sm"'), "power": ("gpufleet_gpu_power_watts",)}
 
 
+def _smoothed(c: Config, signal: str, window: str) -> str:
+    metric, *matchers = _GPU_SIGNALS[signal]
+    return f"avg_over_time({c.metric(metric, *matchers)}[{c.d(window)}])"
+
+
+def signal_in_jobs(c: Config, signal: str, window: str) -> str:
+    """A per-GPU signal averaged over `window` and over each node's GPUs in each named job."""
+    jobs = c.metric("gpufleet_gpu_job_info", 'job_id!=""')
+    return (f"avg by (cluster, scheduler, job_id, instance) "
+            f"({jobs} * on ({_GPU_KEY}) group_left {_smoothed(c, signal, window)})")
+
+
 def _signals(c: Config) -> list[dict[str, Any]]:
-    window = c.d(c.signal_window)
     jobs = c.metric("gpufleet_gpu_job_info", 'job_id!=""')
     rules = []
-    for signal, (metric, *matchers) in _GPU_SIGNALS.items():
-        smoothed = f"avg_over_time({c.metric(metric, *matchers)}[{window}])"
-        in_jobs = (f"avg by (cluster, scheduler, job_id, instance) "
-                   f"({jobs} * on ({_GPU_KEY}) group_left {smoothed})")
-        rules.append(record(SIGNAL, in_jobs, signal=signal, peers="job"))
+    for signal in _GPU_SIGNALS:
+        smoothed = _smoothed(c, signal, c.signal_window)
+        rules.append(record(SIGNAL, signal_in_jobs(c, signal, c.signal_window), signal=signal, peers="job"))
         busy = f"{c.metric('gpufleet_gpu_utilization_ratio')} > {c.busy_utilization:g}"
         without_job = (f"(({smoothed} * on ({_GPU_KEY}) group_left (name) {c.metric('gpufleet_gpu_info')})"
                        f" unless on ({_GPU_KEY}) {jobs})"
