@@ -95,14 +95,11 @@ def write_day(out: TextIO, stamps: list[int], nodes: int, jobs: list[Job]) -> in
         per_model[model] = [installed, allocated, busy, down]
     model_rows = lambda pick: [(f'cluster="bench",name="{m}"', pick(*per_model[m])) for m in MODELS]  # noqa: E731
 
-    out.write(f"# TYPE {rec.GPUS} unknown\n")
-    for state, pick in (("installed", lambda i, a, b, d: i), ("allocated", lambda i, a, b, d: a),
-                        ("idle", lambda i, a, b, d: [x - y - z for x, y, z in zip(i, a, d, strict=True)]),
-                        ("lost", lambda i, a, b, d: [x or nan for x in d])):
-        for labels, values in model_rows(pick):
-            out.writelines(f'{rec.GPUS}{{{labels},state="{state}"}} {v:g} {t}\n'
-                           for t, v in zip(stamps, values, strict=True) if v == v)
-            samples += sum(1 for v in values if v == v)
+    states = {"installed": lambda i, a, b, d: i, "allocated": lambda i, a, b, d: a,
+              "idle": lambda i, a, b, d: [x - y - z for x, y, z in zip(i, a, d, strict=True)],
+              "lost": lambda i, a, b, d: [x or nan for x in d]}
+    family(rec.GPUS, [(f'{labels},state="{state}"', values)
+                      for state, pick in states.items() for labels, values in model_rows(pick)])
     family(rec.USED, model_rows(lambda i, a, b, d: b))
     family(rec.ALLOCATED_USED, model_rows(lambda i, a, b, d: b))
     out.write(f"# TYPE {rec.ALLOCATED_BUCKETS} unknown\n")
