@@ -5,7 +5,9 @@ FROM python:3.11.10-slim-bookworm
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-COPY pyproject.toml README.md gpufleet.py ./
+COPY pyproject.toml README.md ./
+# gpufleet/ links to the folders below; the links are copied as links and resolve inside /src.
+COPY gpufleet ./gpufleet
 COPY exporter ./exporter
 COPY simulator ./simulator
 COPY alerts ./alerts

@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.config import Config
-from alerts.recording import link_utilization
-from alerts.rule import record
-from alerts.stragglers import signal_in_jobs
+from gpufleet.alerts.config import Config
+from gpufleet.alerts.recording import link_utilization
+from gpufleet.alerts.rule import record
+from gpufleet.alerts.stragglers import signal_in_jobs
 
 INTERVAL = "5m"
 WINDOW = "10m"  # Rates and averages span two evaluations, so a late one leaves no gap.

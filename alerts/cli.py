@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from alerts.config import Config
-from alerts.rules import render
+from gpufleet.alerts.config import Config
+from gpufleet.alerts.rules import render
 
 RULES_FILE = Path(__file__).parent / "gpufleet-rules.yml"
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.config import Config
-from alerts.rule import alert
+from gpufleet.alerts.config import Config
+from gpufleet.alerts.rule import alert
 
 
 def exporter_health(c: Config) -> dict[str, Any]:

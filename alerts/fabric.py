@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.config import Config
-from alerts.recording import JOB_XMIT_WAIT, JOB_XMIT_WAIT_MEDIAN, LINK_UTILIZATION, NODE_JOBS, XMIT_WAIT
-from alerts.rule import PORT, alert
+from gpufleet.alerts.config import Config
+from gpufleet.alerts.recording import JOB_XMIT_WAIT, JOB_XMIT_WAIT_MEDIAN, LINK_UTILIZATION, NODE_JOBS, XMIT_WAIT
+from gpufleet.alerts.rule import PORT, alert
 
 _LINK = ("{{ $labels.device }}{{ with $labels.port }} port {{ . }}{{ end }} of {{ $labels.instance }}")
 _PORT_KEY = "cluster, instance, device, port"

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.config import Config, seconds
-from alerts.rule import GPU, alert
-from alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH, matcher
+from gpufleet.alerts.config import Config, seconds
+from gpufleet.alerts.rule import GPU, alert
+from gpufleet.alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH, matcher
 
 _UNCORRECTED = ('error="uncorrected"', 'scope="volatile"')
 _CRC = 'error=~"crc_flit|crc_data"'

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.config import Config
-from alerts.rule import record
+from gpufleet.alerts.config import Config
+from gpufleet.alerts.rule import record
 
 NODE_JOBS = "instance_job:gpufleet_gpu_job_info:count"
 LINK_UTILIZATION = "instance_port:gpufleet_link_utilization:ratio_rate5m"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.config import Config
+from gpufleet.alerts.config import Config
 
 # How a GPU is named in descriptions: index, UUID (what nvidia-smi and RMA forms use) and node.
 GPU = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"

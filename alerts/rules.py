@@ -11,13 +11,13 @@ from typing import Any
 
 import yaml
 
-from alerts.capacity import capacity
-from alerts.config import Config
-from alerts.exporter import exporter_health
-from alerts.fabric import fabric
-from alerts.gpu import gpu_failures
-from alerts.recording import shared
-from alerts.stragglers import stragglers
+from gpufleet.alerts.capacity import capacity
+from gpufleet.alerts.config import Config
+from gpufleet.alerts.exporter import exporter_health
+from gpufleet.alerts.fabric import fabric
+from gpufleet.alerts.gpu import gpu_failures
+from gpufleet.alerts.recording import shared
+from gpufleet.alerts.stragglers import stragglers
 
 
 def groups(config: Config) -> list[dict[str, Any]]:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from alerts.config import Config
-from alerts.recording import XMIT_WAIT
-from alerts.rule import alert, record
+from gpufleet.alerts.config import Config
+from gpufleet.alerts.recording import XMIT_WAIT
+from gpufleet.alerts.rule import alert, record
 
 SIGNAL = "job_instance:gpufleet_straggler_signal:avg5m"
 MEDIAN = "job:gpufleet_straggler_signal:median5m"

@@ -36,7 +36,7 @@ from support import free_port, wait_ready
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from alerts import capacity as rec  # noqa: E402
+from gpufleet.alerts import capacity as rec  # noqa: E402
 
 INTERVAL = 300
 GPUS = 8

@@ -4,7 +4,7 @@ GPU-hours over the dashboard's range are sums of per-interval counts (a subquery
 interval), so a GPU that joined halfway through counts for half the range, not all of it.
 """
 
-from dashboards.panels import CLUSTER, dashboard, stat, table, timeseries
+from gpufleet.dashboards.panels import CLUSTER, dashboard, stat, table, timeseries
 
 _GPU_KEY = "cluster, instance, gpu"
 INSTALLED = f"gpufleet_gpu_info{{{CLUSTER}}}"

@@ -1,6 +1,6 @@
 """Fleet overview: is the fleet healthy, where is it hurting? The on-call engineer's first page."""
 
-from dashboards.panels import CLUSTER, dashboard, heatmap, stat, table, timeseries
+from gpufleet.dashboards.panels import CLUSTER, dashboard, heatmap, stat, table, timeseries
 
 FIRING = f'alertstate="firing", {CLUSTER}'
 

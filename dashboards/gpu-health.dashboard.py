@@ -1,7 +1,7 @@
 """GPU health: which GPUs to drain, and why. XIDs by class, memory errors, links, slowdowns, lost boards."""
 
-from alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH, matcher
-from dashboards.panels import GPU, dashboard, rate, table, timeseries
+from gpufleet.alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH, matcher
+from gpufleet.dashboards.panels import GPU, dashboard, rate, table, timeseries
 
 _CLASSES = (("reset or reboot", RESET_OR_REBOOT), ("watch", WATCH), ("application", APPLICATION))
 

@@ -5,9 +5,9 @@ judged. Nodes with no job id (Kubernetes pods) are compared as busy nodes of one
 appear with an empty job id and their model.
 """
 
-from alerts.recording import JOB_XMIT_WAIT, JOB_XMIT_WAIT_MEDIAN, NODE_JOBS
-from alerts.stragglers import CAUSE, MEDIAN, RELATIVE, SIGNAL, ZSCORE
-from dashboards.panels import Sized, dashboard, table, timeseries
+from gpufleet.alerts.recording import JOB_XMIT_WAIT, JOB_XMIT_WAIT_MEDIAN, NODE_JOBS
+from gpufleet.alerts.stragglers import CAUSE, MEDIAN, RELATIVE, SIGNAL, ZSCORE
+from gpufleet.dashboards.panels import Sized, dashboard, table, timeseries
 
 JOB = 'cluster=~"$cluster", job_id=~"$job_id"'
 _NODE = "{{job_id}}{{model}} {{instance}}"

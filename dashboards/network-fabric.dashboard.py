@@ -5,7 +5,7 @@ InfiniBand port read on one scale; congestion is `port_xmit_wait`, the time a po
 to send and no credits, which rises before throughput falls.
 """
 
-from dashboards.panels import NODE, PORT_LEGEND, dashboard, heatmap, rate, table, timeseries
+from gpufleet.dashboards.panels import NODE, PORT_LEGEND, dashboard, heatmap, rate, table, timeseries
 
 _IB_KEY = "cluster, instance, device, port"
 

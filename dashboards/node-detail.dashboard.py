@@ -1,6 +1,6 @@
 """Node detail: one node's GPUs, links, sensors and jobs, for the engineer who was sent here by an alert."""
 
-from dashboards.panels import GPU, NODE, PORT_LEGEND, dashboard, rate, stat, table, timeseries
+from gpufleet.dashboards.panels import GPU, NODE, PORT_LEGEND, dashboard, rate, stat, table, timeseries
 
 _BY_GPU = "{{instance}} GPU {{gpu}}"
 

@@ -1,3 +1,1 @@
 """The per-node gpufleet exporter: GPU, NIC and thermal collectors behind a cached /metrics."""
-
-__version__ = "0.1.0"

@@ -8,18 +8,18 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from exporter.collector import Collector, CollectorError
-from exporter.collector.gpu import GpuCollector
-from exporter.collector.hwmon import HwmonCollector
-from exporter.collector.infiniband import InfinibandCollector
-from exporter.collector.network import NetworkCollector
-from exporter.collector.thermal_zone import ThermalZoneCollector
-from exporter.exposition import Exposition
-from exporter.flags import duration, listen_address
-from exporter.logfmt import configure_logging
-from exporter.scheduler import ScheduledCollector
-from exporter.server import build_app, serve_until_signalled
-from exporter.webconfig import WebConfigError, WebConfigWatcher
+from gpufleet.exporter.collector import Collector, CollectorError
+from gpufleet.exporter.collector.gpu import GpuCollector
+from gpufleet.exporter.collector.hwmon import HwmonCollector
+from gpufleet.exporter.collector.infiniband import InfinibandCollector
+from gpufleet.exporter.collector.network import NetworkCollector
+from gpufleet.exporter.collector.thermal_zone import ThermalZoneCollector
+from gpufleet.exporter.exposition import Exposition
+from gpufleet.exporter.flags import duration, listen_address
+from gpufleet.exporter.logfmt import configure_logging
+from gpufleet.exporter.scheduler import ScheduledCollector
+from gpufleet.exporter.server import build_app, serve_until_signalled
+from gpufleet.exporter.webconfig import WebConfigError, WebConfigWatcher
 
 DEFAULT_LISTEN_ADDRESS = ":19400"
 WEB_CONFIG_CHECK_SECONDS = 2.0  # How often the web config and its certificates are checked for changes.
@@ -31,7 +31,7 @@ COLLECTORS: tuple[type[Collector], ...] = (
     ThermalZoneCollector,
 )
 
-log = logging.getLogger("exporter")
+log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from prometheus_client import ProcessCollector
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from exporter import __version__
-from exporter.render import render
-from exporter.scheduler import CollectorState, ScheduledCollector
+from gpufleet import __version__
+from gpufleet.exporter.render import render
+from gpufleet.exporter.scheduler import CollectorState, ScheduledCollector
 
 _COLLECTOR = ("collector",)
 

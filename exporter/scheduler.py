@@ -17,8 +17,8 @@ import threading
 import time
 from dataclasses import dataclass, replace
 
-from exporter.collector import Collection, Collector
-from exporter.render import render
+from gpufleet.exporter.collector import Collection, Collector
+from gpufleet.exporter.render import render
 
 log = logging.getLogger(__name__)
 

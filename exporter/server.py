@@ -16,10 +16,10 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter import __version__
-from exporter.exposition import Exposition
-from exporter.render import CONTENT_TYPE
-from exporter.webconfig import Credentials, WebConfigWatcher
+from gpufleet import __version__
+from gpufleet.exporter.exposition import Exposition
+from gpufleet.exporter.render import CONTENT_TYPE
+from gpufleet.exporter.webconfig import Credentials, WebConfigWatcher
 
 EXPOSITION_KEY: web.AppKey[Exposition] = web.AppKey("exposition", Exposition)
 

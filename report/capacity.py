@@ -16,13 +16,13 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from alerts import capacity as rec
-from alerts.config import Config
-from report import charts
-from report.document import Section, Table
-from report.figures import project, quantile_from_buckets
-from report.prometheus import Series
-from report.query import Queries, Window
+from gpufleet.alerts import capacity as rec
+from gpufleet.alerts.config import Config
+from gpufleet.report import charts
+from gpufleet.report.document import Section, Table
+from gpufleet.report.figures import project, quantile_from_buckets
+from gpufleet.report.prometheus import Series
+from gpufleet.report.query import Queries, Window
 
 UTIL_BOUNDS = tuple(round((i + 1) / rec.BUCKETS, 2) for i in range(rec.BUCKETS))
 LOW_UTIL = 0.1

@@ -17,8 +17,8 @@ import matplotlib.dates as mdates  # noqa: E402  (the backend must be chosen fir
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from report.document import Chart  # noqa: E402
-from report.figures import Projection  # noqa: E402
+from gpufleet.report.document import Chart  # noqa: E402
+from gpufleet.report.figures import Projection  # noqa: E402
 
 _COLOURS = {"installed": "#555555", "allocated": "#1f77b4", "idle": "#ff7f0e", "lost": "#d62728", "used": "#2ca02c"}
 

@@ -13,14 +13,14 @@ import sys
 import time
 from pathlib import Path
 
-from exporter.flags import duration
-from report.document import Report
-from report.prometheus import Auth, Prometheus, Unreachable
-from report.progress import Progress
-from report.query import choose_step, Window
-from report.render import write
-from report.run import NothingToReport, capacity
-from report.capacity import SECTIONS
+from gpufleet.exporter.flags import duration
+from gpufleet.report.document import Report
+from gpufleet.report.prometheus import Auth, Prometheus, Unreachable
+from gpufleet.report.progress import Progress
+from gpufleet.report.query import choose_step, Window
+from gpufleet.report.render import write
+from gpufleet.report.run import NothingToReport, capacity
+from gpufleet.report.capacity import SECTIONS
 
 
 def _instant(text: str) -> float:

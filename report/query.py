@@ -13,7 +13,7 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from report.prometheus import Prometheus, Series
+from gpufleet.report.prometheus import Prometheus, Series
 
 POINTS_PER_SERIES = 1440
 MIN_STEP = 300  # The capacity rules record every 5 minutes: a finer step reads the same evaluation again.

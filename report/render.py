@@ -10,7 +10,7 @@ import base64
 import html
 from pathlib import Path
 
-from report.document import Report, Table
+from gpufleet.report.document import Report, Table
 
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; padding: 0 1em; }

@@ -10,13 +10,13 @@ import asyncio
 import logging
 import time
 
-from report.capacity import SECTIONS, SectionError, SectionSpec
-from report.document import Failure, Report, Section
-from report.progress import Progress
-from report.prometheus import Prometheus, QueryFailed, Unreachable
-from report.query import Queries, Window
+from gpufleet.report.capacity import SECTIONS, SectionError, SectionSpec
+from gpufleet.report.document import Failure, Report, Section
+from gpufleet.report.progress import Progress
+from gpufleet.report.prometheus import Prometheus, QueryFailed, Unreachable
+from gpufleet.report.query import Queries, Window
 
-log = logging.getLogger("report")
+log = logging.getLogger(__name__)
 
 
 class NothingToReport(Exception):

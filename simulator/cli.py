@@ -8,14 +8,14 @@ import gc
 import logging
 import sys
 
-from exporter.flags import duration, listen_address, positive_int
-from exporter.logfmt import configure_logging
-from simulator.faults import ScenarioError, load_scenario
-from simulator.fleet import Fleet
-from exporter.server import serve_until_signalled
-from simulator.server import SimClock, build_app, file_sd_targets, write_file_sd
+from gpufleet.exporter.flags import duration, listen_address, positive_int
+from gpufleet.exporter.logfmt import configure_logging
+from gpufleet.simulator.faults import ScenarioError, load_scenario
+from gpufleet.simulator.fleet import Fleet
+from gpufleet.exporter.server import serve_until_signalled
+from gpufleet.simulator.server import SimClock, build_app, file_sd_targets, write_file_sd
 
-log = logging.getLogger("simulator")
+log = logging.getLogger(__name__)
 
 
 def _label(text: str) -> tuple[str, str]:
@@ -70,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     # Every node would log the same NVML start-up lines; a thousand copies say nothing more.
-    logging.getLogger("exporter.gpu").setLevel(max(logging.WARNING, logging.getLogger().level))
+    logging.getLogger("gpufleet.exporter.gpu").setLevel(max(logging.WARNING, logging.getLogger().level))
     host, port = args.listen_address
     fleet = Fleet(args.nodes, args.gpus_per_node, seed=args.seed)
     try:

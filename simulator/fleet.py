@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 
 import pynvml
 
-from exporter.collector.gpu import GpuCollector
-from exporter.collector.hwmon import HwmonCollector
-from exporter.collector.infiniband import InfinibandCollector
-from exporter.collector.network import NetworkCollector
-from exporter.collector.thermal_zone import ThermalZoneCollector
-from exporter.exposition import Exposition
-from exporter.gpu.jobs import JobAttribution
-from exporter.gpu.session import NvmlSession
-from exporter.gpu.simulated import (
+from gpufleet.exporter.collector.gpu import GpuCollector
+from gpufleet.exporter.collector.hwmon import HwmonCollector
+from gpufleet.exporter.collector.infiniband import InfinibandCollector
+from gpufleet.exporter.collector.network import NetworkCollector
+from gpufleet.exporter.collector.thermal_zone import ThermalZoneCollector
+from gpufleet.exporter.exposition import Exposition
+from gpufleet.exporter.gpu.jobs import JobAttribution
+from gpufleet.exporter.gpu.session import NvmlSession
+from gpufleet.exporter.gpu.simulated import (
     GpuTelemetry,
     SimulatedGpu,
     SimulatedNvml,
@@ -40,11 +40,11 @@ from exporter.gpu.simulated import (
     nvlink_kib_for,
     slurm_cgroup,
 )
-from exporter.gpu.xid import NvmlXidWatcher, XidLedger
-from exporter.scheduler import ScheduledCollector
-from simulator.faults import Fault
-from simulator.timeline import Segment, integral, overlap, phase_at
-from simulator.tree import MemoryTree
+from gpufleet.exporter.gpu.xid import NvmlXidWatcher, XidLedger
+from gpufleet.exporter.scheduler import ScheduledCollector
+from gpufleet.simulator.faults import Fault
+from gpufleet.simulator.timeline import Segment, integral, overlap, phase_at
+from gpufleet.simulator.tree import MemoryTree
 
 IB_PORTS = tuple(f"mlx5_{i}/1" for i in range(8))
 ETHERNET = {"eth0": 25_000, "eth1": 100_000}  # Mb/s: management and storage networks.

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from typing import TextIO
 
-from simulator.fleet import Fleet
+from gpufleet.simulator.fleet import Fleet
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
 

@@ -20,10 +20,10 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from exporter.render import CONTENT_TYPE
-from exporter.server import accepts_gzip
-from simulator.faults import KINDS, ScenarioError, parse_fault, seconds
-from simulator.fleet import Fleet
+from gpufleet.exporter.render import CONTENT_TYPE
+from gpufleet.exporter.server import accepts_gzip
+from gpufleet.simulator.faults import KINDS, ScenarioError, parse_fault, seconds
+from gpufleet.simulator.fleet import Fleet
 
 FLEET_KEY: web.AppKey[Fleet] = web.AppKey("fleet", Fleet)
 CLOCK_KEY: web.AppKey[Callable[[], float]] = web.AppKey("clock", Callable)  # type: ignore[arg-type]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.collector import Collection
-from exporter.render import render
+from gpufleet.exporter.collector import Collection
+from gpufleet.exporter.render import render
 
 FIXTURE_SYSFS = Path(__file__).parent / "fixtures" / "sys"
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from alerts.cli import RULES_FILE
-from alerts.rules import render
-from alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH
+from gpufleet.alerts.cli import RULES_FILE
+from gpufleet.alerts.rules import render
+from gpufleet.alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH
 
 TESTS = sorted((Path(__file__).parent.parent / "alerts" / "tests").glob("*.test.yml"))
 

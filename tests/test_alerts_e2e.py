@@ -19,11 +19,11 @@ from pathlib import Path
 
 import yaml
 
-from alerts.config import Config
-from alerts.rules import render
+from gpufleet.alerts.config import Config
+from gpufleet.alerts.rules import render
 from helpers import free_port
 from programs import alertmanager, http, prometheus, prometheus_config, simulator
-from simulator.faults import KINDS
+from gpufleet.simulator.faults import KINDS
 
 ROUTING = Path(__file__).parent.parent / "compose" / "alertmanager" / "alertmanager.yml"
 TIME_SCALE = 8

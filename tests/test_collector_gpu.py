@@ -8,9 +8,9 @@ import subprocess
 import pynvml
 import pytest
 
-from exporter.collector.gpu import GpuCollector
-from exporter.gpu.session import NvmlSession
-from exporter.gpu.simulated import GpuTelemetry, SimulatedGpu, SimulatedNvml, TrainingLoad, steady
+from gpufleet.exporter.collector.gpu import GpuCollector
+from gpufleet.exporter.gpu.session import NvmlSession
+from gpufleet.exporter.gpu.simulated import GpuTelemetry, SimulatedGpu, SimulatedNvml, TrainingLoad, steady
 from helpers import FakeClock, named, nvml_present, rendered, series
 
 UUID0 = "GPU-00000000-1111-2222-3333-444444444444"
@@ -118,7 +118,7 @@ def test_energy_is_a_counter():
 
 def test_unsupported_sources_are_left_out_for_that_gpu_only_and_logged_once(nvml, collector, caplog):
     nvml.gpus[1].unsupported = {"nvmlDeviceGetMarginTemperature", "field:82", "nvmlDeviceGetEncoderUtilization"}
-    with caplog.at_level(logging.INFO, logger="exporter.gpu.session"):
+    with caplog.at_level(logging.INFO, logger="gpufleet.exporter.gpu.session"):
         collection, samples = collect(collector)
         collect(collector)
     assert collection.problems == ()

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from exporter.collector.infiniband import InfinibandCollector
+from gpufleet.exporter.collector.infiniband import InfinibandCollector
 from helpers import FIXTURE_SYSFS, named, rendered, series
 
 NDR = dict(device="mlx5_0", port="1")

@@ -1,7 +1,7 @@
 import re
 from pathlib import Path
 
-from exporter.collector.network import NetworkCollector
+from gpufleet.exporter.collector.network import NetworkCollector
 from helpers import FIXTURE_SYSFS, named, rendered, series
 
 

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from exporter.collector.hwmon import HwmonCollector
-from exporter.collector.thermal_zone import ThermalZoneCollector
+from gpufleet.exporter.collector.hwmon import HwmonCollector
+from gpufleet.exporter.collector.thermal_zone import ThermalZoneCollector
 from helpers import FIXTURE_SYSFS, named, rendered, series
 
 

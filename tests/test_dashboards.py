@@ -11,9 +11,9 @@ import time
 import pytest
 import yaml
 
-from alerts.config import Config
-from alerts.rules import render
-from dashboards.cli import OUTPUT, rendered
+from gpufleet.alerts.config import Config
+from gpufleet.alerts.rules import render
+from gpufleet.dashboards.cli import OUTPUT, rendered
 from programs import prometheus, prometheus_config, query, simulator
 
 # Grafana's own variables, and the data-link ones (`${__data.fields.x}`, `${__value.raw}`).

@@ -10,13 +10,13 @@ import pynvml
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from exporter.collector.gpu import GpuCollector
-from exporter.exposition import Exposition
-from exporter.gpu.session import NvmlSession
-from exporter.gpu.simulated import GpuTelemetry, SimulatedGpu, SimulatedNvml, steady
-from exporter.gpu.xid import NvmlXidWatcher, XidLedger
-from exporter.scheduler import ScheduledCollector
-from exporter.server import build_app
+from gpufleet.exporter.collector.gpu import GpuCollector
+from gpufleet.exporter.exposition import Exposition
+from gpufleet.exporter.gpu.session import NvmlSession
+from gpufleet.exporter.gpu.simulated import GpuTelemetry, SimulatedGpu, SimulatedNvml, steady
+from gpufleet.exporter.gpu.xid import NvmlXidWatcher, XidLedger
+from gpufleet.exporter.scheduler import ScheduledCollector
+from gpufleet.exporter.server import build_app
 from helpers import FIXTURE_SYSFS, eventually, named, parse, rendered, series
 
 LOAD = GpuTelemetry(utilization=0.9, memory_used_bytes=2**34, power_watts=650.0, energy_joules=5000.0,

@@ -5,10 +5,10 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from exporter.collector.gpu import GpuCollector
-from exporter.gpu.jobs import JobAttribution, job_from_cgroup
-from exporter.gpu.session import NvmlSession
-from exporter.gpu.simulated import GpuTelemetry, SimulatedGpu, SimulatedNvml, SimulatedProcess, steady
+from gpufleet.exporter.collector.gpu import GpuCollector
+from gpufleet.exporter.gpu.jobs import JobAttribution, job_from_cgroup
+from gpufleet.exporter.gpu.session import NvmlSession
+from gpufleet.exporter.gpu.simulated import GpuTelemetry, SimulatedGpu, SimulatedNvml, SimulatedProcess, steady
 from helpers import named, rendered
 
 FIXTURE_PROC = Path(__file__).parent / "fixtures" / "proc"

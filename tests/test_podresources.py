@@ -7,11 +7,11 @@ from pathlib import Path
 import grpc
 import pytest
 
-from exporter.collector.gpu import GpuCollector
-from exporter.gpu.jobs import JobAttribution
-from exporter.gpu.podresources import PodResourcesClient, PodResourcesUnavailable, gpu_pods
-from exporter.gpu.session import NvmlSession
-from exporter.gpu.simulated import GpuTelemetry, SimulatedGpu, SimulatedNvml, SimulatedProcess, steady
+from gpufleet.exporter.collector.gpu import GpuCollector
+from gpufleet.exporter.gpu.jobs import JobAttribution
+from gpufleet.exporter.gpu.podresources import PodResourcesClient, PodResourcesUnavailable, gpu_pods
+from gpufleet.exporter.gpu.session import NvmlSession
+from gpufleet.exporter.gpu.simulated import GpuTelemetry, SimulatedGpu, SimulatedNvml, SimulatedProcess, steady
 from helpers import named, rendered
 
 FIXTURE_PROC = Path(__file__).parent / "fixtures" / "proc"
@@ -111,7 +111,7 @@ def test_a_time_sliced_gpu_held_by_two_pods_is_not_guessed(kubelet):
 
 
 def test_without_the_socket_attribution_still_works_and_says_why_once(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="exporter.gpu.jobs"):
+    with caplog.at_level(logging.WARNING, logger="gpufleet.exporter.gpu.jobs"):
         collection, samples = collect(tmp_path / "absent.sock", [board(0, 1003), board(1, 1001)])
     assert collection.problems == ()
     assert infos(samples, 0) == [{"scheduler": "kubernetes", "pod_uid": POD_UID, "qos_class": "burstable"}]

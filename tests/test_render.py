@@ -4,9 +4,9 @@ from prometheus_client import ProcessCollector
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
 
-from exporter.collector.infiniband import InfinibandCollector
-from exporter.collector.network import NetworkCollector
-from exporter.render import render
+from gpufleet.exporter.collector.infiniband import InfinibandCollector
+from gpufleet.exporter.collector.network import NetworkCollector
+from gpufleet.exporter.render import render
 from helpers import FIXTURE_SYSFS
 
 

@@ -25,15 +25,15 @@ import bcrypt
 import pytest
 import yaml
 
-import gpufleet
-from alerts.capacity import INTERVAL
-from alerts.cli import RULES_FILE
+from gpufleet import cli as gpufleet_cli
+from gpufleet.alerts.capacity import INTERVAL
+from gpufleet.alerts.cli import RULES_FILE
 from helpers import free_port
 from programs import binary, http, prometheus
-from report.figures import project, quantile_from_buckets
-from simulator.faults import Fault
-from simulator.fleet import Fleet
-from simulator.history import history, write_openmetrics
+from gpufleet.report.figures import project, quantile_from_buckets
+from gpufleet.simulator.faults import Fault
+from gpufleet.simulator.fleet import Fleet
+from gpufleet.simulator.history import history, write_openmetrics
 
 H = 3600
 STEP = 300  # The capacity rules' interval: the history holds a sample at every evaluation.
@@ -107,7 +107,7 @@ def fleet_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
 
 
 def _report(capsys: pytest.CaptureFixture[str], out: Path, *args: str) -> tuple[int, str]:
-    code = gpufleet.main(["report", "capacity", "--out", str(out), *args])
+    code = gpufleet_cli.main(["report", "capacity", "--out", str(out), *args])
     return code, capsys.readouterr().err
 
 
@@ -353,7 +353,7 @@ def test_a_range_without_data_computes_nothing(fleet_prometheus, tmp_path, capsy
 ])
 def test_bad_flags_say_what_is_wrong(args, message, tmp_path, capsys) -> None:
     try:
-        code = gpufleet.main(["report", "capacity", "--prometheus", "http://127.0.0.1:1", "--out", str(tmp_path),
+        code = gpufleet_cli.main(["report", "capacity", "--prometheus", "http://127.0.0.1:1", "--out", str(tmp_path),
                               *args])
     except SystemExit as exit:
         code = exit.code

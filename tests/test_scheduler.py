@@ -7,14 +7,14 @@ import time
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from exporter.collector import Collection
-from exporter.collector.gpu import GpuCollector
-from exporter.collector.network import NetworkCollector
-from exporter.exposition import Exposition
-from exporter.gpu.session import NvmlSession
-from exporter.gpu.simulated import SimulatedNvml, simulated_gpus
-from exporter.scheduler import ScheduledCollector
-from exporter.server import build_app
+from gpufleet.exporter.collector import Collection
+from gpufleet.exporter.collector.gpu import GpuCollector
+from gpufleet.exporter.collector.network import NetworkCollector
+from gpufleet.exporter.exposition import Exposition
+from gpufleet.exporter.gpu.session import NvmlSession
+from gpufleet.exporter.gpu.simulated import SimulatedNvml, simulated_gpus
+from gpufleet.exporter.scheduler import ScheduledCollector
+from gpufleet.exporter.server import build_app
 from helpers import FIXTURE_SYSFS, eventually, named, parse, series
 
 

@@ -6,10 +6,10 @@ import gzip
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from exporter.collector.thermal_zone import ThermalZoneCollector
-from exporter.exposition import Exposition
-from exporter.scheduler import ScheduledCollector
-from exporter.server import accepts_gzip, build_app
+from gpufleet.exporter.collector.thermal_zone import ThermalZoneCollector
+from gpufleet.exporter.exposition import Exposition
+from gpufleet.exporter.scheduler import ScheduledCollector
+from gpufleet.exporter.server import accepts_gzip, build_app
 from helpers import FIXTURE_SYSFS, parse, series
 
 

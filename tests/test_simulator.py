@@ -12,8 +12,8 @@ import time
 import pytest
 
 from helpers import parse
-from simulator.faults import ScenarioError, load_scenario, parse_fault
-from simulator.fleet import Fleet, Job
+from gpufleet.simulator.faults import ScenarioError, load_scenario, parse_fault
+from gpufleet.simulator.fleet import Fleet, Job
 
 NOW = 300.0  # Simulated seconds; every fault below starts at 100 s unless it says otherwise.
 JOB = Job("424242", "slurm", ("gpu-node-0001", "gpu-node-0002"), period=40.0, comm_fraction=0.3, memory_fraction=0.7)
@@ -264,7 +264,7 @@ def test_a_fleet_layout_is_deterministic_and_mostly_busy():
 
 
 def test_clock_speed():
-    from simulator.server import SimClock
+    from gpufleet.simulator.server import SimClock
 
     ticks = iter([10.0, 12.0])
     clock = SimClock(speed=30, monotonic=lambda: next(ticks))

@@ -12,9 +12,9 @@ from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 from helpers import parse
 import programs
 from programs import http, query, wait_for
-from simulator.faults import Fault
-from simulator.fleet import Fleet
-from simulator.server import build_app, list_faults
+from gpufleet.simulator.faults import Fault
+from gpufleet.simulator.fleet import Fleet
+from gpufleet.simulator.server import build_app, list_faults
 
 
 @pytest.fixture

@@ -16,9 +16,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from exporter.exposition import Exposition
-from exporter.server import build_app
-from exporter.webconfig import Credentials, WebConfigError, load
+from gpufleet.exporter.exposition import Exposition
+from gpufleet.exporter.server import build_app
+from gpufleet.exporter.webconfig import Credentials, WebConfigError, load
 from helpers import FIXTURE_SYSFS, free_port, stop_process
 
 

@@ -3,7 +3,7 @@
 import asyncio
 from pathlib import Path
 
-from exporter.gpu.xid import KmsgXidReader, XidLedger, parse_xid_line, pci_key
+from gpufleet.exporter.gpu.xid import KmsgXidReader, XidLedger, parse_xid_line, pci_key
 from helpers import FakeClock, eventually
 
 FIXTURE_LOG = Path(__file__).parent / "fixtures" / "kmsg" / "xid.log"

@@ -19,7 +19,7 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
-from exporter.sysfs import SysfsReader, Tree
+from gpufleet.exporter.sysfs import SysfsReader, Tree
 
 
 @dataclass(frozen=True)

@@ -24,15 +24,15 @@ from typing import Any, ClassVar, Protocol
 import pynvml
 from prometheus_client.samples import Sample
 
-from exporter.collector import Collection, CollectorError, FamilySet
-from exporter.flags import positive_int
-from exporter.gpu.jobs import JobAttribution
-from exporter.gpu.probes import GpuMetric
-from exporter.gpu.podresources import PodResourcesClient
-from exporter.gpu.session import GpuIdentity, GpuUnavailable, NodeSample, NvmlSession
-from exporter.gpu.simulated import SimulatedNvml, simulated_gpus, write_procfs
-from exporter.gpu.xid import KmsgXidReader, NvmlXidWatcher, XidLedger
-from exporter.sysfs import SysfsReader
+from gpufleet.exporter.collector import Collection, CollectorError, FamilySet
+from gpufleet.exporter.flags import positive_int
+from gpufleet.exporter.gpu.jobs import JobAttribution
+from gpufleet.exporter.gpu.probes import GpuMetric
+from gpufleet.exporter.gpu.podresources import PodResourcesClient
+from gpufleet.exporter.gpu.session import GpuIdentity, GpuUnavailable, NodeSample, NvmlSession
+from gpufleet.exporter.gpu.simulated import SimulatedNvml, simulated_gpus, write_procfs
+from gpufleet.exporter.gpu.xid import KmsgXidReader, NvmlXidWatcher, XidLedger
+from gpufleet.exporter.sysfs import SysfsReader
 
 _GPU_LABELS = ("gpu", "uuid")
 _INFO_LABELS = ("gpu", "uuid", "name", "pci_bus_id", "serial", "vbios", "driver_version", "cuda_version")

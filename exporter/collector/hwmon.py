@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import re
 
-from exporter.collector import FamilySet, SysfsCollector
-from exporter.sysfs import SysfsReader
+from gpufleet.exporter.collector import FamilySet, SysfsCollector
+from gpufleet.exporter.sysfs import SysfsReader
 
 _LABELS = ("chip", "device", "sensor", "label")
 _TEMP_INPUT = re.compile(r"^temp(\d+)_input$")

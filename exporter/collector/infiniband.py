@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 from pathlib import PurePosixPath
 
-from exporter.collector import FamilySet, SysfsCollector
-from exporter.sysfs import SysfsReader
+from gpufleet.exporter.collector import FamilySet, SysfsCollector
+from gpufleet.exporter.sysfs import SysfsReader
 
 _PORT_LABELS = ("device", "port")
 _BYTES_PER_GIGABIT = 125_000_000

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import re
 
-from exporter.collector import FamilySet, SysfsCollector
-from exporter.flags import regex
-from exporter.sysfs import SysfsReader
+from gpufleet.exporter.collector import FamilySet, SysfsCollector
+from gpufleet.exporter.flags import regex
+from gpufleet.exporter.sysfs import SysfsReader
 
 DEFAULT_DEVICE_EXCLUDE = (
     r"^(lo|veth.*|docker\d*|br-.*|virbr\d*|cni\d*|cbr\d*|kube-bridge|flannel\..*|cali.*|tunl\d*|ifb\d*|dummy\d*)$"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
-from exporter.collector import FamilySet, SysfsCollector
-from exporter.sysfs import SysfsReader
+from gpufleet.exporter.collector import FamilySet, SysfsCollector
+from gpufleet.exporter.sysfs import SysfsReader
 
 _ZONE = re.compile(r"^thermal_zone\d+$")
 _TRIP_TEMP = re.compile(r"^trip_point_(\d+)_temp$")

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 from prometheus_client.metrics_core import GaugeMetricFamily
 
-from exporter.collector import FamilySet
-from exporter.gpu.podresources import PodResourcesClient, PodResourcesUnavailable
-from exporter.gpu.session import GpuSample
-from exporter.sysfs import SysfsReader, Tree
+from gpufleet.exporter.collector import FamilySet
+from gpufleet.exporter.gpu.podresources import PodResourcesClient, PodResourcesUnavailable
+from gpufleet.exporter.gpu.session import GpuSample
+from gpufleet.exporter.sysfs import SysfsReader, Tree
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from exporter.gpu.nvml import DEVICE_LOST, DRIVER_LOST, TRANSIENT, UNSUPPORTED, Backoff, as_text
-from exporter.gpu.probes import (
+from gpufleet.exporter.gpu.nvml import DEVICE_LOST, DRIVER_LOST, TRANSIENT, UNSUPPORTED, Backoff, as_text
+from gpufleet.exporter.gpu.probes import (
     ECC_ENABLED,
     ECC_ERRORS,
     FIELDS,

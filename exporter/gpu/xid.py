@@ -31,7 +31,7 @@ from typing import Any
 
 import pynvml
 
-from exporter.gpu.nvml import DRIVER_LOST, Backoff, as_text
+from gpufleet.exporter.gpu.nvml import DRIVER_LOST, Backoff, as_text
 
 log = logging.getLogger(__name__)
 

@@ -8,15 +8,14 @@ a package can grow its command line without touching the others.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
-from alerts import cli as alerts_cli
-from dashboards import cli as dashboards_cli
-from exporter import __version__
-from exporter import cli as exporter_cli
-from report import cli as report_cli
-from simulator import cli as simulator_cli
+from gpufleet.alerts import cli as alerts_cli
+from gpufleet.dashboards import cli as dashboards_cli
+from gpufleet import __version__
+from gpufleet.exporter import cli as exporter_cli
+from gpufleet.report import cli as report_cli
+from gpufleet.simulator import cli as simulator_cli
 
 _PACKAGES = (exporter_cli, simulator_cli, alerts_cli, dashboards_cli, report_cli)
 
@@ -35,7 +34,3 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return args.handler(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
