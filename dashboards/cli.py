@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 from grafanalib.core import Dashboard
-from grafanalib._gen import DashboardEncoder
 
 SOURCES = Path(__file__).parent
 OUTPUT = SOURCES / "json"
@@ -34,12 +33,20 @@ def load(path: Path) -> Dashboard:
     return module.dashboard
 
 
+def _json_data(value: object) -> object:
+    """What grafanalib objects nested in a model serialise to: the same hook its own encoder calls."""
+    to_json_data = getattr(value, "to_json_data", None)
+    if to_json_data is None:
+        raise TypeError(f"{type(value).__name__} is not part of a Grafana model")
+    return to_json_data()
+
+
 def rendered() -> dict[str, str]:
     """File name to JSON text, for every dashboard, in the stable form that is committed."""
     files = {}
     for path in sorted(SOURCES.glob("*.dashboard.py")):
         model = load(path).to_json_data()
-        files[f"{model['uid']}.json"] = json.dumps(model, sort_keys=True, indent=2, cls=DashboardEncoder) + "\n"
+        files[f"{model['uid']}.json"] = json.dumps(model, sort_keys=True, indent=2, default=_json_data) + "\n"
     return files
 
 
