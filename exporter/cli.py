@@ -6,16 +6,13 @@ import argparse
 import asyncio
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
-from gpufleet.exporter.collector import Collector, CollectorError
-from gpufleet.exporter.collector.gpu import GpuCollector
-from gpufleet.exporter.collector.hwmon import HwmonCollector
-from gpufleet.exporter.collector.infiniband import InfinibandCollector
-from gpufleet.exporter.collector.network import NetworkCollector
-from gpufleet.exporter.collector.thermal_zone import ThermalZoneCollector
+from gpufleet.exporter import node
+from gpufleet.exporter.collector import CollectorError
 from gpufleet.exporter.exposition import Exposition
-from gpufleet.exporter.flags import duration, listen_address
+from gpufleet.exporter.flags import listen_address
 from gpufleet.exporter.logfmt import configure_logging
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.server import build_app, serve_until_signalled
@@ -23,13 +20,6 @@ from gpufleet.exporter.webconfig import WebConfigError, WebConfigWatcher
 
 DEFAULT_LISTEN_ADDRESS = ":19400"
 WEB_CONFIG_CHECK_SECONDS = 2.0  # How often the web config and its certificates are checked for changes.
-COLLECTORS: tuple[type[Collector], ...] = (
-    GpuCollector,
-    NetworkCollector,
-    InfinibandCollector,
-    HwmonCollector,
-    ThermalZoneCollector,
-)
 
 log = logging.getLogger(__name__)
 
@@ -47,52 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--web.max-requests", dest="max_requests", type=int, default=40, metavar="N",
                         help="concurrent requests beyond which the exporter answers 503 at once; 0 for no limit "
                              "(default: %(default)s)")
-    parser.add_argument("--path.sysfs", dest="sysfs_root", default="/sys", metavar="PATH", help="sysfs mount point (default: %(default)s)")
-    parser.add_argument("--path.procfs", dest="procfs_root", default="/proc", metavar="PATH",
-                        help="procfs mount point, for collectors that read process information (default: %(default)s)")
     parser.add_argument("--log.level", dest="log_level", choices=("debug", "info", "warn", "error"), default="info",
                         help="least severe log level written (default: %(default)s)")
-    for collector in COLLECTORS:
-        name = collector.name
-        group = parser.add_argument_group(f"collector {name}")
-        group.add_argument(f"--collector.{name}", dest=f"collector_{name}", action=argparse.BooleanOptionalAction,
-                           default=True, help=f"enable the {name} collector (default: enabled)")
-        group.add_argument(f"--collector.{name}.interval", dest=f"collector_{name}_interval", type=duration,
-                           default=collector.default_interval, metavar="DURATION",
-                           help="time between collections, in seconds or as 500ms, 5s, 1m (default: %(default)ss)")
-        group.add_argument(f"--collector.{name}.timeout", dest=f"collector_{name}_timeout", type=duration,
-                           metavar="DURATION", help="abandon a collection after this long (default: the interval)")
-        collector.add_arguments(group)
+    node.add_arguments(parser)
     parser.set_defaults(handler=run)
-
-
-def scheduled_collectors(args: argparse.Namespace) -> list[ScheduledCollector]:
-    """The enabled collectors with their intervals; raises CollectorError on a bad combination of flags.
-
-    Every flag is checked before any collector is built, and a collector that refuses to start closes
-    those built before it, so a rejected start-up leaves no threads or temporary files behind.
-    """
-    enabled = []
-    for collector in COLLECTORS:
-        name = collector.name
-        if not getattr(args, f"collector_{name}"):
-            continue
-        interval = getattr(args, f"collector_{name}_interval")
-        timeout = getattr(args, f"collector_{name}_timeout") or interval
-        if timeout > interval:
-            raise CollectorError(
-                f"--collector.{name}.timeout ({timeout:g}s) must not exceed --collector.{name}.interval ({interval:g}s)"
-            )
-        enabled.append((collector, interval, timeout))
-    scheduled: list[ScheduledCollector] = []
-    try:
-        for collector, interval, timeout in enabled:
-            scheduled.append(ScheduledCollector(collector.from_args(args), interval, timeout))
-    except CollectorError:
-        for built in scheduled:
-            built.close()
-        raise
-    return scheduled
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"gpufleet exporter: error: --web.config.file: {err}", file=sys.stderr)
             return 1
     try:
-        collectors = scheduled_collectors(args)
+        collectors = node.build(args, node.hardware(args))
     except CollectorError as err:
         print(f"gpufleet exporter: error: {err}", file=sys.stderr)
         return 1
@@ -116,8 +64,7 @@ def run(args: argparse.Namespace) -> int:
               f"{err.strerror or err}", file=sys.stderr)
         return 1
     finally:
-        for collector in collectors:
-            collector.close()
+        node.close(collectors)
     return 0
 
 
@@ -125,7 +72,9 @@ async def serve(collectors: Sequence[ScheduledCollector], host: str | None, port
                 web_config: WebConfigWatcher | None = None, max_requests: int = 0) -> None:
     """Serve until SIGINT or SIGTERM, then stop the collectors' tasks and the server."""
 
-    def background():
+    def background() -> list[Coroutine[Any, Any, None]]:
+        for collector in collectors:
+            collector.start()
         tasks = [c.run() for c in collectors]
         if web_config is not None:
             tasks.append(_watch(web_config))

@@ -95,6 +95,12 @@ class ScheduledCollector:
         else:
             self._succeeded(started, collection, body)
 
+    def start(self) -> None:
+        self.collector.start()
+
+    def stop(self) -> None:
+        self.collector.stop()
+
     def close(self) -> None:
         self.collector.close()
 

@@ -10,62 +10,28 @@ is down returns EINVAL). A reader therefore distinguishes two outcomes:
 * broken: the file exists but cannot be read or parsed; the series is left out
   and the problem is recorded, so that the collector reports a failed collection.
 
-Paths are relative to the root throughout, so problems never name host paths.
-The tree behind a reader is the hardware boundary: `DiskTree` reads the real
-files, and the fleet simulator supplies an in-memory tree with the same errors.
+Paths are relative to the tree's root throughout, so problems never name host
+paths. The tree itself (`exporter.tree`) is the hardware boundary.
 """
 
 from __future__ import annotations
 
 import errno
-import os
-from pathlib import Path, PurePosixPath
-from typing import Protocol
+from pathlib import PurePosixPath
+
+from gpufleet.exporter.tree import Tree
 
 # Errors with which sysfs attributes say "no value right now" rather than "broken".
 _ABSENT_ERRNOS = frozenset(
     {errno.ENOENT, errno.ENOTDIR, errno.EINVAL, errno.ENODEV, errno.ENXIO, errno.EOPNOTSUPP, errno.ENODATA, errno.EAGAIN}
 )
-_MAX_READ = 4096
-
-
-class Tree(Protocol):
-    """A file tree addressed by root-relative paths; failures raise OSError with the kernel's errno."""
-
-    def read(self, path: PurePosixPath) -> bytes: ...
-
-    def listdir(self, path: PurePosixPath) -> list[str]: ...
-
-    def readlink(self, path: PurePosixPath) -> str: ...
-
-    def is_dir(self, path: PurePosixPath) -> bool: ...
-
-
-class DiskTree:
-    """The real files below a root directory."""
-
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
-
-    def read(self, path: PurePosixPath) -> bytes:
-        with open(self.root / path, "rb") as handle:
-            return handle.read(_MAX_READ)
-
-    def listdir(self, path: PurePosixPath) -> list[str]:
-        return os.listdir(self.root / path)
-
-    def readlink(self, path: PurePosixPath) -> str:
-        return os.readlink(self.root / path)
-
-    def is_dir(self, path: PurePosixPath) -> bool:
-        return (self.root / path).is_dir()
 
 
 class SysfsReader:
     """Reads files of one tree and records what could not be read, for one collection."""
 
-    def __init__(self, root: str | os.PathLike[str] | Tree) -> None:
-        self.tree: Tree = DiskTree(root) if isinstance(root, (str, os.PathLike)) else root
+    def __init__(self, tree: Tree) -> None:
+        self.tree = tree
         self.problems: list[str] = []
 
     @staticmethod

@@ -2,7 +2,8 @@
 
 Each node owns a `SimulatedNvml` with eight boards and an in-memory sysfs tree
 (InfiniBand and Ethernet ports, hwmon and thermal zones, PCI devices), and is
-collected by the exporter's own collectors. Everything a node reports is a
+collected by the collectors `gpufleet exporter` runs, built by the same code
+(`exporter.node`) from the exporter's default flags. Everything a node reports is a
 function of simulated time: the workload is a repeating cycle of compute and
 communication phases, and each fault changes the node's state between its start
 and end. A node's clock is frozen while it is collected, so every value it
@@ -11,11 +12,12 @@ reports in one scrape describes one instant.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
+import logging
 import math
 import random
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,14 +25,8 @@ from dataclasses import dataclass, field
 
 import pynvml
 
-from gpufleet.exporter.collector.gpu import GpuCollector
-from gpufleet.exporter.collector.hwmon import HwmonCollector
-from gpufleet.exporter.collector.infiniband import InfinibandCollector
-from gpufleet.exporter.collector.network import NetworkCollector
-from gpufleet.exporter.collector.thermal_zone import ThermalZoneCollector
+from gpufleet.exporter import node as exporter_node
 from gpufleet.exporter.exposition import Exposition
-from gpufleet.exporter.gpu.jobs import JobAttribution
-from gpufleet.exporter.gpu.session import NvmlSession
 from gpufleet.exporter.gpu.simulated import (
     GpuTelemetry,
     SimulatedGpu,
@@ -38,13 +34,12 @@ from gpufleet.exporter.gpu.simulated import (
     SimulatedProcess,
     kubernetes_cgroup,
     nvlink_kib_for,
+    simulated_board,
     slurm_cgroup,
 )
-from gpufleet.exporter.gpu.xid import NvmlXidWatcher, XidLedger
-from gpufleet.exporter.scheduler import ScheduledCollector
+from gpufleet.exporter.tree import MemoryTree
 from gpufleet.simulator.faults import Fault
 from gpufleet.simulator.timeline import Segment, integral, overlap, phase_at
-from gpufleet.simulator.tree import MemoryTree
 
 IB_PORTS = tuple(f"mlx5_{i}/1" for i in range(8))
 ETHERNET = {"eth0": 25_000, "eth1": 100_000}  # Mb/s: management and storage networks.
@@ -143,20 +138,14 @@ class Node:
         self._segments: tuple[int, list[Segment]] = (-1, [])
         self._telemetry_at: tuple[float, dict[int, GpuTelemetry]] = (-1.0, {})
         self._network_at: tuple[float, float] = (-1.0, 0.0)
-        self.boards = [self._board(gpu) for gpu in range(gpus)]
+        self.boards = [simulated_board(gpu, f"{fleet.seed}:{name}", self._telemetry) for gpu in range(gpus)]
         self.nvml = SimulatedNvml(self.boards, clock=lambda: self.t)
         self.sysfs = MemoryTree()
         self.procfs = MemoryTree()
         self._build_sysfs()
-        self.ledger = XidLedger()
-        self.watcher = NvmlXidWatcher(self.nvml, self.ledger, wait_ms=30_000)
-        gpu = GpuCollector(NvmlSession(self.nvml), sysfs_root=self.sysfs, jobs=JobAttribution(self.procfs),
-                           xids=self.ledger, xid_sources=[self.watcher])
-        self.collectors = [
-            ScheduledCollector(collector, collector.default_interval, collector.default_interval)
-            for collector in (gpu, NetworkCollector(self.sysfs), InfinibandCollector(self.sysfs),
-                              HwmonCollector(self.sysfs), ThermalZoneCollector(self.sysfs))
-        ]
+        # The simulated driver wakes the XID watcher's event wait when unloaded (see close()): it can wait long.
+        hardware = exporter_node.Hardware(self.nvml, self.sysfs, self.procfs, nvml_event_wait_ms=30_000)
+        self.collectors = exporter_node.build(fleet.exporter_flags, hardware)
         self._last_tick = [-_FOREVER] * len(self.collectors)
         self.exposition = Exposition(self.collectors)
 
@@ -210,13 +199,6 @@ class Node:
     def _active(self, kind: str, gpu: int | None = None, port: str | None = None) -> list[Fault]:
         return [f for f in self.fleet.faults_for(self.name)
                 if f.kind == kind and (gpu is None or f.gpu == gpu) and (port is None or f.port == port)]
-
-    def _board(self, index: int) -> SimulatedGpu:
-        rng = random.Random(f"{self.fleet.seed}:{self.name}:{index}")
-        uuid = "GPU-" + "-".join("".join(rng.choice("0123456789abcdef") for _ in range(n)) for n in (8, 4, 4, 4, 12))
-        board = SimulatedGpu(index=index, uuid=uuid, load=self._telemetry, serial=str(1650923000000 + rng.randrange(10**6)),
-                             pci_bus_id=f"00000000:{0x18 + 0x10 * index:02X}:00.0")
-        return board
 
     def _telemetry(self, board: SimulatedGpu, _seconds: float) -> GpuTelemetry:
         """What one board reports at the node's frozen time, computed once per board and instant."""
@@ -463,14 +445,18 @@ class Node:
             return self.exposition.body()
 
     def start(self) -> None:
-        self.watcher.start()
+        for collector in self.collectors:
+            collector.start()
+
+    def stop(self) -> None:
+        """Ask the collectors to stop, then unload the simulated driver: that wakes the XID watcher's wait."""
+        for collector in self.collectors:
+            collector.stop()
+        self.nvml.reload_driver()
 
     def close(self) -> None:
-        # The XID watcher waits up to 30 s for an event; a driver unload is what wakes it on a real node.
-        self.watcher.request_stop()
-        self.nvml.reload_driver()
-        for collector in self.collectors:
-            collector.close()
+        self.stop()
+        exporter_node.close(self.collectors)
 
 
 @dataclass
@@ -485,7 +471,9 @@ class Fleet:
     fault_version: int = 0
     nodes: dict[str, Node] = field(default_factory=dict)
     jobs: list[Job] = field(default_factory=list)
-    ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+    ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    # Every node runs the collectors `gpufleet exporter` runs with no flags.
+    exporter_flags: argparse.Namespace = field(default_factory=exporter_node.defaults)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -542,5 +530,7 @@ class Fleet:
                     await asyncio.sleep(0)  # Let scrapes through between nodes.
 
     def close(self) -> None:
+        """Stop every node before waiting for any: each wait is then for a thread that is already ending."""
         for node in self.nodes.values():
-            node.close()
+            node.stop()
+        exporter_node.close([collector for node in self.nodes.values() for collector in node.collectors])

@@ -4,8 +4,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from helpers import FIXTURE_SYSFS
+
 
 @pytest.fixture
 def sysfs(tmp_path: Path) -> Path:

@@ -18,11 +18,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import yaml
+from helpers import free_port
+from programs import alertmanager, http, prometheus, prometheus_config, simulator
 
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.rules import render
-from helpers import free_port
-from programs import alertmanager, http, prometheus, prometheus_config, simulator
 from gpufleet.simulator.faults import KINDS
 
 ROUTING = Path(__file__).parent.parent / "compose" / "alertmanager" / "alertmanager.yml"

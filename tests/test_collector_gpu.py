@@ -1,17 +1,23 @@
 """The GPU collector through the production NVML session, over the simulated NVML library."""
 
-import argparse
 import logging
 import shutil
 import subprocess
 
 import pynvml
 import pytest
+from helpers import FakeClock, named, nvml_present, rendered, series
 
+from gpufleet.exporter import node
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.session import NvmlSession
-from gpufleet.exporter.gpu.simulated import GpuTelemetry, SimulatedGpu, SimulatedNvml, TrainingLoad, steady
-from helpers import FakeClock, named, nvml_present, rendered, series
+from gpufleet.exporter.gpu.simulated import (
+    GpuTelemetry,
+    SimulatedGpu,
+    SimulatedNvml,
+    TrainingLoad,
+    steady,
+)
 
 UUID0 = "GPU-00000000-1111-2222-3333-444444444444"
 UUID1 = "GPU-55555555-6666-7777-8888-999999999999"
@@ -210,12 +216,11 @@ def test_no_gpus_is_a_failure_not_an_empty_success(clock):
 
 @pytest.mark.skipif(nvml_present(), reason="this machine has an NVIDIA driver")
 def test_auto_backend_never_invents_gpus_without_a_driver():
-    args = argparse.Namespace(gpu_backend="auto", sim_gpus=8, sim_seed=0, gpu_xid_kmsg=False, kmsg_path="/dev/kmsg",
-                              sysfs_root="/nonexistent", procfs_root="/proc", job_mapping_dir=None,
-                              gpu_process_memory=False, job_pod_resources=False)
-    collector = GpuCollector.from_args(args)
+    args = node.defaults()
+    args.sysfs_root = "/nonexistent"
+    [collector] = [c for c in node.build(args, node.hardware(args)) if c.name == "gpu"]
     try:
-        collection, samples = collect(collector)
+        collection, samples = collect(collector.collector)
     finally:
         collector.close()
     assert collection.problems[0].startswith("NVML initialisation failed")

@@ -1,7 +1,9 @@
 from pathlib import Path
 
-from gpufleet.exporter.collector.infiniband import InfinibandCollector
 from helpers import FIXTURE_SYSFS, named, rendered, series
+
+from gpufleet.exporter.collector.infiniband import InfinibandCollector
+from gpufleet.exporter.tree import DiskTree
 
 NDR = dict(device="mlx5_0", port="1")
 DOWN = dict(device="mlx5_1", port="1")
@@ -9,7 +11,7 @@ ROCE = dict(device="mlx5_2", port="1")
 
 
 def collect(root=FIXTURE_SYSFS):
-    collection = InfinibandCollector(str(root)).collect()
+    collection = InfinibandCollector(DiskTree(root)).collect()
     return collection, rendered(collection)
 
 

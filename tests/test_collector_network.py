@@ -1,12 +1,14 @@
 import re
 from pathlib import Path
 
-from gpufleet.exporter.collector.network import NetworkCollector
 from helpers import FIXTURE_SYSFS, named, rendered, series
+
+from gpufleet.exporter.collector.network import NetworkCollector
+from gpufleet.exporter.tree import DiskTree
 
 
 def collect(root=FIXTURE_SYSFS, **kwargs):
-    collection = NetworkCollector(str(root), **kwargs).collect()
+    collection = NetworkCollector(DiskTree(root), **kwargs).collect()
     return collection, rendered(collection)
 
 

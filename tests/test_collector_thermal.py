@@ -2,13 +2,15 @@
 
 from pathlib import Path
 
+from helpers import FIXTURE_SYSFS, named, rendered, series
+
 from gpufleet.exporter.collector.hwmon import HwmonCollector
 from gpufleet.exporter.collector.thermal_zone import ThermalZoneCollector
-from helpers import FIXTURE_SYSFS, named, rendered, series
+from gpufleet.exporter.tree import DiskTree
 
 
 def hwmon(root=FIXTURE_SYSFS):
-    collection = HwmonCollector(str(root)).collect()
+    collection = HwmonCollector(DiskTree(root)).collect()
     return collection, rendered(collection)
 
 
@@ -56,7 +58,7 @@ def test_hwmon_garbage_is_reported(sysfs: Path):
 
 
 def test_thermal_zones_and_trip_points():
-    collection = ThermalZoneCollector(str(FIXTURE_SYSFS)).collect()
+    collection = ThermalZoneCollector(DiskTree(FIXTURE_SYSFS)).collect()
     samples = rendered(collection)
     assert collection.problems == ()
     assert named(samples, "gpufleet_thermal_zone_temperature_celsius") == {

@@ -21,12 +21,12 @@ from urllib.parse import urlparse
 
 import pytest
 import yaml
-
-from gpufleet.dashboards.cli import OUTPUT as DASHBOARDS
-from gpufleet import __version__
-from gpufleet.cli import build_parser
 from helpers import free_port
 from programs import alertmanager, binary, http, prometheus, query, simulator, wait_for
+
+from gpufleet import __version__
+from gpufleet.cli import build_parser
+from gpufleet.dashboards.cli import OUTPUT as DASHBOARDS
 
 ROOT = Path(__file__).parent.parent
 COMPOSE_DIR = ROOT / "compose"

@@ -10,11 +10,11 @@ import time
 
 import pytest
 import yaml
+from programs import prometheus, prometheus_config, query, simulator
 
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.rules import render
 from gpufleet.dashboards.cli import OUTPUT, rendered
-from programs import prometheus, prometheus_config, query, simulator
 
 # Grafana's own variables, and the data-link ones (`${__data.fields.x}`, `${__value.raw}`).
 BUILTINS = {"__rate_interval", "__interval", "__interval_ms", "__range", "__all", "__url_time_range", "__data",

@@ -9,8 +9,15 @@ import time
 import urllib.request
 
 import pytest
-
-from helpers import FIXTURE_SYSFS, free_port, named, nvml_present, parse, series, stop_process
+from helpers import (
+    FIXTURE_SYSFS,
+    free_port,
+    named,
+    nvml_present,
+    parse,
+    series,
+    stop_process,
+)
 
 
 def gpufleet(*args: str, **kwargs) -> subprocess.Popen:
@@ -44,7 +51,7 @@ def exporter():
             pytest.fail(f"exporter did not become ready:\n{process.communicate()[0]}")
         time.sleep(0.1)
     yield process, url
-    stop_process(process)  # A clean stop removes the simulated procfs tree it made.
+    stop_process(process)
 
 
 def test_scrape_has_every_collector_and_exact_fixture_values(exporter):

@@ -11,6 +11,7 @@ import shutil
 import pynvml
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from helpers import eventually, named, parse, series
 
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.collector.infiniband import InfinibandCollector
@@ -20,7 +21,7 @@ from gpufleet.exporter.gpu.session import NvmlSession
 from gpufleet.exporter.gpu.simulated import SimulatedNvml, simulated_gpus
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.server import build_app
-from helpers import eventually, named, parse, series
+from gpufleet.exporter.tree import DiskTree
 
 
 class SurprisingNvml(SimulatedNvml):
@@ -39,8 +40,8 @@ async def running(sysfs):
     nvml = SurprisingNvml(simulated_gpus(2))
     collectors = [
         ScheduledCollector(GpuCollector(NvmlSession(nvml, backoff_initial=0.05, backoff_max=0.1)), 0.2, 0.2),
-        ScheduledCollector(NetworkCollector(str(sysfs)), 0.2, 0.2),
-        ScheduledCollector(InfinibandCollector(str(sysfs)), 0.2, 0.2),
+        ScheduledCollector(NetworkCollector(DiskTree(sysfs)), 0.2, 0.2),
+        ScheduledCollector(InfinibandCollector(DiskTree(sysfs)), 0.2, 0.2),
     ]
     client = TestClient(TestServer(build_app(Exposition(collectors)), host="127.0.0.1"))
     await client.start_server()

@@ -15,9 +15,9 @@ from gpufleet.exporter.collector.network import NetworkCollector
 from gpufleet.exporter.gpu.jobs import job_from_cgroup
 from gpufleet.exporter.gpu.podresources import gpu_pods
 from gpufleet.exporter.gpu.xid import parse_xid_line
+from gpufleet.exporter.tree import MemoryTree
 from gpufleet.exporter.webconfig import WebConfigError, load
 from gpufleet.simulator.faults import ScenarioError, load_scenario
-from gpufleet.simulator.tree import MemoryTree
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 contents = st.one_of(st.text(max_size=60), st.from_regex(r"-?[0-9]{1,25}", fullmatch=True),

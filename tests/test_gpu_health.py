@@ -9,15 +9,21 @@ import asyncio
 import pynvml
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from helpers import FIXTURE_SYSFS, eventually, named, parse, rendered, series
 
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.exposition import Exposition
 from gpufleet.exporter.gpu.session import NvmlSession
-from gpufleet.exporter.gpu.simulated import GpuTelemetry, SimulatedGpu, SimulatedNvml, steady
+from gpufleet.exporter.gpu.simulated import (
+    GpuTelemetry,
+    SimulatedGpu,
+    SimulatedNvml,
+    steady,
+)
 from gpufleet.exporter.gpu.xid import NvmlXidWatcher, XidLedger
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.server import build_app
-from helpers import FIXTURE_SYSFS, eventually, named, parse, rendered, series
+from gpufleet.exporter.tree import DiskTree
 
 LOAD = GpuTelemetry(utilization=0.9, memory_used_bytes=2**34, power_watts=650.0, energy_joules=5000.0,
                     temperature_celsius=70, memory_temperature_celsius=75, sm_clock_hertz=1980e6)
@@ -57,7 +63,7 @@ async def exporter():
     nvml = SimulatedNvml(gpus)
     ledger = XidLedger()
     watcher = NvmlXidWatcher(nvml, ledger, wait_ms=20, backoff_initial=0.05, backoff_max=0.2)
-    collector = GpuCollector(NvmlSession(nvml, backoff_initial=0.05, backoff_max=0.2), sysfs_root=str(FIXTURE_SYSFS),
+    collector = GpuCollector(NvmlSession(nvml, backoff_initial=0.05, backoff_max=0.2), sysfs=DiskTree(FIXTURE_SYSFS),
                              xids=ledger, xid_sources=[watcher])
     scheduled = ScheduledCollector(collector, interval=0.25, timeout=0.25)
     client = TestClient(TestServer(build_app(Exposition([scheduled])), host="127.0.0.1"))

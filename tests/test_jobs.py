@@ -4,12 +4,19 @@ from pathlib import Path
 
 import pynvml
 import pytest
+from helpers import named, rendered
 
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.jobs import JobAttribution, job_from_cgroup
 from gpufleet.exporter.gpu.session import NvmlSession
-from gpufleet.exporter.gpu.simulated import GpuTelemetry, SimulatedGpu, SimulatedNvml, SimulatedProcess, steady
-from helpers import named, rendered
+from gpufleet.exporter.gpu.simulated import (
+    GpuTelemetry,
+    SimulatedGpu,
+    SimulatedNvml,
+    SimulatedProcess,
+    steady,
+)
+from gpufleet.exporter.tree import DiskTree
 
 FIXTURE_PROC = Path(__file__).parent / "fixtures" / "proc"
 GIB = 1024**3
@@ -27,7 +34,7 @@ def board(index: int, *pids: int) -> SimulatedGpu:
 
 def collect(boards, procfs=FIXTURE_PROC, mapping_dir=None, process_memory=False):
     collector = GpuCollector(NvmlSession(SimulatedNvml(boards)),
-                             jobs=JobAttribution(str(procfs), str(mapping_dir) if mapping_dir else None, process_memory))
+                             jobs=JobAttribution(DiskTree(procfs), DiskTree(mapping_dir) if mapping_dir else None, process_memory))
     collection = collector.collect()
     return collection, rendered(collection)
 

@@ -15,7 +15,6 @@ import time
 import aiohttp
 import psutil
 import pytest
-
 from helpers import FIXTURE_SYSFS, free_port, stop_process
 
 SCRAPERS = 200

@@ -6,13 +6,24 @@ from pathlib import Path
 
 import grpc
 import pytest
+from helpers import named, rendered
 
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.jobs import JobAttribution
-from gpufleet.exporter.gpu.podresources import PodResourcesClient, PodResourcesUnavailable, gpu_pods
+from gpufleet.exporter.gpu.podresources import (
+    PodResourcesClient,
+    PodResourcesUnavailable,
+    gpu_pods,
+)
 from gpufleet.exporter.gpu.session import NvmlSession
-from gpufleet.exporter.gpu.simulated import GpuTelemetry, SimulatedGpu, SimulatedNvml, SimulatedProcess, steady
-from helpers import named, rendered
+from gpufleet.exporter.gpu.simulated import (
+    GpuTelemetry,
+    SimulatedGpu,
+    SimulatedNvml,
+    SimulatedProcess,
+    steady,
+)
+from gpufleet.exporter.tree import DiskTree
 
 FIXTURE_PROC = Path(__file__).parent / "fixtures" / "proc"
 POD_UID = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b"  # What fixture pid 1003's cgroup names.
@@ -69,7 +80,7 @@ def kubelet(tmp_path):
 def collect(socket_path, boards):
     client = PodResourcesClient(str(socket_path))
     collector = GpuCollector(NvmlSession(SimulatedNvml(boards)),
-                             jobs=JobAttribution(str(FIXTURE_PROC), pod_resources=client))
+                             jobs=JobAttribution(DiskTree(FIXTURE_PROC), pod_resources=client))
     try:
         collection = collector.collect()
     finally:

@@ -1,5 +1,6 @@
 """The exporter's text writer produces exactly what prometheus_client's generate_latest produces."""
 
+from helpers import FIXTURE_SYSFS
 from prometheus_client import ProcessCollector
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
@@ -7,7 +8,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from gpufleet.exporter.collector.infiniband import InfinibandCollector
 from gpufleet.exporter.collector.network import NetworkCollector
 from gpufleet.exporter.render import render
-from helpers import FIXTURE_SYSFS
+from gpufleet.exporter.tree import DiskTree
 
 
 class Families:
@@ -30,6 +31,6 @@ def test_byte_for_byte_the_same_as_prometheus_client():
     mixed.add_sample("mixed_info", {"only": "one"}, 1.0)
     plain = GaugeMetricFamily("no_labels", "No labels.", value=-0.0001)
     families = [odd, counter, mixed, plain, *ProcessCollector(registry=None).collect(),
-                *NetworkCollector(str(FIXTURE_SYSFS)).collect().families,
-                *InfinibandCollector(str(FIXTURE_SYSFS)).collect().families]
+                *NetworkCollector(DiskTree(FIXTURE_SYSFS)).collect().families,
+                *InfinibandCollector(DiskTree(FIXTURE_SYSFS)).collect().families]
     assert render(families) == generate_latest(Families(families))

@@ -24,12 +24,12 @@ from pathlib import Path
 import bcrypt
 import pytest
 import yaml
+from helpers import free_port
+from programs import binary, http, prometheus
 
 from gpufleet import cli as gpufleet_cli
 from gpufleet.alerts.capacity import INTERVAL
 from gpufleet.alerts.cli import RULES_FILE
-from helpers import free_port
-from programs import binary, http, prometheus
 from gpufleet.report.figures import project, quantile_from_buckets
 from gpufleet.simulator.faults import Fault
 from gpufleet.simulator.fleet import Fleet

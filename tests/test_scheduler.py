@@ -6,6 +6,7 @@ import time
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from helpers import FIXTURE_SYSFS, eventually, named, parse, series
 
 from gpufleet.exporter.collector import Collection
 from gpufleet.exporter.collector.gpu import GpuCollector
@@ -15,7 +16,7 @@ from gpufleet.exporter.gpu.session import NvmlSession
 from gpufleet.exporter.gpu.simulated import SimulatedNvml, simulated_gpus
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.server import build_app
-from helpers import FIXTURE_SYSFS, eventually, named, parse, series
+from gpufleet.exporter.tree import DiskTree
 
 
 class HangingNvml(SimulatedNvml):
@@ -38,7 +39,7 @@ class HangingNvml(SimulatedNvml):
 async def running():
     nvml = HangingNvml()
     gpu = ScheduledCollector(GpuCollector(NvmlSession(nvml)), interval=0.3, timeout=0.2)
-    network = ScheduledCollector(NetworkCollector(str(FIXTURE_SYSFS)), interval=0.3, timeout=0.3)
+    network = ScheduledCollector(NetworkCollector(DiskTree(FIXTURE_SYSFS)), interval=0.3, timeout=0.3)
     collectors = [gpu, network]
     client = TestClient(TestServer(build_app(Exposition(collectors)), host="127.0.0.1"))
     await client.start_server()

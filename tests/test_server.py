@@ -5,17 +5,18 @@ import gzip
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from helpers import FIXTURE_SYSFS, parse, series
 
 from gpufleet.exporter.collector.thermal_zone import ThermalZoneCollector
 from gpufleet.exporter.exposition import Exposition
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.server import accepts_gzip, build_app
-from helpers import FIXTURE_SYSFS, parse, series
+from gpufleet.exporter.tree import DiskTree
 
 
 @pytest.fixture
 async def client():
-    collector = ScheduledCollector(ThermalZoneCollector(str(FIXTURE_SYSFS)), interval=15, timeout=15)
+    collector = ScheduledCollector(ThermalZoneCollector(DiskTree(FIXTURE_SYSFS)), interval=15, timeout=15)
     await collector.tick()
     client = TestClient(TestServer(build_app(Exposition([collector])), host="127.0.0.1"))
     await client.start_server()

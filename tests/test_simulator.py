@@ -10,8 +10,9 @@ import itertools
 import time
 
 import pytest
-
 from helpers import parse
+
+from gpufleet.exporter import node
 from gpufleet.simulator.faults import ScenarioError, load_scenario, parse_fault
 from gpufleet.simulator.fleet import Fleet, Job
 
@@ -82,6 +83,13 @@ def names(diff, **labels):
 
 async def test_same_seed_same_time_same_values(baseline):
     assert changed(baseline, await with_faults()) == set()
+
+
+async def test_every_node_runs_every_collector_the_exporter_has(baseline):
+    """The simulator's nodes are built by the exporter's own code: a collector added there is served here."""
+    for samples in baseline.values():
+        served = {dict(labels)["collector"] for name, labels in samples if name == "gpufleet_collector_success"}
+        assert served == {collector.name for collector in node.COLLECTORS}
 
 
 async def test_the_healthy_fleet_is_healthy(baseline):

@@ -5,13 +5,13 @@ import json
 import time
 from unittest import mock
 
+import programs
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
-
 from helpers import parse
-import programs
 from programs import http, query, wait_for
+
 from gpufleet.simulator.faults import Fault
 from gpufleet.simulator.fleet import Fleet
 from gpufleet.simulator.server import build_app, list_faults

@@ -15,11 +15,11 @@ import bcrypt
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from helpers import FIXTURE_SYSFS, free_port, stop_process
 
 from gpufleet.exporter.exposition import Exposition
 from gpufleet.exporter.server import build_app
 from gpufleet.exporter.webconfig import Credentials, WebConfigError, load
-from helpers import FIXTURE_SYSFS, free_port, stop_process
 
 
 def openssl(*args: str, cwd: Path) -> None:

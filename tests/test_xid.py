@@ -3,8 +3,9 @@
 import asyncio
 from pathlib import Path
 
-from gpufleet.exporter.gpu.xid import KmsgXidReader, XidLedger, parse_xid_line, pci_key
 from helpers import FakeClock, eventually
+
+from gpufleet.exporter.gpu.xid import KmsgXidReader, XidLedger, parse_xid_line, pci_key
 
 FIXTURE_LOG = Path(__file__).parent / "fixtures" / "kmsg" / "xid.log"
 

@@ -3,7 +3,13 @@
 A collector has a `name`, a `default_interval` in seconds and a blocking
 `collect()` that reads the hardware and returns a `Collection`. The scheduler
 runs `collect()` in a worker thread on the collector's own interval; collectors
-never see the event loop, the HTTP server, or each other.
+never see the event loop, the HTTP server, or each other. Collectors with
+background work (the GPU collector's XID watchers) start it in `start()` and end
+it in two steps, `stop()` then `close()`, so that a node, or a simulated fleet
+of them, asks all of them to stop before it waits for any.
+
+Which collectors a node runs, and the hardware they read, are decided in one
+place: `exporter.node`.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -19,7 +25,13 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
-from gpufleet.exporter.sysfs import SysfsReader, Tree
+from gpufleet.exporter.sysfs import SysfsReader
+from gpufleet.exporter.tree import Tree
+
+if TYPE_CHECKING:
+    from gpufleet.exporter.node import Hardware
+
+_Family = TypeVar("_Family", GaugeMetricFamily, CounterMetricFamily)
 
 
 @dataclass(frozen=True)
@@ -45,17 +57,24 @@ class Collector(Protocol):
     default_interval: ClassVar[float]
 
     @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
+    def add_arguments(parser: argparse._ArgumentGroup) -> None:
         """Add the collector's own flags (beyond the common enable, interval and timeout)."""
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> Collector:
-        """Build the collector from parsed flags; raises CollectorError on a bad combination."""
+    def from_args(cls, args: argparse.Namespace, hardware: Hardware) -> Collector:
+        """Build the collector from parsed flags over the node's hardware; raises CollectorError on a bad
+        combination. Nothing runs yet."""
+
+    def start(self) -> None:
+        """Start background work (event watchers); called once, before the first collection."""
 
     def collect(self) -> Collection: ...
 
+    def stop(self) -> None:
+        """Ask background work to end, without waiting for it."""
+
     def close(self) -> None:
-        """Release what the collector holds (NVML handles); called once at shutdown."""
+        """Wait for background work to end and release what the collector holds (NVML handles); called once."""
 
 
 class FamilySet:
@@ -79,10 +98,11 @@ class FamilySet:
         """A family built by the caller, for series whose label sets differ."""
         self._families[family.name] = family
 
-    def _get(self, kind, name, documentation, labels):
+    def _get(self, kind: type[_Family], name: str, documentation: str, labels: Sequence[str]) -> _Family:
         family = self._families.get(name)
         if family is None:
             family = self._families[name] = kind(name, documentation, labels=labels)
+        assert isinstance(family, kind), f"{name} is already a {family.type}"
         return family
 
     def collection(self, problems: Sequence[str] = ()) -> Collection:
@@ -91,7 +111,7 @@ class FamilySet:
 
 
 class SysfsCollector:
-    """Base for collectors that read only sysfs: they hold a root and nothing to release.
+    """Base for collectors that read only sysfs: they hold a tree, run nothing in the background, release nothing.
 
     `collect()` gives each collection a fresh reader, so the problems it reports
     are those of this collection only; subclasses fill the families in `read()`.
@@ -100,19 +120,25 @@ class SysfsCollector:
     name: ClassVar[str]
     default_interval: ClassVar[float]
 
-    def __init__(self, sysfs_root: str | Tree) -> None:
-        self.sysfs_root = sysfs_root
+    def __init__(self, sysfs: Tree) -> None:
+        self.sysfs = sysfs
 
     @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
+    def add_arguments(parser: argparse._ArgumentGroup) -> None:
         return None
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> SysfsCollector:
-        return cls(args.sysfs_root)
+    def from_args(cls, args: argparse.Namespace, hardware: Hardware) -> SysfsCollector:
+        return cls(hardware.sysfs)
+
+    def start(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
 
     def collect(self) -> Collection:
-        sysfs = SysfsReader(self.sysfs_root)
+        sysfs = SysfsReader(self.sysfs)
         families = FamilySet()
         self.read(sysfs, families)
         return families.collection(sysfs.problems)

@@ -1,11 +1,9 @@
 """GPU metrics and health through NVML, one series per GPU labelled by index and UUID.
 
-The collector turns an `NvmlSession` sample, the XID ledger and the PCI bus
-into metric families; what is read, and how NVML errors are handled, lives in
-`exporter.gpu`. Which NVML library sits behind the session is chosen by
-`--gpu.backend`: `auto` and `nvml` use the real driver, `sim` a simulated one.
-`auto` never falls back to simulated GPUs, so a node whose driver is missing
-reports a failing GPU collector rather than invented data.
+The collector turns an `NvmlSession` sample, the jobs attribution found, the
+XID ledger and the PCI bus into metric families; what is read, and how NVML
+errors are handled, lives in `exporter.gpu`. Which NVML library sits behind the
+session is the node's hardware (`exporter.node`), not the collector's choice.
 
 When NVML fails as a whole, the collection still serves what does not depend
 on it: `gpufleet_gpu_up` 0 for every GPU seen before, the XID counts (the XID
@@ -16,23 +14,23 @@ PCI bus.
 from __future__ import annotations
 
 import argparse
-import tempfile
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
-import pynvml
+from prometheus_client.metrics_core import GaugeMetricFamily
 from prometheus_client.samples import Sample
 
 from gpufleet.exporter.collector import Collection, CollectorError, FamilySet
-from gpufleet.exporter.flags import positive_int
-from gpufleet.exporter.gpu.jobs import JobAttribution
-from gpufleet.exporter.gpu.probes import GpuMetric
+from gpufleet.exporter.gpu.jobs import Attribution, JobAttribution
 from gpufleet.exporter.gpu.podresources import PodResourcesClient
+from gpufleet.exporter.gpu.probes import GpuMetric
 from gpufleet.exporter.gpu.session import GpuIdentity, GpuUnavailable, NodeSample, NvmlSession
-from gpufleet.exporter.gpu.simulated import SimulatedNvml, simulated_gpus, write_procfs
 from gpufleet.exporter.gpu.xid import KmsgXidReader, NvmlXidWatcher, XidLedger
 from gpufleet.exporter.sysfs import SysfsReader
+from gpufleet.exporter.tree import DiskTree, Tree
+
+if TYPE_CHECKING:
+    from gpufleet.exporter.node import Hardware
 
 _GPU_LABELS = ("gpu", "uuid")
 _INFO_LABELS = ("gpu", "uuid", "name", "pci_bus_id", "serial", "vbios", "driver_version", "cuda_version")
@@ -42,6 +40,8 @@ _DISPLAY_CLASSES = frozenset({0x0300, 0x0302})  # VGA and 3D controllers; NVSwit
 
 class XidSource(Protocol):
     def start(self) -> None: ...
+
+    def request_stop(self) -> None: ...
 
     def stop(self, timeout: float = 5.0) -> None: ...
 
@@ -117,30 +117,37 @@ def add_pci_devices(families: FamilySet, sysfs: SysfsReader) -> None:
     )
 
 
+def add_jobs(families: FamilySet, attribution: Attribution) -> None:
+    """The process count, job and per-process memory series of each GPU that can list its processes."""
+    # Series of these two families carry differing label sets (only the labels that apply): built directly.
+    info = GaugeMetricFamily("gpufleet_gpu_job_info", "A job using the GPU; the value is always 1.")
+    memory = GaugeMetricFamily("gpufleet_gpu_process_memory_used_bytes", "GPU memory used by one process.")
+    for found in attribution.gpus:
+        base = {"gpu": str(found.gpu.index), "uuid": found.gpu.uuid}
+        families.gauge("gpufleet_gpu_processes", "Compute processes running on the GPU.", _GPU_LABELS).add_metric(
+            list(base.values()), found.processes)
+        for labels in found.jobs:
+            info.add_sample(info.name, {**base, **labels}, 1.0)
+        for labels, used in found.process_memory:
+            memory.add_sample(memory.name, {**base, **labels}, float(used))
+    families.add(info)
+    families.add(memory)
+
+
 class GpuCollector:
     name: ClassVar[str] = "gpu"
     default_interval: ClassVar[float] = 5.0
 
-    def __init__(self, session: NvmlSession, *, sysfs_root: str | None = None, jobs: JobAttribution | None = None,
+    def __init__(self, session: NvmlSession, *, sysfs: Tree | None = None, jobs: JobAttribution | None = None,
                  xids: XidLedger | None = None, xid_sources: Sequence[XidSource] = ()) -> None:
         self.session = session
-        self.sysfs_root = sysfs_root
+        self.sysfs = sysfs
         self.jobs = jobs
         self.xids = xids if xids is not None else XidLedger()
         self.xid_sources = tuple(xid_sources)
-        self.simulated_procfs: tempfile.TemporaryDirectory[str] | None = None
 
     @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--gpu.backend", dest="gpu_backend", choices=("auto", "nvml", "sim"), default="auto",
-            help="auto: NVML where a driver is present, else report the GPU collector as failing; "
-                 "nvml: require NVML at start; sim: simulated GPUs (default: %(default)s)",
-        )
-        parser.add_argument("--sim.gpus", dest="sim_gpus", type=positive_int, default=8, metavar="N",
-                            help="number of simulated GPUs with --gpu.backend=sim (default: %(default)s)")
-        parser.add_argument("--sim.seed", dest="sim_seed", type=int, default=0, metavar="N",
-                            help="seed of the simulated GPUs' identities and load (default: %(default)s)")
+    def add_arguments(parser: argparse._ArgumentGroup) -> None:
         parser.add_argument("--collector.gpu.xid-kmsg", dest="gpu_xid_kmsg", action=argparse.BooleanOptionalAction,
                             default=False, help="also count XIDs from the kernel log (default: off)")
         parser.add_argument("--path.kmsg", dest="kmsg_path", default="/dev/kmsg", metavar="PATH",
@@ -158,25 +165,9 @@ class GpuCollector:
                             help="export GPU memory per process (series churn with pids; default: off)")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> GpuCollector:
-        library: Any = pynvml
-        procfs_root = args.procfs_root
-        simulated_procfs = None
-        if args.gpu_backend == "sim":
-            gpus = simulated_gpus(args.sim_gpus, args.sim_seed)
-            library = SimulatedNvml(gpus)
-            # Simulated processes get simulated cgroup files, so attribution runs its production path.
-            simulated_procfs = tempfile.TemporaryDirectory(prefix="gpufleet-sim-proc-")
-            write_procfs(Path(simulated_procfs.name), gpus)
-            procfs_root = simulated_procfs.name
-        session = NvmlSession(library)
-        if args.gpu_backend == "nvml":
-            try:
-                session.sample()
-            except GpuUnavailable as err:
-                raise CollectorError(f"--gpu.backend=nvml needs a working NVML: {err}") from None
+    def from_args(cls, args: argparse.Namespace, hardware: Hardware) -> GpuCollector:
         ledger = XidLedger()
-        sources: list[XidSource] = [NvmlXidWatcher(library, ledger)]
+        sources: list[XidSource] = [NvmlXidWatcher(hardware.nvml, ledger, wait_ms=hardware.nvml_event_wait_ms)]
         if args.gpu_xid_kmsg:
             sources.append(KmsgXidReader(args.kmsg_path, ledger))
         pod_resources = None
@@ -186,12 +177,17 @@ class GpuCollector:
             except ImportError:
                 raise CollectorError("--job.pod-resources needs the grpcio package: "
                                      "pip install 'gpufleet[kubernetes]'") from None
-        jobs = JobAttribution(procfs_root, args.job_mapping_dir, args.gpu_process_memory, pod_resources)
-        collector = cls(session, sysfs_root=args.sysfs_root, jobs=jobs, xids=ledger, xid_sources=sources)
-        collector.simulated_procfs = simulated_procfs
-        for source in sources:
+        mapping = DiskTree(args.job_mapping_dir) if args.job_mapping_dir else None
+        jobs = JobAttribution(hardware.procfs, mapping, args.gpu_process_memory, pod_resources)
+        return cls(NvmlSession(hardware.nvml), sysfs=hardware.sysfs, jobs=jobs, xids=ledger, xid_sources=sources)
+
+    def start(self) -> None:
+        for source in self.xid_sources:
             source.start()
-        return collector
+
+    def stop(self) -> None:
+        for source in self.xid_sources:
+            source.request_stop()
 
     def collect(self) -> Collection:
         families = FamilySet()
@@ -206,12 +202,14 @@ class GpuCollector:
             add_sample(families, sample)
             problems.extend(sample.problems)
             if self.jobs is not None:
-                self.jobs.add(families, sample.gpus, problems)
+                attribution = self.jobs.attribute(sample.gpus)
+                add_jobs(families, attribution)
+                problems.extend(attribution.problems)
             for gpu in sample.gpus:  # Lets kernel-log XIDs be matched to GPUs even if NVML events are off.
                 self.xids.register_gpu(gpu.identity.index, gpu.identity.uuid, gpu.identity.pci_bus_id)
         add_xids(families, self.xids)
-        if self.sysfs_root is not None:
-            sysfs = SysfsReader(self.sysfs_root)
+        if self.sysfs is not None:
+            sysfs = SysfsReader(self.sysfs)
             add_pci_devices(families, sysfs)
             problems.extend(sysfs.problems)
         return families.collection(problems)
@@ -222,5 +220,3 @@ class GpuCollector:
         self.session.close()
         if self.jobs is not None and self.jobs.pod_resources is not None:
             self.jobs.pod_resources.close()
-        if self.simulated_procfs is not None:
-            self.simulated_procfs.cleanup()

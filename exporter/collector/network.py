@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import TYPE_CHECKING
 
 from gpufleet.exporter.collector import FamilySet, SysfsCollector
 from gpufleet.exporter.flags import regex
 from gpufleet.exporter.sysfs import SysfsReader
+from gpufleet.exporter.tree import Tree
+
+if TYPE_CHECKING:
+    from gpufleet.exporter.node import Hardware
 
 DEFAULT_DEVICE_EXCLUDE = (
     r"^(lo|veth.*|docker\d*|br-.*|virbr\d*|cni\d*|cbr\d*|kube-bridge|flannel\..*|cali.*|tunl\d*|ifb\d*|dummy\d*)$"
@@ -37,14 +42,14 @@ class NetworkCollector(SysfsCollector):
     name = "network"
     default_interval = 5.0
 
-    def __init__(self, sysfs_root: str, include: re.Pattern[str] | None = None,
+    def __init__(self, sysfs: Tree, include: re.Pattern[str] | None = None,
                  exclude: re.Pattern[str] | None = re.compile(DEFAULT_DEVICE_EXCLUDE)) -> None:
-        super().__init__(sysfs_root)
+        super().__init__(sysfs)
         self.include = include
         self.exclude = exclude
 
     @staticmethod
-    def add_arguments(parser: argparse.ArgumentParser) -> None:
+    def add_arguments(parser: argparse._ArgumentGroup) -> None:
         parser.add_argument("--collector.network.device-include", dest="network_device_include", type=regex,
                             metavar="REGEX", help="only interfaces whose name matches")
         parser.add_argument("--collector.network.device-exclude", dest="network_device_exclude", type=regex,
@@ -52,9 +57,9 @@ class NetworkCollector(SysfsCollector):
                             help="leave out interfaces whose name matches; empty keeps all (default: %(default)s)")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> NetworkCollector:
+    def from_args(cls, args: argparse.Namespace, hardware: Hardware) -> NetworkCollector:
         exclude = args.network_device_exclude
-        return cls(args.sysfs_root, args.network_device_include, exclude if exclude.pattern else None)
+        return cls(hardware.sysfs, args.network_device_include, exclude if exclude.pattern else None)
 
     def wanted(self, device: str) -> bool:
         if self.include is not None and not self.include.search(device):

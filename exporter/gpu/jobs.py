@@ -11,9 +11,10 @@ under both cgroup v1 and v2:
   (systemd driver; the UID has underscores for dashes);
 * Docker: `/docker/<id>` or `/system.slice/docker-<id>.scope`.
 
-The result is one `gpufleet_gpu_job_info` series per GPU and job. No other GPU
-series carries a job label: rules join on `gpu`/`uuid` with `group_left`, so
-series counts stay flat however jobs come and go. The dcgm-exporter convention
+The result is a record per GPU (its process count and the labels of each job),
+which the GPU collector turns into one `gpufleet_gpu_job_info` series per GPU
+and job. No other GPU series carries a job label: rules join on `gpu`/`uuid`
+with `group_left`, so series counts stay flat however jobs come and go. The dcgm-exporter convention
 is accepted as well: a directory with one file per GPU index listing job ids
 (`--job.mapping-dir`). Optionally, the kubelet's pod-resources socket adds the
 pod's namespace and name, and names the pods that hold a GPU with nothing
@@ -27,12 +28,10 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from prometheus_client.metrics_core import GaugeMetricFamily
-
-from gpufleet.exporter.collector import FamilySet
 from gpufleet.exporter.gpu.podresources import PodResourcesClient, PodResourcesUnavailable
-from gpufleet.exporter.gpu.session import GpuSample
-from gpufleet.exporter.sysfs import SysfsReader, Tree
+from gpufleet.exporter.gpu.session import GpuIdentity, GpuSample
+from gpufleet.exporter.sysfs import SysfsReader
+from gpufleet.exporter.tree import Tree
 
 log = logging.getLogger(__name__)
 
@@ -97,12 +96,28 @@ def mapping_dir_jobs(sysfs: SysfsReader, gpu_index: int) -> list[str]:
     return ids
 
 
-class JobAttribution:
-    """Adds the job and process series of one NVML sample, reading cgroup files under `procfs_root`."""
+@dataclass(frozen=True)
+class GpuJobs:
+    """What attribution found for one GPU: its process count, its jobs, and each process's memory."""
 
-    def __init__(self, procfs_root: str | Tree, mapping_dir: str | None = None, process_memory: bool = False,
+    gpu: GpuIdentity
+    processes: int
+    jobs: tuple[dict[str, str], ...]  # The labels of each job: `scheduler`, then those that apply.
+    process_memory: tuple[tuple[dict[str, str], int], ...] = ()  # (`pid` and the job's ids, bytes)
+
+
+@dataclass(frozen=True)
+class Attribution:
+    gpus: tuple[GpuJobs, ...]
+    problems: tuple[str, ...]
+
+
+class JobAttribution:
+    """Finds the jobs of one NVML sample's GPUs, reading cgroup files from a procfs tree."""
+
+    def __init__(self, procfs: Tree, mapping_dir: Tree | None = None, process_memory: bool = False,
                  pod_resources: PodResourcesClient | None = None) -> None:
-        self.procfs_root = procfs_root
+        self.procfs = procfs
         self.mapping_dir = mapping_dir
         self.process_memory = process_memory
         self.pod_resources = pod_resources
@@ -124,43 +139,37 @@ class JobAttribution:
             self._pod_resources_failure = ""
         return pods
 
-    def add(self, families: FamilySet, gpus: Iterable[GpuSample], problems: list[str]) -> None:
-        procfs = SysfsReader(self.procfs_root)
-        mapping = SysfsReader(self.mapping_dir) if self.mapping_dir else None
+    def attribute(self, gpus: Iterable[GpuSample]) -> Attribution:
+        """Jobs per GPU, for the GPUs that can list their processes (the others have no count rather than zero)."""
+        procfs = SysfsReader(self.procfs)
+        mapping = SysfsReader(self.mapping_dir) if self.mapping_dir is not None else None
         gpu_pods = self._gpu_pods()
-        info = GaugeMetricFamily("gpufleet_gpu_job_info", "A job using the GPU; the value is always 1.")
-        memory = GaugeMetricFamily("gpufleet_gpu_process_memory_used_bytes", "GPU memory used by one process.")
+        found = []
         for gpu in gpus:
             if gpu.processes is None:
-                continue  # This GPU cannot list its processes (NOT_SUPPORTED): no count rather than zero.
-            base = {"gpu": str(gpu.identity.index), "uuid": gpu.identity.uuid}
-            families.gauge("gpufleet_gpu_processes", "Compute processes running on the GPU.", ("gpu", "uuid")
-                           ).add_metric(list(base.values()), len(gpu.processes))
+                continue
             jobs: dict[tuple[tuple[str, str], ...], Job] = {}
+            memory = []
             for process in gpu.processes:
                 cgroup = procfs.text(procfs.path(f"{process.pid}/cgroup"))  # Gone if the process just exited.
                 job = job_from_cgroup(cgroup) if cgroup is not None else None
                 if job is not None:
                     jobs.setdefault((("scheduler", job.scheduler), *job.labels), job)
                 if self.process_memory and process.used_memory_bytes is not None:
-                    labels = {**base, "pid": str(process.pid)}
+                    labels = {"pid": str(process.pid)}
                     for name in ("job_id", "pod_uid", "container_id"):
                         if job is not None and (value := job.label(name)):
                             labels[name] = value
-                    memory.add_sample(memory.name, labels, float(process.used_memory_bytes))
+                    memory.append((labels, process.used_memory_bytes))
             if mapping is not None:
                 slurm_ids = {job.label("job_id") for job in jobs.values() if job.scheduler == "slurm"}
                 for job_id in mapping_dir_jobs(mapping, gpu.identity.index):
                     if job_id not in slurm_ids:  # The same job found by both sources is one job.
                         jobs.setdefault((("scheduler", "hpc"), ("job_id", job_id)), Job("hpc", (("job_id", job_id),)))
-            for labels in _with_pods(jobs, gpu_pods.get(gpu.identity.uuid, [])):
-                info.add_sample(info.name, {**base, **labels}, 1.0)
-        problems.extend(procfs.problems)
-        if mapping is not None:
-            problems.extend(mapping.problems)
-        # Their series carry differing label sets (only the labels that apply), so they are built directly.
-        families.add(info)
-        families.add(memory)
+            labelled = _with_pods(jobs, gpu_pods.get(gpu.identity.uuid, []))
+            found.append(GpuJobs(gpu.identity, len(gpu.processes), tuple(labelled), tuple(memory)))
+        problems = procfs.problems + (mapping.problems if mapping is not None else [])
+        return Attribution(tuple(found), tuple(problems))
 
 
 def _with_pods(jobs: dict[tuple[tuple[str, str], ...], Job], pods: list[tuple[str, str]]) -> list[dict[str, str]]:

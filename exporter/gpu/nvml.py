@@ -1,4 +1,10 @@
-"""Facts about the NVML library surface that the session and the XID watcher share.
+"""The NVML surface gpufleet calls, and the facts about it that its users share.
+
+`Nvml` is that surface as a Protocol: the real `pynvml` module provides it in
+production, and `SimulatedNvml` for `--gpu.backend=sim`, the simulator and the
+tests. Because the session, the probes and the XID watcher accept only `Nvml`,
+mypy checks the simulated library against every call the production code makes,
+and a test checks each name against the installed nvidia-ml-py.
 
 NVML errors fall into classes that each need a different answer (see
 `exporter.gpu.session`); keeping the classes here means both users of NVML
@@ -7,9 +13,119 @@ agree on what "the driver is gone" means.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol, TypeAlias
 
 import pynvml
+
+# pynvml's ctypes pointers, or the simulator's objects: opaque to every caller.
+Handle: TypeAlias = Any
+EventSet: TypeAlias = Any
+FieldRequest: TypeAlias = int | tuple[int, int]  # A field id, or (field id, scope such as an NVLink).
+
+
+class PciInfo(Protocol):
+    @property
+    def busId(self) -> str | bytes: ...  # noqa: N802 - NVML's own field names throughout.
+
+
+class Utilization(Protocol):
+    @property
+    def gpu(self) -> int: ...
+
+    @property
+    def memory(self) -> int: ...
+
+
+class Memory(Protocol):
+    @property
+    def total(self) -> int: ...
+
+    @property
+    def used(self) -> int: ...
+
+    @property
+    def free(self) -> int: ...
+
+
+class ViolationTime(Protocol):
+    @property
+    def violationTime(self) -> int: ...  # noqa: N802 - nanoseconds (nvml.h: nvmlViolationTime_t).
+
+
+class ProcessInfo(Protocol):
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def usedGpuMemory(self) -> int | None: ...  # noqa: N802 - bytes; NVML_VALUE_NOT_AVAILABLE in some containers.
+
+
+class FieldValue(Protocol):
+    @property
+    def nvmlReturn(self) -> int: ...  # noqa: N802
+
+    @property
+    def valueType(self) -> int: ...  # noqa: N802
+
+    @property
+    def value(self) -> Any: ...  # The union nvmlValue_t; `valueType` says which member holds the number.
+
+
+class EventData(Protocol):
+    @property
+    def device(self) -> Handle: ...
+
+    @property
+    def eventType(self) -> int: ...  # noqa: N802
+
+    @property
+    def eventData(self) -> int: ...  # noqa: N802 - the XID code, for an XID event.
+
+
+class Nvml(Protocol):
+    """Every NVML function gpufleet calls, with pynvml's names and argument order (positional only)."""
+
+    def nvmlInit(self) -> None: ...
+    def nvmlShutdown(self) -> None: ...
+    def nvmlSystemGetDriverVersion(self) -> str | bytes: ...
+    def nvmlSystemGetCudaDriverVersion(self) -> int: ...
+    def nvmlDeviceGetCount(self) -> int: ...
+    def nvmlDeviceGetHandleByIndex(self, index: int, /) -> Handle: ...
+    def nvmlDeviceGetUUID(self, handle: Handle, /) -> str | bytes: ...
+    def nvmlDeviceGetName(self, handle: Handle, /) -> str | bytes: ...
+    def nvmlDeviceGetSerial(self, handle: Handle, /) -> str | bytes: ...
+    def nvmlDeviceGetVbiosVersion(self, handle: Handle, /) -> str | bytes: ...
+    def nvmlDeviceGetPciInfo(self, handle: Handle, /) -> PciInfo: ...
+    def nvmlDeviceGetUtilizationRates(self, handle: Handle, /) -> Utilization: ...
+    def nvmlDeviceGetEncoderUtilization(self, handle: Handle, /) -> Sequence[int]: ...  # [percent, sampling period µs]
+    def nvmlDeviceGetDecoderUtilization(self, handle: Handle, /) -> Sequence[int]: ...
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle, /) -> Memory: ...
+    def nvmlDeviceGetPowerUsage(self, handle: Handle, /) -> int: ...  # milliwatts
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Handle, /) -> int: ...  # milliwatts
+    def nvmlDeviceGetTemperature(self, handle: Handle, sensor: int, /) -> int: ...  # °C
+    def nvmlDeviceGetTemperatureThreshold(self, handle: Handle, threshold: int, /) -> int: ...  # °C
+    def nvmlDeviceGetMarginTemperature(self, handle: Handle, /) -> int: ...  # °C
+    def nvmlDeviceGetClockInfo(self, handle: Handle, clock_type: int, /) -> int: ...  # MHz
+    def nvmlDeviceGetMaxClockInfo(self, handle: Handle, clock_type: int, /) -> int: ...  # MHz
+    def nvmlDeviceGetPerformanceState(self, handle: Handle, /) -> int: ...
+    def nvmlDeviceGetNumFans(self, handle: Handle, /) -> int: ...
+    def nvmlDeviceGetFanSpeed_v2(self, handle: Handle, fan: int, /) -> int: ...  # percent
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Handle, /) -> int: ...
+    def nvmlDeviceGetCurrPcieLinkWidth(self, handle: Handle, /) -> int: ...
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, handle: Handle, /) -> int: ...
+    def nvmlDeviceGetMaxPcieLinkWidth(self, handle: Handle, /) -> int: ...
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Handle, /) -> int: ...
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Handle, /) -> int: ...  # Its name before R535.
+    def nvmlDeviceGetViolationStatus(self, handle: Handle, policy: int, /) -> ViolationTime: ...
+    def nvmlDeviceGetNvLinkState(self, handle: Handle, link: int, /) -> int: ...
+    def nvmlDeviceGetNvLinkErrorCounter(self, handle: Handle, link: int, counter: int, /) -> int: ...
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle, /) -> Sequence[ProcessInfo]: ...
+    def nvmlDeviceGetFieldValues(self, handle: Handle, field_ids: Sequence[FieldRequest], /) -> Sequence[FieldValue]: ...
+    def nvmlEventSetCreate(self) -> EventSet: ...
+    def nvmlDeviceRegisterEvents(self, handle: Handle, event_types: int, event_set: EventSet, /) -> None: ...
+    def nvmlEventSetWait_v2(self, event_set: EventSet, timeout_ms: int, /) -> EventData: ...
+    def nvmlEventSetFree(self, event_set: EventSet, /) -> None: ...
 
 UNSUPPORTED = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND})
 TRANSIENT = frozenset({pynvml.NVML_ERROR_NO_DATA, pynvml.NVML_ERROR_NOT_READY})
@@ -27,7 +143,7 @@ DRIVER_LOST = frozenset(
 )
 
 
-def as_text(value: Any) -> str:
+def as_text(value: str | bytes) -> str:
     """NVML strings arrive as str from recent nvidia-ml-py and as bytes from older releases."""
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 

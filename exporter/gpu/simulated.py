@@ -17,13 +17,14 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Protocol
 
 import pynvml
+
+from gpufleet.exporter.gpu.nvml import FieldRequest
+from gpufleet.exporter.tree import MemoryTree
 
 _MIB = 1024 * 1024
 
@@ -186,6 +187,22 @@ def kubernetes_cgroup(pod_uid: str, container_id: str) -> str:
             f"cri-containerd-{container_id}.scope")
 
 
+def _uuid(rng: random.Random) -> str:
+    return "-".join(_hex(rng, n) for n in (8, 4, 4, 4, 12))
+
+
+def simulated_board(index: int, key: str, load: Load, **board: Any) -> SimulatedGpu:
+    """Board `index` of the machine named by `key`, with the UUID, serial and PCI bus id derived from both.
+
+    Every simulated board, in `--gpu.backend=sim` and in the fleet simulator, gets its identity here, so
+    the same key always names the same boards.
+    """
+    rng = random.Random(f"{key}:{index}")
+    return SimulatedGpu(index=index, uuid=f"GPU-{_uuid(rng)}", load=load,
+                        serial=str(1650923000000 + rng.randrange(10**6)),
+                        pci_bus_id=f"00000000:{0x18 + 0x10 * index:02X}:00.0", **board)
+
+
 def simulated_gpus(count: int, seed: int = 0) -> list[SimulatedGpu]:
     """`count` H100s running a training load, with stable identities derived from the seed.
 
@@ -194,35 +211,25 @@ def simulated_gpus(count: int, seed: int = 0) -> list[SimulatedGpu]:
     """
     rng = random.Random(seed)
     slurm_job = 100000 + rng.randrange(900000)
-    pod_uid = "-".join(_hex(rng, n) for n in (8, 4, 4, 4, 12))
+    pod_uid = _uuid(rng)
     container = _hex(rng, 64)
     gpus = []
     for index in range(count):
-        uuid = "GPU-" + "-".join(_hex(rng, n) for n in (8, 4, 4, 4, 12))
         if index < (count + 1) // 2:
             process = SimulatedProcess(20000 + index, slurm_cgroup(slurm_job, index))
         else:
             process = SimulatedProcess(30000 + index, kubernetes_cgroup(pod_uid, container))
-        gpus.append(
-            SimulatedGpu(
-                index=index,
-                uuid=uuid,
-                load=TrainingLoad(seed, index),
-                serial=str(1650923000000 + rng.randrange(10**6)),
-                pci_bus_id=f"00000000:{0x18 + 0x10 * index:02X}:00.0",
-                processes=[process],
-            )
-        )
+        gpus.append(simulated_board(index, f"sim:{seed}", TrainingLoad(seed, index), processes=[process]))
     return gpus
 
 
-def write_procfs(root: Path, gpus: list[SimulatedGpu]) -> None:
-    """Write `<root>/<pid>/cgroup` for every simulated process, as the kernel shows them (cgroup v2)."""
+def simulated_procfs(gpus: Sequence[SimulatedGpu]) -> MemoryTree:
+    """`<pid>/cgroup` for every simulated process, as the kernel shows them under cgroup v2."""
+    procfs = MemoryTree()
     for gpu in gpus:
         for process in gpu.processes:
-            directory = root / str(process.pid)
-            directory.mkdir(parents=True, exist_ok=True)
-            (directory / "cgroup").write_text(f"0::{process.cgroup}\n")
+            procfs.set(f"{process.pid}/cgroup", f"0::{process.cgroup}")
+    return procfs
 
 
 def _error(code: int) -> pynvml.NVMLError:
@@ -240,6 +247,61 @@ _UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
 _ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 
 
+# What the simulated calls return: plain objects with the attributes of pynvml's ctypes structures,
+# which are slow to build and read when a thousand simulated nodes ask for them.
+
+
+@dataclass(slots=True)
+class _PciInfo:
+    busId: str  # noqa: N815 - NVML's field names, as in exporter.gpu.nvml.
+
+
+@dataclass(slots=True)
+class _Utilization:
+    gpu: int
+    memory: int
+
+
+@dataclass(slots=True)
+class _Memory:
+    total: int
+    used: int
+    free: int
+
+
+@dataclass(slots=True)
+class _ViolationTime:
+    referenceTime: int  # noqa: N815
+    violationTime: int  # noqa: N815
+
+
+@dataclass(slots=True)
+class _ProcessInfo:
+    pid: int
+    usedGpuMemory: int | None  # noqa: N815
+    gpuInstanceId: int = 0xFFFFFFFF  # noqa: N815
+    computeInstanceId: int = 0xFFFFFFFF  # noqa: N815
+
+
+@dataclass(slots=True)
+class _Value:
+    """nvmlValue_t: a union, of which the simulated fields fill only the two members they use."""
+
+    uiVal: int = 0  # noqa: N815
+    ullVal: int = 0  # noqa: N815
+
+
+@dataclass(slots=True)
+class _FieldValue:
+    fieldId: int  # noqa: N815
+    scopeId: int  # noqa: N815
+    timestamp: int
+    nvmlReturn: int  # noqa: N815
+    valueType: int = 0  # noqa: N815
+    latencyUsec: int = 0  # noqa: N815
+    value: _Value = field(default_factory=_Value)
+
+
 @dataclass(frozen=True, eq=False)
 class _Handle:
     """A device handle: valid only for the driver generation that issued it, as after a real reload."""
@@ -248,13 +310,22 @@ class _Handle:
     generation: int
 
 
+@dataclass(slots=True)
+class _Event:
+    device: _Handle
+    eventType: int  # noqa: N815
+    eventData: int  # noqa: N815
+    gpuInstanceId: int = 0  # noqa: N815
+    computeInstanceId: int = 0  # noqa: N815
+
+
 class _EventSet:
     """An NVML event set: XID events queued for the GPUs registered with it."""
 
     def __init__(self, generation: int) -> None:
         self.generation = generation
         self.handles: dict[int, _Handle] = {}  # GPU index -> the handle it was registered with.
-        self.queue: deque[Any] = deque()
+        self.queue: deque[_Event] = deque()
         self.ready = threading.Condition()
 
 
@@ -309,10 +380,7 @@ class SimulatedNvml:
             event_sets = [e for e in self._event_sets if index in e.handles and e.generation == self._generation]
         for event_set in event_sets:
             with event_set.ready:
-                event_set.queue.append(
-                    SimpleNamespace(device=event_set.handles[index], eventType=pynvml.nvmlEventTypeXidCriticalError,
-                                    eventData=xid, gpuInstanceId=0, computeInstanceId=0)
-                )
+                event_set.queue.append(_Event(event_set.handles[index], pynvml.nvmlEventTypeXidCriticalError, xid))
                 event_set.ready.notify_all()
 
     # Events --------------------------------------------------------------------------------------
@@ -329,7 +397,7 @@ class SimulatedNvml:
         if event_types & pynvml.nvmlEventTypeXidCriticalError:
             event_set.handles[gpu.index] = handle
 
-    def nvmlEventSetWait_v2(self, event_set: _EventSet, timeout_ms: int) -> Any:
+    def nvmlEventSetWait_v2(self, event_set: _EventSet, timeout_ms: int) -> _Event:
         deadline = time.monotonic() + timeout_ms / 1000
         with event_set.ready:
             while not event_set.queue:
@@ -410,13 +478,13 @@ class SimulatedNvml:
         gpu = self._check(handle, "nvmlDeviceGetVbiosVersion")
         return gpu.vbios
 
-    def nvmlDeviceGetPciInfo(self, handle: _Handle) -> Any:
+    def nvmlDeviceGetPciInfo(self, handle: _Handle) -> _PciInfo:
         gpu = self._check(handle, "nvmlDeviceGetPciInfo")
-        return SimpleNamespace(busId=gpu.pci_bus_id)
+        return _PciInfo(gpu.pci_bus_id)
 
-    def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> Any:
-        gpu, now = self._now(handle, "nvmlDeviceGetUtilizationRates")
-        return SimpleNamespace(gpu=round(now.utilization * 100), memory=round(now.memory_copy_utilization * 100))
+    def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> _Utilization:
+        now = self._telemetry(handle, "nvmlDeviceGetUtilizationRates")
+        return _Utilization(round(now.utilization * 100), round(now.memory_copy_utilization * 100))
 
     def nvmlDeviceGetEncoderUtilization(self, handle: _Handle) -> list[int]:
         return [round(self._telemetry(handle, "nvmlDeviceGetEncoderUtilization").encoder_utilization * 100), 167000]
@@ -424,10 +492,10 @@ class SimulatedNvml:
     def nvmlDeviceGetDecoderUtilization(self, handle: _Handle) -> list[int]:
         return [round(self._telemetry(handle, "nvmlDeviceGetDecoderUtilization").decoder_utilization * 100), 167000]
 
-    def nvmlDeviceGetMemoryInfo(self, handle: _Handle) -> Any:
+    def nvmlDeviceGetMemoryInfo(self, handle: _Handle) -> _Memory:
         gpu, now = self._now(handle, "nvmlDeviceGetMemoryInfo")
         used = now.memory_used_bytes
-        return SimpleNamespace(total=gpu.memory_total_bytes, used=used, free=gpu.memory_total_bytes - used)
+        return _Memory(total=gpu.memory_total_bytes, used=used, free=gpu.memory_total_bytes - used)
 
     def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:
         return round(self._telemetry(handle, "nvmlDeviceGetPowerUsage").power_watts * 1000)
@@ -483,24 +551,27 @@ class SimulatedNvml:
         gpu = self._check(handle, "nvmlDeviceGetMaxPcieLinkWidth")
         return gpu.pcie_max_width
 
-    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[Any]:
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[_ProcessInfo]:
         gpu, now = self._now(handle, "nvmlDeviceGetComputeRunningProcesses")
         if not gpu.processes:
             return []
         # The driver keeps about 500 MiB per context for itself; the rest is split between the processes.
         share = max(0, now.memory_used_bytes - 512 * _MIB) // len(gpu.processes)
-        return [SimpleNamespace(pid=p.pid, usedGpuMemory=share, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
-                for p in gpu.processes]
+        return [_ProcessInfo(p.pid, share) for p in gpu.processes]
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: _Handle) -> int:
         gpu, now = self._now(handle, "nvmlDeviceGetCurrentClocksEventReasons")
         idle = pynvml.nvmlClocksEventReasonGpuIdle if now.utilization < _IDLE_BELOW else 0
         return gpu.clock_events | idle
 
-    def nvmlDeviceGetViolationStatus(self, handle: _Handle, policy: int) -> Any:
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: _Handle) -> int:
+        """The same mask under its name before R535, for callers written against older drivers."""
+        return self.nvmlDeviceGetCurrentClocksEventReasons(handle)
+
+    def nvmlDeviceGetViolationStatus(self, handle: _Handle, policy: int) -> _ViolationTime:
         gpu = self._check(handle, "nvmlDeviceGetViolationStatus")
         seconds = gpu.violation_seconds.get(policy, 0.0)
-        return SimpleNamespace(referenceTime=int(time.time() * 1e6), violationTime=int(seconds * 1e9))
+        return _ViolationTime(referenceTime=int(time.time() * 1e6), violationTime=int(seconds * 1e9))
 
     def _link(self, handle: _Handle, function: str, link: int) -> SimulatedGpu:
         gpu = self._check(handle, function)
@@ -539,12 +610,10 @@ class SimulatedNvml:
             pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: (_ULL, gpu.pcie_replays),
         }
 
-    def nvmlDeviceGetFieldValues(self, handle: _Handle, field_ids: list[Any]) -> Any:
+    def nvmlDeviceGetFieldValues(self, handle: _Handle, field_ids: Sequence[FieldRequest]) -> list[_FieldValue]:
         gpu, now = self._now(handle, "nvmlDeviceGetFieldValues")
         answers = self._field_answers(gpu, now)
         nvlink_kib = nvlink_kib_for(now.energy_joules)
-        # Plain objects with nvmlFieldValue_t's attributes: pynvml's ctypes structures are slow to read,
-        # and a thousand simulated nodes read a lot of them.
         values = []
         for requested in field_ids:
             field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
@@ -552,12 +621,11 @@ class SimulatedNvml:
                 answer = (_ULL, gpu.nvlink_stopped_kib.get(scope, nvlink_kib)) if scope < gpu.nvlinks else None
             else:
                 answer = answers.get(field_id)
-            slot = SimpleNamespace(fieldId=field_id, scopeId=scope, timestamp=int(time.time() * 1e6), latencyUsec=0,
-                                   valueType=0, nvmlReturn=pynvml.NVML_ERROR_NOT_SUPPORTED, value=SimpleNamespace())
+            slot = _FieldValue(field_id, scope, int(time.time() * 1e6), pynvml.NVML_ERROR_NOT_SUPPORTED)
             if answer is not None and f"field:{field_id}" not in gpu.unsupported:
                 slot.nvmlReturn = pynvml.NVML_SUCCESS
-                slot.valueType = answer[0]
-                setattr(slot.value, "uiVal" if answer[0] == _UINT else "ullVal", answer[1])
+                slot.valueType, number = answer
+                slot.value = _Value(uiVal=number) if slot.valueType == _UINT else _Value(ullVal=number)
             values.append(slot)
         return values
 

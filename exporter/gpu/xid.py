@@ -27,11 +27,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import pynvml
 
-from gpufleet.exporter.gpu.nvml import DRIVER_LOST, Backoff, as_text
+from gpufleet.exporter.gpu.nvml import DRIVER_LOST, Backoff, EventSet, Handle, Nvml, as_text
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +146,7 @@ class XidLedger:
         self._nvml_events = [e for e in self._nvml_events if now - e.at <= self._window]
 
 
-def _handle_key(handle: Any) -> int:
+def _handle_key(handle: Handle) -> int:
     """A hashable identity for an NVML device handle (a ctypes pointer, or a simulated object)."""
     try:
         return ctypes.cast(handle, ctypes.c_void_p).value or 0
@@ -158,7 +157,7 @@ def _handle_key(handle: Any) -> int:
 class NvmlXidWatcher:
     """Waits for critical XID events on every GPU, in a daemon thread, and records them in the ledger."""
 
-    def __init__(self, nvml: Any, ledger: XidLedger, *, wait_ms: int = 1000,
+    def __init__(self, nvml: Nvml, ledger: XidLedger, *, wait_ms: int = 1000,
                  backoff_initial: float = 1.0, backoff_max: float = 60.0) -> None:
         self._nvml = nvml
         self._ledger = ledger
@@ -224,7 +223,7 @@ class NvmlXidWatcher:
             self._ledger.watching = False
             self._release(event_set)
 
-    def _release(self, event_set: Any) -> None:
+    def _release(self, event_set: EventSet | None) -> None:
         """Free the event set and our NVML reference; after a driver loss both calls may fail, harmlessly."""
         try:
             if event_set is not None:
@@ -236,7 +235,7 @@ class NvmlXidWatcher:
         except pynvml.NVMLError:
             pass
 
-    def _register(self, event_set: Any) -> dict[int, tuple[int, str, str]]:
+    def _register(self, event_set: EventSet) -> dict[int, tuple[int, str, str]]:
         """Register each GPU for critical XID events; a GPU that cannot be registered is skipped."""
         nvml = self._nvml
         gpus: dict[int, tuple[int, str, str]] = {}
@@ -278,8 +277,12 @@ class KmsgXidReader:
     def wait_opened(self, timeout: float) -> bool:
         return self._opened.wait(timeout)
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def request_stop(self) -> None:
+        """Ask the thread to end; it does within one poll."""
         self._stop.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.request_stop()
         if self._thread.is_alive():
             self._thread.join(timeout)
 

@@ -1,0 +1,137 @@
+"""The file trees collectors read: the hardware boundary for sysfs and procfs.
+
+Collectors receive a `Tree`, never a path, so what they read is decided once,
+by whoever builds the node: `DiskTree` is a real mount point (`--path.sysfs`,
+`--path.procfs`, as node_exporter takes them), and `MemoryTree` is the
+simulator's and the tests' stand-in. Both fail the way the kernel does
+(OSError with ENOENT, EISDIR, ENOTDIR, EINVAL), so a collector's error handling
+runs the same over either.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Protocol, TypeAlias
+
+_MAX_READ = 4096  # sysfs attributes are at most a page.
+
+
+class Tree(Protocol):
+    """A file tree addressed by root-relative paths; failures raise OSError with the kernel's errno."""
+
+    def read(self, path: PurePosixPath) -> bytes: ...
+
+    def listdir(self, path: PurePosixPath) -> list[str]: ...
+
+    def readlink(self, path: PurePosixPath) -> str: ...
+
+    def is_dir(self, path: PurePosixPath) -> bool: ...
+
+
+class DiskTree:
+    """The real files below a root directory."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def read(self, path: PurePosixPath) -> bytes:
+        with open(self.root / path, "rb") as handle:
+            return handle.read(_MAX_READ)
+
+    def listdir(self, path: PurePosixPath) -> list[str]:
+        return os.listdir(self.root / path)
+
+    def readlink(self, path: PurePosixPath) -> str:
+        return os.readlink(self.root / path)
+
+    def is_dir(self, path: PurePosixPath) -> bool:
+        return (self.root / path).is_dir()
+
+
+Content: TypeAlias = str | Callable[[], str]
+
+
+@dataclass(frozen=True)
+class _Link:
+    target: str
+
+
+_Node: TypeAlias = "dict[str, _Node] | Content | _Link"
+
+
+def _missing(path: PurePosixPath) -> FileNotFoundError:
+    return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+
+
+class MemoryTree:
+    """Files held in memory: text, or a function that returns it when the file is read.
+
+    A function lets a counter follow a simulated clock without rewriting anything.
+    """
+
+    def __init__(self) -> None:
+        self._root: dict[str, _Node] = {}
+
+    def set(self, path: str, content: Content) -> None:
+        *parents, name = PurePosixPath(path).parts
+        self._directory(parents, create=True)[name] = content
+
+    def link(self, path: str, target: str) -> None:
+        *parents, name = PurePosixPath(path).parts
+        self._directory(parents, create=True)[name] = _Link(target)
+
+    def remove(self, path: str) -> None:
+        """Drop a file or a whole directory, as a hot-unplug does; nothing happens where there is nothing."""
+        *parents, name = PurePosixPath(path).parts
+        try:
+            self._directory(parents, create=False).pop(name, None)
+        except OSError:
+            pass
+
+    def _directory(self, parts: list[str], create: bool) -> dict[str, _Node]:
+        directory = self._root
+        for part in parts:
+            child = directory.setdefault(part, {}) if create else directory.get(part)
+            if not isinstance(child, dict):
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), "/".join(parts))
+            directory = child
+        return directory
+
+    def _node(self, path: PurePosixPath) -> _Node:
+        node: _Node = self._root
+        for part in path.parts:
+            if not isinstance(node, dict) or part not in node:
+                raise _missing(path)
+            node = node[part]
+        return node
+
+    def read(self, path: PurePosixPath) -> bytes:
+        node = self._node(path)
+        if isinstance(node, dict):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if isinstance(node, _Link):
+            raise _missing(path)  # Links here point at devices outside the tree, as sysfs's do.
+        text = node if isinstance(node, str) else node()
+        return f"{text}\n".encode()
+
+    def listdir(self, path: PurePosixPath) -> list[str]:
+        node = self._node(path)
+        if not isinstance(node, dict):
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
+        return list(node)
+
+    def readlink(self, path: PurePosixPath) -> str:
+        node = self._node(path)
+        if not isinstance(node, _Link):
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), str(path))
+        return node.target
+
+    def is_dir(self, path: PurePosixPath) -> bool:
+        try:
+            return isinstance(self._node(path), dict)
+        except OSError:
+            return False
