@@ -12,7 +12,7 @@ from gpufleet.alerts.rules import render
 RULES_FILE = Path(__file__).parent / "gpufleet-rules.yml"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("alerts", help="build the Prometheus alerting rules",
                                    description="Generate the Prometheus rules from alerts/rules.py.")
     commands = parser.add_subparsers(dest="alerts_command", metavar="COMMAND", required=True)

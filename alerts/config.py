@@ -3,19 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass
 
-_DURATION = re.compile(r"^(\d+)([smhd])$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def seconds(duration: str) -> int:
-    """Seconds in a PromQL duration of one unit, such as `15m`."""
-    match = _DURATION.match(duration)
-    if match is None:
-        raise ValueError(f"unsupported duration {duration!r}: use one number and one unit of s, m, h or d")
-    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+from gpufleet import duration
 
 
 @dataclass(frozen=True)
@@ -79,12 +69,12 @@ class Config:
     def runbook(self, alert: str) -> str:
         return self.runbook_url.format(anchor=alert.lower())
 
-    def d(self, duration: str) -> str:
+    def d(self, window: str) -> str:
         """A window or `for` duration after the time scale; unchanged at scale 1, so the file reads naturally."""
+        seconds = duration.parse(window)  # Refused here, not by Prometheus, when it is not a duration.
         if self.time_scale == 1:
-            seconds(duration)  # Still refuse what the scaled form could not read.
-            return duration
-        return f"{max(1, round(seconds(duration) / self.time_scale))}s"
+            return window
+        return duration.render(max(1, round(seconds / self.time_scale)))
 
     def scaled(self, time_scale: float) -> Config:
         return dataclasses.replace(self, time_scale=time_scale)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet.alerts.config import Config, seconds
+from gpufleet import duration
+from gpufleet.alerts.config import Config
 from gpufleet.alerts.rule import GPU, alert
 from gpufleet.alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH, matcher
 
@@ -20,7 +21,7 @@ _HW_SLOWDOWN = 'reason=~"hw_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown
 def _xid_event(c: Config, name: str, codes: tuple[int, ...], severity: str, summary: str) -> dict[str, Any]:
     """An alert that fires for `xid_window` after an XID of one class, timed from the event itself."""
     since = f"time() - {c.metric('gpufleet_gpu_xid_last_timestamp_seconds', matcher(codes))}"
-    return alert(c, name, f"{since} < {seconds(c.d(c.xid_window))}", severity, summary,
+    return alert(c, name, f"{since} < {duration.parse(c.d(c.xid_window)):g}", severity, summary,
                  f"{GPU} reported XID {{{{ $labels.xid }}}} {{{{ $value | humanizeDuration }}}} ago.")
 
 

@@ -32,7 +32,6 @@ from pathlib import Path
 
 import aiohttp
 import psutil
-
 from support import free_port, wait_ready
 
 SINGLE_REQUESTS = 2000

@@ -29,7 +29,6 @@ import urllib.request
 from pathlib import Path
 
 import psutil
-
 from support import free_port
 
 
@@ -112,14 +111,16 @@ def main() -> None:
                 "targets down": query(prom_url, "count(up == 0)") or 0.0,
                 "series per scrape, fleet": query(prom_url, "sum(scrape_samples_scraped)"),
                 "scrape duration mean (s)": query(prom_url, f"avg(avg_over_time(scrape_duration_seconds[{window}]))"),
-                "scrape duration p99 (s)": query(prom_url, f"quantile(0.99, max_over_time(scrape_duration_seconds[{window}]))"),
+                "scrape duration p99 (s)": query(
+                    prom_url, f"quantile(0.99, max_over_time(scrape_duration_seconds[{window}]))"),
                 # Each node is collected once per interval; this says whether the simulator keeps up.
                 "oldest GPU snapshot (s)": query(
                     prom_url, f'max(max_over_time((timestamp(gpufleet_collector_last_success_timestamp_seconds'
                               f'{{collector="gpu"}}) - gpufleet_collector_last_success_timestamp_seconds'
                               f'{{collector="gpu"}})[{window}:]))'),
             }
-            print(f"{args.nodes} nodes x 8 GPUs, scraped every {interval:g}s; simulator ready in {simulator_start:.1f}s")
+            print(f"{args.nodes} nodes x 8 GPUs, scraped every {interval:g}s; "
+                  f"simulator ready in {simulator_start:.1f}s")
             print(f"simulator: {sim_share * 100:.1f}% of one core, peak RSS {peak_rss_mib(simulator.pid):.0f} MiB")
             print(f"prometheus: {prom_share * 100:.1f}% of one core, peak RSS {peak_rss_mib(prometheus.pid):.0f} MiB")
             for name, value in results.items():

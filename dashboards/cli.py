@@ -14,7 +14,7 @@ SOURCES = Path(__file__).parent
 OUTPUT = SOURCES / "json"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("dashboards", help="build the Grafana dashboards",
                                    description="Generate the Grafana dashboards from dashboards/*.dashboard.py.")
     commands = parser.add_subparsers(dest="dashboards_command", metavar="COMMAND", required=True)
@@ -61,7 +61,7 @@ def run_build(args: argparse.Namespace) -> int:
             return 1
         return 0
     args.output.mkdir(parents=True, exist_ok=True)
-    for stale in set(p.name for p in args.output.glob("*.json")) - set(files):
+    for stale in {p.name for p in args.output.glob("*.json")} - set(files):
         (args.output / stale).unlink()
     for name, text in files.items():
         (args.output / name).write_text(text, encoding="utf-8")

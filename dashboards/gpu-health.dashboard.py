@@ -1,9 +1,7 @@
 """GPU health: which GPUs to drain, and why. XIDs by class, memory errors, links, slowdowns, lost boards."""
 
-from gpufleet.alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH, matcher
+from gpufleet.alerts.xid import CLASSES, matcher
 from gpufleet.dashboards.panels import GPU, dashboard, rate, table, timeseries
-
-_CLASSES = (("reset or reboot", RESET_OR_REBOOT), ("watch", WATCH), ("application", APPLICATION))
 
 dashboard = dashboard(
     "gpufleet-gpu-health", "gpufleet / GPU health",
@@ -14,7 +12,7 @@ dashboard = dashboard(
                                       "[$__rate_interval]))", "XID {{xid}}")], "short"),
          timeseries("XIDs by class", [
              (f"sum(increase(gpufleet_gpu_xid_errors_total{{{GPU}, {matcher(codes)}}}[$__rate_interval]))", name)
-             for name, codes in _CLASSES], "short")],
+             for name, codes in CLASSES.items()], "short")],
         [timeseries("Uncorrected ECC errors", [
             (f'sum by (instance, gpu) (increase(gpufleet_gpu_ecc_errors_total{{{GPU}, error="uncorrected", '
              'scope="volatile"}[$__rate_interval]))', "{{instance}} GPU {{gpu}}")], "short", width=8),

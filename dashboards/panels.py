@@ -50,8 +50,9 @@ def rate(metric: str, selector: str) -> str:
     return f"rate({metric}{{{selector}}}[$__rate_interval])"
 
 
-def _targets(queries: Sequence[tuple[str, str]], **kwargs) -> list[core.Target]:
-    return [target(expr, legend, chr(ord("A") + i), **kwargs) for i, (expr, legend) in enumerate(queries)]
+def _targets(queries: Sequence[tuple[str, str]], instant: bool = False, table: bool = False) -> list[core.Target]:
+    return [target(expr, legend, chr(ord("A") + i), instant=instant, table=table)
+            for i, (expr, legend) in enumerate(queries)]
 
 
 @dataclass

@@ -24,14 +24,15 @@ WEB_CONFIG_CHECK_SECONDS = 2.0  # How often the web config and its certificates 
 log = logging.getLogger(__name__)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "exporter",
         help="run the per-node exporter",
         description="Collect GPU, NIC and thermal metrics on this node and serve them on /metrics.",
     )
     parser.add_argument("--web.listen-address", dest="listen_address", type=listen_address,
-                        default=DEFAULT_LISTEN_ADDRESS, metavar="HOST:PORT", help="address to serve /metrics on (default: %(default)s)")
+                        default=DEFAULT_LISTEN_ADDRESS, metavar="HOST:PORT",
+                        help="address to serve /metrics on (default: %(default)s)")
     parser.add_argument("--web.config.file", dest="web_config", metavar="PATH",
                         help="TLS, basic auth and headers, in the Prometheus exporter-toolkit format")
     parser.add_argument("--web.max-requests", dest="max_requests", type=int, default=40, metavar="N",
@@ -58,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpufleet exporter: error: {err}", file=sys.stderr)
         return 1
     try:
-        asyncio.run(serve(collectors, *args.listen_address, web_config, args.max_requests))
+        host, port = args.listen_address
+        asyncio.run(serve(collectors, host, port, web_config, args.max_requests))
     except OSError as err:
         print(f"gpufleet exporter: error: cannot listen on {args.listen_address[0] or '*'}:{args.listen_address[1]}: "
               f"{err.strerror or err}", file=sys.stderr)

@@ -5,16 +5,15 @@ from __future__ import annotations
 import argparse
 import re
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)?$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
+from gpufleet import duration as durations
 
 
 def duration(text: str) -> float:
-    """`500ms`, `5s`, `1m`, `1h`, `30d`, `2w`, or plain seconds; returns seconds, always positive."""
-    match = _DURATION.match(text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (use for example 500ms, 5s, 1m)")
-    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    """A duration in gpufleet's one grammar (`500ms`, `5s`, `1h30m`, `30d`, or plain seconds); always positive."""
+    try:
+        seconds = durations.parse(text)
+    except durations.DurationError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     if seconds <= 0:
         raise argparse.ArgumentTypeError(f"duration {text!r} must be greater than zero")
     return seconds

@@ -17,7 +17,8 @@ def _quote(value: str) -> str:
 class LogfmtFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
-        line = f"ts={ts} level={_NAMES.get(record.levelno, 'info')} logger={record.name} msg={_quote(record.getMessage())}"
+        level = _NAMES.get(record.levelno, "info")
+        line = f"ts={ts} level={level} logger={record.name} msg={_quote(record.getMessage())}"
         if record.exc_info:
             line += f" err={_quote(self.formatException(record.exc_info))}"
         return line

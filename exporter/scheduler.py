@@ -23,7 +23,7 @@ from gpufleet.exporter.render import render
 log = logging.getLogger(__name__)
 
 
-def _discard(future: asyncio.Future[object]) -> None:
+def _discard(future: asyncio.Future[tuple[Collection, bytes]]) -> None:
     if not future.cancelled():
         future.exception()  # Retrieved, so asyncio does not log it as never retrieved.
 
@@ -76,7 +76,8 @@ class ScheduledCollector:
         done, _ = await asyncio.wait({outcome}, timeout=self.timeout)
         if not done:
             outcome.add_done_callback(_discard)  # Its late result, or error, is of no interest any more.
-            self._failed(started, f"collection timed out after {self.timeout:g}s; later ticks are skipped until it returns")
+            self._failed(started, f"collection timed out after {self.timeout:g}s; "
+                                  "later ticks are skipped until it returns")
             return
         try:
             collection, body = outcome.result()

@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from gpufleet import __version__
 from gpufleet.exporter.exposition import Exposition
@@ -67,12 +68,12 @@ async def healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok\n")
 
 
-def _limit(max_requests: int):
+def _limit(max_requests: int) -> Middleware:
     """Answer 503 at once beyond `max_requests` concurrent requests, as node_exporter's --web.max-requests."""
     in_flight = 0
 
     @web.middleware
-    async def limit(request: web.Request, handler):
+    async def limit(request: web.Request, handler: Handler) -> web.StreamResponse:
         nonlocal in_flight
         if in_flight >= max_requests:
             return web.Response(status=503, text="too many concurrent requests\n")
@@ -85,12 +86,12 @@ def _limit(max_requests: int):
     return limit
 
 
-def _secure(watcher: WebConfigWatcher):
+def _secure(watcher: WebConfigWatcher) -> Middleware:
     """Basic auth and response headers from the current web configuration."""
     credentials = Credentials()
 
     @web.middleware
-    async def secure(request: web.Request, handler):
+    async def secure(request: web.Request, handler: Handler) -> web.StreamResponse:
         config = watcher.current
         if config.users:
             header = request.headers.get("Authorization", "")
@@ -107,7 +108,7 @@ def _secure(watcher: WebConfigWatcher):
 
 def build_app(exposition: Exposition, web_config: WebConfigWatcher | None = None,
               max_requests: int = 0) -> web.Application:
-    middlewares = []
+    middlewares: list[Middleware] = []
     if max_requests > 0:
         middlewares.append(_limit(max_requests))
     if web_config is not None:

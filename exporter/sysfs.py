@@ -22,9 +22,9 @@ from pathlib import PurePosixPath
 from gpufleet.exporter.tree import Tree
 
 # Errors with which sysfs attributes say "no value right now" rather than "broken".
-_ABSENT_ERRNOS = frozenset(
-    {errno.ENOENT, errno.ENOTDIR, errno.EINVAL, errno.ENODEV, errno.ENXIO, errno.EOPNOTSUPP, errno.ENODATA, errno.EAGAIN}
-)
+_ABSENT_ERRNOS = frozenset({
+    errno.ENOENT, errno.ENOTDIR, errno.EINVAL, errno.ENODEV, errno.ENXIO, errno.EOPNOTSUPP, errno.ENODATA, errno.EAGAIN,
+})
 
 
 class SysfsReader:

@@ -133,7 +133,8 @@ def load(path: str | os.PathLike[str]) -> WebConfig:
     headers = {str(k): str(v) for k, v in
                _mapping(_mapping(document.get("http_server_config"), "http_server_config").get("headers"),
                         "http_server_config.headers").items()}
-    context, files = None, []
+    context: ssl.SSLContext | None = None
+    files: list[Path] = []
     if document.get("tls_server_config") is not None:
         context, files = _tls(_mapping(document["tls_server_config"], "tls_server_config"), path.parent)
     return WebConfig(context, users, headers, (path, *files))
@@ -169,7 +170,7 @@ class Credentials:
         if remembered is not None and hashed is not None and hmac.compare_digest(remembered, hashed):
             return True
         ok = bcrypt.checkpw(password.encode(), hashed if hashed is not None else _DUMMY_HASH) and hashed is not None
-        if ok:
+        if ok and hashed is not None:
             with self._lock:
                 self._verified[digest] = hashed
                 while len(self._verified) > self._size:

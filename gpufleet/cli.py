@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from gpufleet import __version__
 from gpufleet.alerts import cli as alerts_cli
 from gpufleet.dashboards import cli as dashboards_cli
-from gpufleet import __version__
 from gpufleet.exporter import cli as exporter_cli
 from gpufleet.report import cli as report_cli
 from gpufleet.simulator import cli as simulator_cli
@@ -33,4 +33,5 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    code: int = args.handler(args)
+    return code

@@ -148,7 +148,7 @@ async def allocation(q: Queries) -> Section:
     if not over:
         raise SectionError("no GPU was seen in the range")
     rows, bars = [], []
-    total = defaultdict(float)
+    total: dict[str, float] = defaultdict(float)
     for key in sorted(over):
         span = {state: over[key].get(state, 0) * w.hours_per_point
                 for state in ("installed", "allocated", "idle", "lost")}

@@ -12,13 +12,13 @@ from collections.abc import Sequence
 
 import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.dates as mdates  # noqa: E402  (the backend must be chosen first)
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+matplotlib.use("Agg")  # Before pyplot is imported: no display is needed or used.
+import matplotlib.dates as mdates
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
-from gpufleet.report.document import Chart  # noqa: E402
-from gpufleet.report.figures import Projection  # noqa: E402
+from gpufleet.report.document import Chart
+from gpufleet.report.figures import Projection
 
 _COLOURS = {"installed": "#555555", "allocated": "#1f77b4", "idle": "#ff7f0e", "lost": "#d62728", "used": "#2ca02c"}
 
@@ -31,6 +31,11 @@ def _png(figure: Figure) -> bytes:
     return buffer.getvalue()
 
 
+def _day(unix_seconds: float) -> float:
+    """A Unix time as matplotlib's date number, which its date axes and formatters read."""
+    return float(mdates.date2num(datetime.datetime.fromtimestamp(unix_seconds, datetime.UTC)))
+
+
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-") or "all"
 
@@ -40,8 +45,8 @@ def gpu_hours(bars: Sequence[tuple[str, float, float, float]]) -> Chart:
     figure, axes = plt.subplots(figsize=(8, 0.6 * len(bars) + 2.0))
     labels = [b[0] for b in bars]
     left = [0.0] * len(bars)
-    for column, state in enumerate(("allocated", "idle", "lost"), start=1):
-        values = [b[column] for b in bars]
+    for column, state in enumerate(("allocated", "idle", "lost")):
+        values = [hours[column] for _, *hours in bars]
         axes.barh(labels, values, left=left, label=state, color=_COLOURS[state])
         left = [a + b for a, b in zip(left, values, strict=True)]
     axes.set_xlabel("GPU-hours")
@@ -70,15 +75,14 @@ def trend(cluster: str, lines: dict[str, list[tuple[float, float]]], projection:
           end: float) -> Chart:
     """Installed, allocated and used GPUs over time, with the fitted allocation line carried forward."""
     figure, axes = plt.subplots(figsize=(8, 3.6))
-    when = lambda t: datetime.datetime.fromtimestamp(t, datetime.UTC)  # noqa: E731
     for state in ("installed", "allocated", "used", "lost"):
         points = lines.get(state)
         if points:
-            axes.plot([when(t) for t, _ in points], [v for _, v in points], label=state, color=_COLOURS[state])
+            axes.plot([_day(t) for t, _ in points], [v for _, v in points], label=state, color=_COLOURS[state])
     if projection is not None and projection.days_to_target:
         days = min(projection.days_to_target, 365.0)
         ahead = end + days * 86400
-        axes.plot([when(end), when(ahead)],
+        axes.plot([_day(end), _day(ahead)],
                   [projection.fitted_now, projection.fitted_now + projection.slope_per_day * days],
                   linestyle="--", color=_COLOURS["allocated"], label="projected allocation")
         axes.axhline(projection.target, linestyle=":", color="#999999", label="90% of installed")

@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 
 from gpufleet.exporter.flags import duration
+from gpufleet.report.capacity import SECTIONS
 from gpufleet.report.document import Report
-from gpufleet.report.prometheus import Auth, Prometheus, Unreachable
 from gpufleet.report.progress import Progress
-from gpufleet.report.query import choose_step, Window
+from gpufleet.report.prometheus import Auth, Prometheus, Unreachable
+from gpufleet.report.query import Window, choose_step
 from gpufleet.report.render import write
 from gpufleet.report.run import NothingToReport, capacity
-from gpufleet.report.capacity import SECTIONS
 
 
 def _instant(text: str) -> float:
@@ -45,7 +45,7 @@ def _secret(path: str) -> str:
         raise argparse.ArgumentTypeError(f"cannot read {path}: {error.strerror}") from None
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("report", help="write reports from Prometheus data",
                                    description="Reports for capacity planning, from the data Prometheus holds.")
     commands = parser.add_subparsers(dest="report_command", metavar="REPORT", required=True)

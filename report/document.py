@@ -6,6 +6,7 @@ formatted once, and each writer only lays it out.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 class Table:
     caption: str
     columns: tuple[str, ...]
-    rows: list[tuple[str, ...]]
+    rows: Sequence[tuple[str, ...]]
     empty: str = "None in this period."
 
 

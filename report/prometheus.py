@@ -90,7 +90,7 @@ class Prometheus:
                 raise Unreachable(f"cannot connect to Prometheus at {self.url}: {error.os_error or error}") from None
             except aiohttp.InvalidURL:
                 raise Unreachable(f"not a URL: {self.url!r}") from None
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise QueryFailed(f"no answer from {self.url} within {self._timeout:g}s") from None
             except aiohttp.ClientError as error:
                 raise Unreachable(f"request to {self.url} failed: {error}") from None

@@ -70,7 +70,7 @@ def _md_table(table: Table) -> list[str]:
     lines = [f"**{table.caption}**", "", "| " + " | ".join(_md_cell(c) for c in table.columns) + " |",
              "|" + "|".join("---:" if _numeric(table.rows[0][i]) else "---" for i in range(len(table.columns))) + "|"]
     lines.extend("| " + " | ".join(_md_cell(c) for c in row) + " |" for row in table.rows)
-    return lines + [""]
+    return [*lines, ""]
 
 
 def to_markdown(report: Report, chart_dir: str) -> str:

@@ -47,7 +47,7 @@ async def _section(spec: SectionSpec, queries: Queries, progress: Progress) -> S
         return Failure(spec.title, f"Prometheus rejected a query: {error}")
     except Unreachable as error:  # Lost mid-report: the sections already computed still stand.
         return Failure(spec.title, str(error))
-    except Exception as error:  # noqa: BLE001  A bug in one section must not cost the reader the others.
+    except Exception as error:
         log.exception("section %s failed", spec.key)
         return Failure(spec.title, f"internal error ({type(error).__name__}: {error}); please report it")
     finally:
@@ -81,7 +81,10 @@ async def capacity(prometheus: Prometheus, window: Window, progress: Progress) -
         else:
             runnable.append(spec)
     for outcome in await asyncio.gather(*(_section(spec, queries, progress) for spec in runnable)):
-        (report.failures if isinstance(outcome, Failure) else report.sections).append(outcome)
+        if isinstance(outcome, Failure):
+            report.failures.append(outcome)
+        else:
+            report.sections.append(outcome)
     order = [spec.key for spec in SECTIONS]
     report.sections.sort(key=lambda s: order.index(s.key))
     return report

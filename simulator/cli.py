@@ -10,9 +10,9 @@ import sys
 
 from gpufleet.exporter.flags import duration, listen_address, positive_int
 from gpufleet.exporter.logfmt import configure_logging
+from gpufleet.exporter.server import serve_until_signalled
 from gpufleet.simulator.faults import ScenarioError, load_scenario
 from gpufleet.simulator.fleet import Fleet
-from gpufleet.exporter.server import serve_until_signalled
 from gpufleet.simulator.server import SimClock, build_app, file_sd_targets, write_file_sd
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ def _speed(text: str) -> float:
     return value
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "simulate", help="serve a simulated GPU fleet",
         description="Serve the /metrics of many simulated GPU nodes, rendered by the exporter's own collectors, "

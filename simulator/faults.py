@@ -9,35 +9,67 @@ scenario that silently does nothing is worse than one that refuses to load.
 from __future__ import annotations
 
 import itertools
-import re
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Any
 
 import yaml
 
-# kind -> the target fields it needs, and a one-line description for errors and the README.
-KINDS: dict[str, tuple[tuple[str, ...], str]] = {
-    "xid": (("gpu", "xid"), "one XID event (fatal: 48, 64, 79, 94, 95, 119; application: 13, 31, 43)"),
-    "ecc_dbe": (("gpu",), "a double-bit ECC error: uncorrected ECC counts rise, XID 48"),
-    "row_remap_pending": (("gpu",), "a row remap waits for a GPU reset"),
-    "row_remap_failure": (("gpu",), "a row remap failed, XID 64"),
-    "gpu_lost": (("gpu",), "the GPU falls off the bus: XID 79, then NVML reports it lost"),
-    "thermal_slowdown": (("gpu",), "SW and HW thermal slowdown: hot, clocks down, thermal violation time"),
-    "power_brake": (("gpu",), "HW power brake: clocks and power halved"),
-    "pcie_replay_storm": (("gpu",), "PCIe replays at 50 per second"),
-    "nvlink_down": (("gpu", "link"), "one NVLink down: its traffic stops"),
-    "nvlink_crc": (("gpu", "link"), "NVLink CRC flit errors at 200 per second"),
-    "straggler": ((), "the node computes 40% slower; the other nodes of its job wait for it"),
-    "nic_saturation": (("port",), "a NIC port transmits (or receives) at 97% of link speed"),
-    "ib_congestion": (("port",), "port_xmit_wait rises by 5 million ticks per second"),
-    "ib_link_down": (("port",), "an InfiniBand port goes down: its traffic stops"),
-    "ib_link_flap": (("port",), "an InfiniBand port goes down and up every 10 s"),
-    "ib_rate_degraded": (("port",), "an InfiniBand port trains down to 200 Gb/s and stays up"),
-    "symbol_errors": (("port",), "symbol errors at 2 per second"),
-    "exporter_down": ((), "the node's endpoint stops answering"),
+from gpufleet import duration
+from gpufleet.alerts import xid
+
+
+class FaultKind(StrEnum):
+    """Every fault the simulator can inject; the simulator's code names kinds only through these members."""
+
+    XID = "xid"
+    ECC_DBE = "ecc_dbe"
+    ROW_REMAP_PENDING = "row_remap_pending"
+    ROW_REMAP_FAILURE = "row_remap_failure"
+    GPU_LOST = "gpu_lost"
+    THERMAL_SLOWDOWN = "thermal_slowdown"
+    POWER_BRAKE = "power_brake"
+    PCIE_REPLAY_STORM = "pcie_replay_storm"
+    NVLINK_DOWN = "nvlink_down"
+    NVLINK_CRC = "nvlink_crc"
+    STRAGGLER = "straggler"
+    NIC_SATURATION = "nic_saturation"
+    IB_CONGESTION = "ib_congestion"
+    IB_LINK_DOWN = "ib_link_down"
+    IB_LINK_FLAP = "ib_link_flap"
+    IB_RATE_DEGRADED = "ib_rate_degraded"
+    SYMBOL_ERRORS = "symbol_errors"
+    EXPORTER_DOWN = "exporter_down"
+
+
+# The XID each kind raises on its GPU when it starts, from the catalog the alerts class them by.
+XIDS = {FaultKind.ECC_DBE: xid.DOUBLE_BIT_ECC, FaultKind.ROW_REMAP_FAILURE: xid.ROW_REMAP_FAILURE,
+        FaultKind.GPU_LOST: xid.FALLEN_OFF_BUS}
+_XID_CLASSES = "; ".join(f"{name}: {', '.join(map(str, codes))}" for name, codes in xid.CLASSES.items())
+
+# kind -> the target fields it needs, and a one-line description for errors, the landing page and the README.
+KINDS: dict[FaultKind, tuple[tuple[str, ...], str]] = {
+    FaultKind.XID: (("gpu", "xid"), f"one XID event ({_XID_CLASSES})"),
+    FaultKind.ECC_DBE: (("gpu",), f"a double-bit ECC error: uncorrected ECC counts rise, XID {xid.DOUBLE_BIT_ECC}"),
+    FaultKind.ROW_REMAP_PENDING: (("gpu",), "a row remap waits for a GPU reset"),
+    FaultKind.ROW_REMAP_FAILURE: (("gpu",), f"a row remap failed, XID {xid.ROW_REMAP_FAILURE}"),
+    FaultKind.GPU_LOST: (("gpu",), f"the GPU falls off the bus: XID {xid.FALLEN_OFF_BUS}, then NVML reports it lost"),
+    FaultKind.THERMAL_SLOWDOWN: (("gpu",), "SW and HW thermal slowdown: hot, clocks down, thermal violation time"),
+    FaultKind.POWER_BRAKE: (("gpu",), "HW power brake: clocks and power halved"),
+    FaultKind.PCIE_REPLAY_STORM: (("gpu",), "PCIe replays at 50 per second"),
+    FaultKind.NVLINK_DOWN: (("gpu", "link"), "one NVLink down: its traffic stops"),
+    FaultKind.NVLINK_CRC: (("gpu", "link"), "NVLink CRC flit errors at 200 per second"),
+    FaultKind.STRAGGLER: ((), "the node computes 40% slower; the other nodes of its job wait for it"),
+    FaultKind.NIC_SATURATION: (("port",), "a NIC port transmits (or receives) at 97% of link speed"),
+    FaultKind.IB_CONGESTION: (("port",), "port_xmit_wait rises by 5 million ticks per second"),
+    FaultKind.IB_LINK_DOWN: (("port",), "an InfiniBand port goes down: its traffic stops"),
+    FaultKind.IB_LINK_FLAP: (("port",), "an InfiniBand port goes down and up every 10 s"),
+    FaultKind.IB_RATE_DEGRADED: (("port",), "an InfiniBand port trains down to 200 Gb/s and stays up"),
+    FaultKind.SYMBOL_ERRORS: (("port",), "symbol errors at 2 per second"),
+    FaultKind.EXPORTER_DOWN: ((), "the node's endpoint stops answering"),
 }
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_INFINIBAND = frozenset({FaultKind.IB_CONGESTION, FaultKind.IB_LINK_DOWN, FaultKind.IB_LINK_FLAP,
+                         FaultKind.IB_RATE_DEGRADED, FaultKind.SYMBOL_ERRORS})
 _FIELDS = {"kind", "node", "gpu", "link", "port", "xid", "direction", "start", "duration", "id"}
 
 
@@ -46,25 +78,19 @@ class ScenarioError(ValueError):
 
 
 def seconds(value: Any, what: str) -> float:
-    """`90`, `90s`, `1.5m`, `2h`, `500ms` -> seconds."""
-    if isinstance(value, bool):
+    """A scenario's start or duration in seconds, in gpufleet's one duration grammar (`90`, `90s`, `1h30m`)."""
+    if not isinstance(value, str | int | float):
         raise ScenarioError(f"{what}: {value!r} is not a duration")
-    if isinstance(value, (int, float)):
-        result = float(value)
-    else:
-        match = _DURATION.match(str(value))
-        if not match:
-            raise ScenarioError(f"{what}: {value!r} is not a duration (use for example 30s, 5m, 1h)")
-        result = float(match.group(1)) * _UNITS[match.group(2)]
-    if result < 0:
-        raise ScenarioError(f"{what}: {value!r} is negative")
-    return result
+    try:
+        return duration.parse(value)
+    except duration.DurationError as err:
+        raise ScenarioError(f"{what}: {err}") from None
 
 
 @dataclass(frozen=True)
 class Fault:
     id: str
-    kind: str
+    kind: FaultKind
     node: str
     start: float
     duration: float | None = None
@@ -74,6 +100,10 @@ class Fault:
     xid: int | None = None
     direction: str | None = None  # "tx" or "rx", for nic_saturation.
 
+    def __post_init__(self) -> None:
+        # A kind given as text is checked here, so a misspelt one fails where it is written.
+        object.__setattr__(self, "kind", FaultKind(self.kind))
+
     @property
     def end(self) -> float | None:
         return None if self.duration is None else self.start + self.duration
@@ -82,7 +112,7 @@ class Fault:
         return self.start <= t and (self.end is None or t < self.end)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        return {k: str(v) if isinstance(v, FaultKind) else v for k, v in asdict(self).items() if v is not None}
 
 
 def _integer(raw: dict[str, Any], name: str, what: str, low: int, high: int) -> int | None:
@@ -101,9 +131,10 @@ def parse_fault(raw: Any, what: str, fault_id: str, nodes: dict[str, Any], gpus_
     unknown = sorted(set(raw) - _FIELDS)
     if unknown:
         raise ScenarioError(f"{what}: unknown field {unknown[0]!r}")
-    kind = raw.get("kind")
-    if kind not in KINDS:
-        raise ScenarioError(f"{what}: kind {kind!r} is not one of {', '.join(sorted(KINDS))}")
+    try:
+        kind = FaultKind(str(raw.get("kind")))
+    except ValueError:
+        raise ScenarioError(f"{what}: kind {raw.get('kind')!r} is not one of {', '.join(sorted(KINDS))}") from None
     node = raw.get("node")
     if node not in nodes:
         raise ScenarioError(f"{what}: node {node!r} is not in the fleet")
@@ -114,12 +145,13 @@ def parse_fault(raw: Any, what: str, fault_id: str, nodes: dict[str, Any], gpus_
     port = raw.get("port")
     if port is not None and port not in nodes[node].ports:
         raise ScenarioError(f"{what}: port {port!r} is not one of {', '.join(nodes[node].ports)}")
-    if kind.startswith("ib_") and port is not None and "/" not in port:
+    if kind in _INFINIBAND and port is not None and "/" not in port:
         raise ScenarioError(f"{what}: kind {kind} needs an InfiniBand port (device/port), not {port!r}")
-    direction = raw.get("direction", "tx" if kind == "nic_saturation" else None)
-    if kind == "nic_saturation" and direction not in ("tx", "rx"):
+    saturation = kind is FaultKind.NIC_SATURATION
+    direction = raw.get("direction", "tx" if saturation else None)
+    if saturation and direction not in ("tx", "rx"):
         raise ScenarioError(f"{what}: direction must be tx or rx, not {direction!r}")
-    if kind != "nic_saturation" and direction is not None:
+    if not saturation and direction is not None:
         raise ScenarioError(f"{what}: kind {kind} takes no direction")
     duration = raw.get("duration")
     return Fault(
@@ -136,7 +168,7 @@ def parse_fault(raw: Any, what: str, fault_id: str, nodes: dict[str, Any], gpus_
     )
 
 
-def load_scenario(text: str, nodes: dict[str, Any], gpus_per_node: int, ids: itertools.count) -> list[Fault]:
+def load_scenario(text: str, nodes: dict[str, Any], gpus_per_node: int, ids: itertools.count[int]) -> list[Fault]:
     """Faults from a scenario file: `faults: [ {kind: ..., node: ..., start: 2m, ...}, ... ]`."""
     try:
         document = yaml.safe_load(text)

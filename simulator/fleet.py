@@ -37,8 +37,10 @@ from gpufleet.exporter.gpu.simulated import (
     simulated_board,
     slurm_cgroup,
 )
+from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.tree import MemoryTree
-from gpufleet.simulator.faults import Fault
+from gpufleet.simulator.faults import XIDS, Fault
+from gpufleet.simulator.faults import FaultKind as Kind
 from gpufleet.simulator.timeline import Segment, integral, overlap, phase_at
 
 IB_PORTS = tuple(f"mlx5_{i}/1" for i in range(8))
@@ -117,6 +119,16 @@ def _power(phase: str) -> float:
     return PHASES[phase].power
 
 
+def _collect_each(collectors: Sequence[ScheduledCollector]) -> None:
+    for collector in collectors:
+        collector.collect_now()
+
+
+def _text(read: Callable[..., object], *args: object) -> Callable[[], str]:
+    """A file whose content is `read(*args)` at the moment it is read."""
+    return lambda: str(read(*args))
+
+
 def _wave(t: float, phase: float) -> float:
     """Small, deterministic noise in [-1, 1]."""
     return math.sin(1.7 * t + phase) * 0.6 + math.sin(0.23 * t + 2 * phase) * 0.4
@@ -174,7 +186,7 @@ class Node:
         if job is None:
             segments = [Segment(0.0, _FOREVER, ((1.0, "idle"),))]
         else:
-            stragglers = [f for f in self.fleet.faults if f.kind == "straggler" and f.node in job.nodes]
+            stragglers = [f for f in self.fleet.faults if f.kind is Kind.STRAGGLER and f.node in job.nodes]
             edges = sorted({0.0, *(f.start for f in stragglers), *(f.end for f in stragglers if f.end is not None)})
             segments = []
             for start, end in zip(edges, [*edges[1:], _FOREVER], strict=True):
@@ -196,7 +208,7 @@ class Node:
     def levels(self) -> Levels:
         return PHASES[phase_at(self.segments(), self.t)]
 
-    def _active(self, kind: str, gpu: int | None = None, port: str | None = None) -> list[Fault]:
+    def _active(self, kind: Kind, gpu: int | None = None, port: str | None = None) -> list[Fault]:
         return [f for f in self.fleet.faults_for(self.name)
                 if f.kind == kind and (gpu is None or f.gpu == gpu) and (port is None or f.port == port)]
 
@@ -220,13 +232,13 @@ class Node:
         limit = board.power_limit_watts
         energy = self._energy(board, t)
         temperature = 28 + 48 * levels.power + 1.5 * _wave(t, board.index)
-        for fault in self._active("thermal_slowdown", board.index):
+        for fault in self._active(Kind.THERMAL_SLOWDOWN, board.index):
             energy -= 0.2 * limit * self._window_integral(fault, _power)
             if fault.active(t):
                 power_share *= 0.8
                 sm_share *= 0.6
                 temperature = board.thresholds_celsius[pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN] + 2
-        for fault in self._active("power_brake", board.index):
+        for fault in self._active(Kind.POWER_BRAKE, board.index):
             energy -= 0.5 * limit * self._window_integral(fault, _power)
             if fault.active(t):
                 power_share *= 0.5
@@ -259,52 +271,57 @@ class Node:
 
     # Faults ---------------------------------------------------------------------------------------
 
+    def _seconds_active(self, kind: Kind, gpu: int) -> float:
+        """Seconds the node's faults of one kind on one GPU have been active, up to now."""
+        return sum(overlap(f.start, f.end, self.t) for f in self._active(kind, gpu))
+
     def apply_faults(self) -> None:
         """Bring every board's health state to what the faults say at the node's time."""
         t = self.t
         for board in self.boards:
             gpu = board.index
             board.errors = ({"*": pynvml.NVML_ERROR_GPU_IS_LOST}
-                            if any(f.active(t) for f in self._active("gpu_lost", gpu)) else {})
+                            if any(f.active(t) for f in self._active(Kind.GPU_LOST, gpu)) else {})
             events = 0
-            if any(f.active(t) for f in self._active("thermal_slowdown", gpu)):
+            if any(f.active(t) for f in self._active(Kind.THERMAL_SLOWDOWN, gpu)):
                 events |= pynvml.nvmlClocksEventReasonSwThermalSlowdown | pynvml.nvmlClocksEventReasonHwThermalSlowdown
-            if any(f.active(t) for f in self._active("power_brake", gpu)):
+            if any(f.active(t) for f in self._active(Kind.POWER_BRAKE, gpu)):
                 events |= pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown | pynvml.nvmlClocksEventReasonHwSlowdown
             board.clock_events = events
             board.violation_seconds = {
-                pynvml.NVML_PERF_POLICY_THERMAL: sum(overlap(f.start, f.end, t)
-                                                     for f in self._active("thermal_slowdown", gpu)),
-                pynvml.NVML_PERF_POLICY_POWER: sum(overlap(f.start, f.end, t) for f in self._active("power_brake", gpu)),
+                pynvml.NVML_PERF_POLICY_THERMAL: self._seconds_active(Kind.THERMAL_SLOWDOWN, gpu),
+                pynvml.NVML_PERF_POLICY_POWER: self._seconds_active(Kind.POWER_BRAKE, gpu),
             }
-            dbe = sum(1 for f in self._active("ecc_dbe", gpu) if f.start <= t)
+            dbe = sum(1 for f in self._active(Kind.ECC_DBE, gpu) if f.start <= t)
             board.ecc_errors = {("uncorrected", "volatile"): dbe, ("uncorrected", "aggregate"): dbe}
-            pending = [f for f in self._active("row_remap_pending", gpu) if f.start <= t]
-            failed = [f for f in self._active("row_remap_failure", gpu) if f.start <= t]
+            pending = [f for f in self._active(Kind.ROW_REMAP_PENDING, gpu) if f.start <= t]
+            failed = [f for f in self._active(Kind.ROW_REMAP_FAILURE, gpu) if f.start <= t]
             board.remapped_rows = {"uncorrectable": len(pending) + len(failed)}
             board.row_remap_pending = any(f.active(t) for f in pending)
             board.row_remap_failed = any(f.active(t) for f in failed)
-            board.pcie_replays = int(50 * sum(overlap(f.start, f.end, t) for f in self._active("pcie_replay_storm", gpu)))
-            down = [f for f in self._active("nvlink_down", gpu) if f.active(t) and f.link is not None]
-            board.nvlinks_down = {f.link for f in down}
-            board.nvlink_stopped_kib = {f.link: nvlink_kib_for(self._energy(board, f.start)) for f in down}
+            board.pcie_replays = int(50 * self._seconds_active(Kind.PCIE_REPLAY_STORM, gpu))
+            down = {f.link: f for f in self._active(Kind.NVLINK_DOWN, gpu) if f.active(t) and f.link is not None}
+            board.nvlinks_down = set(down)
+            board.nvlink_stopped_kib = {link: nvlink_kib_for(self._energy(board, f.start)) for link, f in down.items()}
             board.nvlink_errors = {}
-            for fault in self._active("nvlink_crc", gpu):
-                key = (fault.link, "crc_flit")
-                board.nvlink_errors[key] = board.nvlink_errors.get(key, 0) + int(200 * overlap(fault.start, fault.end, t))
+            for fault in self._active(Kind.NVLINK_CRC, gpu):
+                if fault.link is not None:
+                    key = (fault.link, "crc_flit")
+                    errors = int(200 * overlap(fault.start, fault.end, t))
+                    board.nvlink_errors[key] = board.nvlink_errors.get(key, 0) + errors
         self._fire_events()
 
     def _fire_events(self) -> None:
         """Raise each fault's XID once, when the node's time first passes the fault's start."""
-        codes = {"xid": None, "ecc_dbe": 48, "row_remap_failure": 64, "gpu_lost": 79}
         for fault in self.fleet.faults_for(self.name):
-            if fault.kind in codes and fault.start <= self.t and fault.id not in self.fired:
+            code = fault.xid if fault.kind is Kind.XID else XIDS.get(fault.kind)
+            if code is not None and fault.start <= self.t and fault.id not in self.fired:
                 self.fired.add(fault.id)
-                self.nvml.inject_xid(fault.gpu or 0, fault.xid if fault.kind == "xid" else codes[fault.kind])
+                self.nvml.inject_xid(fault.gpu or 0, code)
 
     def down_at(self, t: float) -> bool:
         """Whether the node's exporter is "down" at time `t` (read without touching the node's clock)."""
-        return any(f.kind == "exporter_down" and f.active(t) for f in self.fleet.faults_for(self.name))
+        return any(f.kind is Kind.EXPORTER_DOWN and f.active(t) for f in self.fleet.faults_for(self.name))
 
     # Sysfs ----------------------------------------------------------------------------------------
 
@@ -319,61 +336,48 @@ class Node:
     def _ib_bytes(self, port: str, direction: str) -> int:
         """Bytes through an InfiniBand port: the job's traffic, raised by saturation, stopped while down."""
         total = IB_BYTES_PER_SECOND * self._network_integral()
-        for fault in self._active("nic_saturation", port=port):
+        for fault in self._active(Kind.NIC_SATURATION, port=port):
             if fault.direction == direction:
                 total += IB_BYTES_PER_SECOND * (0.97 * overlap(fault.start, fault.end, self.t)
                                                 - self._window_integral(fault, _network))
-        for fault in self._active("ib_link_down", port=port):
+        for fault in self._active(Kind.IB_LINK_DOWN, port=port):
             total -= IB_BYTES_PER_SECOND * self._window_integral(fault, _network)
-        for fault in self._active("ib_link_flap", port=port):
+        for fault in self._active(Kind.IB_LINK_FLAP, port=port):
             total -= 0.5 * IB_BYTES_PER_SECOND * self._window_integral(fault, _network)
         return int(max(0.0, total))
 
     def _ib_down(self, port: str) -> bool:
         t = self.t
-        if any(f.active(t) for f in self._active("ib_link_down", port=port)):
+        if any(f.active(t) for f in self._active(Kind.IB_LINK_DOWN, port=port)):
             return True
-        return any(f.active(t) and int((t - f.start) // 10) % 2 == 0 for f in self._active("ib_link_flap", port=port))
+        flaps = self._active(Kind.IB_LINK_FLAP, port=port)
+        return any(f.active(t) and int((t - f.start) // 10) % 2 == 0 for f in flaps)  # Down for the first 10 s of 20.
 
     def _ib_link_downed(self, port: str) -> int:
         t = self.t
-        downs = sum(1 for f in self._active("ib_link_down", port=port) if f.start <= t)
-        for fault in self._active("ib_link_flap", port=port):
+        downs = sum(1 for f in self._active(Kind.IB_LINK_DOWN, port=port) if f.start <= t)
+        for fault in self._active(Kind.IB_LINK_FLAP, port=port):
             window = overlap(fault.start, fault.end, t)
             downs += math.ceil(window / 20) if window > 0 else 0
         return downs
 
-    def _port_rate(self, port: str, kind: str, per_second: float) -> int:
+    def _port_rate(self, port: str, kind: Kind, per_second: float) -> int:
         return int(per_second * sum(overlap(f.start, f.end, self.t) for f in self._active(kind, port=port)))
+
+    def _ib_rate(self, port: str) -> str:
+        degraded = any(f.active(self.t) for f in self._active(Kind.IB_RATE_DEGRADED, port=port))
+        return "200 Gb/sec (4X HDR)" if degraded else "400 Gb/sec (4X NDR)"
+
+    def _ib_xmit_wait(self, port: str) -> int:
+        return int(20_000 * self._network_integral()) + self._port_rate(port, Kind.IB_CONGESTION, 5e6)
+
+    def _core_temperature(self, offset: int) -> int:
+        return int(1000 * (42 + (9 if self.job else 0) + 2 * _wave(self.t, offset)))
 
     def _build_sysfs(self) -> None:
         tree = self.sysfs
         for port in IB_PORTS:
-            device, number = port.split("/")
-            base = f"class/infiniband/{device}"
-            for name, value in (("board_id", "MT_0000000838"), ("fw_ver", "28.39.1002"), ("hca_type", "MT4129"),
-                                ("node_guid", f"946d:ae03:00{self.index % 256:02x}:{int(device[5:]):04x}")):
-                tree.set(f"{base}/{name}", value)
-            ports = f"{base}/ports/{number}"
-            tree.set(f"{ports}/rate", lambda p=port: "200 Gb/sec (4X HDR)" if any(
-                f.active(self.t) for f in self._active("ib_rate_degraded", port=p)) else "400 Gb/sec (4X NDR)")
-            tree.set(f"{ports}/link_layer", "InfiniBand")
-            tree.set(f"{ports}/state", lambda p=port: "1: DOWN" if self._ib_down(p) else "4: ACTIVE")
-            tree.set(f"{ports}/phys_state", lambda p=port: "2: Polling" if self._ib_down(p) else "5: LinkUp")
-            for direction, name in (("tx", "xmit"), ("rx", "rcv")):
-                tree.set(f"{ports}/counters_ext/port_{name}_data_64",
-                         lambda p=port, d=direction: str(self._ib_bytes(p, d) // 4))
-                tree.set(f"{ports}/counters_ext/port_{name}_packets_64",
-                         lambda p=port, d=direction: str(self._ib_bytes(p, d) // 4096))
-            tree.set(f"{ports}/counters/port_xmit_wait",
-                     lambda p=port: str(int(20_000 * self._network_integral()) + self._port_rate(p, "ib_congestion", 5e6)))
-            tree.set(f"{ports}/counters/symbol_error", lambda p=port: str(self._port_rate(p, "symbol_errors", 2)))
-            tree.set(f"{ports}/counters/link_downed", lambda p=port: str(self._ib_link_downed(p)))
-            for name in ("link_error_recovery", "port_rcv_errors", "port_xmit_discards", "port_rcv_remote_physical_errors",
-                         "local_link_integrity_errors", "excessive_buffer_overrun_errors", "VL15_dropped"):
-                tree.set(f"{ports}/counters/{name}", "0")
-            for name in ("out_of_buffer", "out_of_sequence", "local_ack_timeout_err", "packet_seq_err"):
-                tree.set(f"{ports}/hw_counters/{name}", "0")
+            self._build_infiniband(port)
         for interface, megabits in ETHERNET.items():
             self._build_ethernet(interface, megabits)
         for chip in range(2):
@@ -381,13 +385,12 @@ class Node:
             tree.set(f"{base}/name", "coretemp")
             tree.link(f"{base}/device", f"../../../coretemp.{chip}")
             for sensor in range(1, 17):
-                tree.set(f"{base}/temp{sensor}_input",
-                         lambda c=chip, s=sensor: str(int(1000 * (42 + (9 if self.job else 0) + 2 * _wave(self.t, c + s)))))
+                tree.set(f"{base}/temp{sensor}_input", _text(self._core_temperature, chip + sensor))
                 tree.set(f"{base}/temp{sensor}_label", f"Core {sensor - 1}")
                 tree.set(f"{base}/temp{sensor}_max", "84000")
                 tree.set(f"{base}/temp{sensor}_crit", "100000")
         tree.set("class/thermal/thermal_zone0/type", "x86_pkg_temp")
-        tree.set("class/thermal/thermal_zone0/temp", lambda: str(int(1000 * (44 + (9 if self.job else 0)))))
+        tree.set("class/thermal/thermal_zone0/temp", lambda: str(1000 * (44 + (9 if self.job else 0))))
         for board in self.boards:
             address = board.pci_bus_id.removeprefix("0000")
             tree.set(f"bus/pci/devices/{address.lower()}/vendor", "0x10de")
@@ -395,6 +398,35 @@ class Node:
         for switch in range(4):
             tree.set(f"bus/pci/devices/0000:{5 + switch:02x}:00.0/vendor", "0x10de")
             tree.set(f"bus/pci/devices/0000:{5 + switch:02x}:00.0/class", "0x068000")
+
+    def _build_infiniband(self, port: str) -> None:
+        tree = self.sysfs
+        device, number = port.split("/")
+        base = f"class/infiniband/{device}"
+        for name, value in (("board_id", "MT_0000000838"), ("fw_ver", "28.39.1002"), ("hca_type", "MT4129"),
+                            ("node_guid", f"946d:ae03:00{self.index % 256:02x}:{int(device[5:]):04x}")):
+            tree.set(f"{base}/{name}", value)
+        ports = f"{base}/ports/{number}"
+        tree.set(f"{ports}/rate", _text(self._ib_rate, port))
+        tree.set(f"{ports}/link_layer", "InfiniBand")
+        tree.set(f"{ports}/state", lambda: "1: DOWN" if self._ib_down(port) else "4: ACTIVE")
+        tree.set(f"{ports}/phys_state", lambda: "2: Polling" if self._ib_down(port) else "5: LinkUp")
+        for direction, name in (("tx", "xmit"), ("rx", "rcv")):
+            tree.set(f"{ports}/counters_ext/port_{name}_data_64", _text(self._ib_units, port, direction, 4))
+            tree.set(f"{ports}/counters_ext/port_{name}_packets_64", _text(self._ib_units, port, direction, 4096))
+        tree.set(f"{ports}/counters/port_xmit_wait", _text(self._ib_xmit_wait, port))
+        tree.set(f"{ports}/counters/symbol_error", _text(self._port_rate, port, Kind.SYMBOL_ERRORS, 2))
+        tree.set(f"{ports}/counters/link_downed", _text(self._ib_link_downed, port))
+        for name in ("link_error_recovery", "port_rcv_errors", "port_xmit_discards",
+                     "port_rcv_remote_physical_errors", "local_link_integrity_errors",
+                     "excessive_buffer_overrun_errors", "VL15_dropped"):
+            tree.set(f"{ports}/counters/{name}", "0")
+        for name in ("out_of_buffer", "out_of_sequence", "local_ack_timeout_err", "packet_seq_err"):
+            tree.set(f"{ports}/hw_counters/{name}", "0")
+
+    def _ib_units(self, port: str, direction: str, size: int) -> int:
+        """Bytes through a port counted in units of `size` (4-byte words, 4 KiB packets)."""
+        return self._ib_bytes(port, direction) // size
 
     def _build_ethernet(self, interface: str, megabits: int) -> None:
         base = f"class/net/{interface}"
@@ -404,7 +436,7 @@ class Node:
 
         def bytes_moved(direction: str) -> int:
             total = share * link_bytes * self.t
-            for fault in self._active("nic_saturation", port=interface):
+            for fault in self._active(Kind.NIC_SATURATION, port=interface):
                 if fault.direction == direction:
                     total += (0.97 - share) * link_bytes * overlap(fault.start, fault.end, self.t)
             return int(total)
@@ -440,7 +472,7 @@ class Node:
             for position, collector in enumerate(self.collectors):
                 if collector in due:
                     self._last_tick[position] = started
-            await asyncio.to_thread(lambda: [collector.collect_now() for collector in due])
+            await asyncio.to_thread(_collect_each, due)
             self.collected = True
             return self.exposition.body()
 
@@ -519,7 +551,7 @@ class Fleet:
             for node in nodes:
                 try:
                     await node.scrape(clock(), time.monotonic)
-                except Exception:  # noqa: BLE001 - one node's surprise must not stop the fleet.
+                except Exception:
                     log.exception("collecting %s failed", node.name)
                 next_start += gap
                 delay = next_start - loop.time()

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from gpufleet.exporter.render import CONTENT_TYPE
 from gpufleet.exporter.server import accepts_gzip
@@ -78,7 +79,7 @@ async def node_metrics(request: web.Request) -> web.StreamResponse:
     return web.Response(body=body, headers=headers)
 
 
-def _loopback_only(handler):
+def _loopback_only(handler: Handler) -> Handler:
     async def guarded(request: web.Request) -> web.StreamResponse:
         if not request.app[REMOTE_KEY]:
             try:
@@ -140,7 +141,8 @@ async def landing(request: web.Request) -> web.Response:
                    for job in fleet.jobs)
     faults = "".join(f"<li>{html.escape(f.id)} {html.escape(f.kind)} on {html.escape(f.node)}"
                      f"{' (active)' if f.active(now) else ''}</li>" for f in fleet.faults)
-    kinds = "".join(f"<li><code>{html.escape(kind)}</code>: {html.escape(text)}</li>" for kind, (_, text) in KINDS.items())
+    kinds = "".join(f"<li><code>{html.escape(kind)}</code>: {html.escape(text)}</li>"
+                    for kind, (_, text) in KINDS.items())
     first = next(iter(fleet.nodes))
     page = (
         "<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>gpufleet simulator</title></head><body>"

@@ -221,7 +221,7 @@ def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_no
             finally:
                 log.stop()
     faults_from = started + FAULTS_AT - 5
-    seen = {key: value for key, value in log.seen.items()}
+    seen = dict(log.seen.items())
     report = "\n".join(f"{first - started:6.1f}s {state:8} {dict(key)}" for key, (first, state) in
                        sorted(seen.items(), key=lambda kv: kv[1][0]))
     healthy = [dict(key) for key, (first, _) in seen.items() if first < faults_from]

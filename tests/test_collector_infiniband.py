@@ -5,9 +5,9 @@ from helpers import FIXTURE_SYSFS, named, rendered, series
 from gpufleet.exporter.collector.infiniband import InfinibandCollector
 from gpufleet.exporter.tree import DiskTree
 
-NDR = dict(device="mlx5_0", port="1")
-DOWN = dict(device="mlx5_1", port="1")
-ROCE = dict(device="mlx5_2", port="1")
+NDR = {"device": "mlx5_0", "port": "1"}
+DOWN = {"device": "mlx5_1", "port": "1"}
+ROCE = {"device": "mlx5_2", "port": "1"}
 
 
 def collect(root=FIXTURE_SYSFS):

@@ -17,7 +17,7 @@ def hwmon(root=FIXTURE_SYSFS):
 def test_hwmon_temperatures_with_labels_and_limits():
     collection, samples = hwmon()
     assert collection.problems == ()
-    package0 = dict(chip="coretemp", device="coretemp.0", sensor="temp1", label="Package id 0")
+    package0 = {"chip": "coretemp", "device": "coretemp.0", "sensor": "temp1", "label": "Package id 0"}
     assert samples[series("gpufleet_hwmon_temperature_celsius", **package0)] == 45.0
     assert samples[series("gpufleet_hwmon_temperature_max_celsius", **package0)] == 84.0
     assert samples[series("gpufleet_hwmon_temperature_crit_celsius", **package0)] == 100.0

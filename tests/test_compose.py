@@ -54,9 +54,9 @@ def host_path(service: str, container_path: str, named: dict[str, Path] | None =
     path = PurePosixPath(container_path)
     best = None
     for source, target in mounts(service):
-        if path == PurePosixPath(target) or PurePosixPath(target) in path.parents:
-            if best is None or len(target) > len(best[1]):
-                best = (source, target)
+        holds = path == PurePosixPath(target) or PurePosixPath(target) in path.parents
+        if holds and (best is None or len(target) > len(best[1])):
+            best = (source, target)
     assert best is not None, f"{service} mounts nothing at {container_path}"
     source, target = best
     base = (COMPOSE_DIR / source).resolve() if source.startswith(".") else (named or {}).get(source, Path(source))

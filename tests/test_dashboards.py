@@ -66,7 +66,7 @@ def test_each_dashboard_is_a_valid_grafana_model(model):
     for name, variable in variables.items():
         if name != "datasource":
             assert variable["multi"] and variable["includeAll"] and variable["allValue"] == ".*", name
-    text = json.dumps(panels) + json.dumps([v for v in model["templating"]["list"]])
+    text = json.dumps(panels) + json.dumps(list(model["templating"]["list"]))
     used = set(re.findall(r"\$\{?(\w+)", text))
     assert used - BUILTINS <= set(variables), f"undefined variables: {used - BUILTINS - set(variables)}"
     uids = {m["uid"] for m in models()}

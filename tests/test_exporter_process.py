@@ -57,7 +57,7 @@ def exporter():
 def test_scrape_has_every_collector_and_exact_fixture_values(exporter):
     _, url = exporter
     samples = parse(get(f"{url}/metrics"))
-    assert set(dict(l)["collector"] for l in named(samples, "gpufleet_collector_success")) == {
+    assert {dict(l)["collector"] for l in named(samples, "gpufleet_collector_success")} == {
         "gpu", "network", "infiniband", "hwmon", "thermal_zone"}
     assert samples[series("gpufleet_gpu_devices")] == 8
     assert len(named(samples, "gpufleet_gpu_info")) == 8

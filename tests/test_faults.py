@@ -128,7 +128,7 @@ async def test_a_hot_unplugged_nic_disappears_and_comes_back_without_failing(run
     shutil.move(sysfs / "class/net/eno2", saved)
 
     async def gone():
-        samples, states = await success()
+        samples, _states = await success()
         return samples if series("gpufleet_network_up", device="eno2") not in samples else None
 
     await eventually(gone)

@@ -152,9 +152,9 @@ async def test_ecc_counts_and_a_disabled_ecc(exporter):
     exporter.nvml.gpus[4].ecc_errors[("corrected", "volatile")] = 3
     samples = await exporter.scrape_until(
         lambda s: s.get(gpu(1, "gpufleet_gpu_ecc_errors_total", error="corrected", scope="volatile")) == 5)
-    assert {dict(l)["error"] + "/" + dict(l)["scope"]: v for l, v in named(samples, "gpufleet_gpu_ecc_errors_total").items()
-            if ("gpu", "1") in l} == {"corrected/volatile": 5, "uncorrected/volatile": 1,
-                                      "corrected/aggregate": 17, "uncorrected/aggregate": 2}
+    errors = named(samples, "gpufleet_gpu_ecc_errors_total")
+    assert {dict(l)["error"] + "/" + dict(l)["scope"]: v for l, v in errors.items() if ("gpu", "1") in l} == {
+        "corrected/volatile": 5, "uncorrected/volatile": 1, "corrected/aggregate": 17, "uncorrected/aggregate": 2}
     assert samples[gpu(4, "gpufleet_gpu_ecc_enabled")] == 0
     assert not [l for l in named(samples, "gpufleet_gpu_ecc_errors_total") if ("gpu", "4") in l]
 
@@ -241,8 +241,8 @@ def test_not_supported_fields_leave_out_only_their_series():
     assert samples[gpu(0, "gpufleet_gpu_ecc_errors_total", error="uncorrected", scope="volatile")] == 0
     assert gpu(0, "gpufleet_gpu_row_remap_pending") not in samples
     assert samples[gpu(0, "gpufleet_gpu_row_remap_failed")] == 0
-    for name in ("gpufleet_gpu_violation_seconds_total", "gpufleet_gpu_clock_event_active",
-                 "gpufleet_gpu_nvlink_up", "gpufleet_gpu_nvlink_errors_total", "gpufleet_gpu_nvlink_transmit_bytes_total"):
+    for name in ("gpufleet_gpu_violation_seconds_total", "gpufleet_gpu_clock_event_active", "gpufleet_gpu_nvlink_up",
+                 "gpufleet_gpu_nvlink_errors_total", "gpufleet_gpu_nvlink_transmit_bytes_total"):
         assert not named(samples, name), name
 
 

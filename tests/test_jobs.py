@@ -33,8 +33,9 @@ def board(index: int, *pids: int) -> SimulatedGpu:
 
 
 def collect(boards, procfs=FIXTURE_PROC, mapping_dir=None, process_memory=False):
+    mapping = DiskTree(mapping_dir) if mapping_dir else None
     collector = GpuCollector(NvmlSession(SimulatedNvml(boards)),
-                             jobs=JobAttribution(DiskTree(procfs), DiskTree(mapping_dir) if mapping_dir else None, process_memory))
+                             jobs=JobAttribution(DiskTree(procfs), mapping, process_memory))
     collection = collector.collect()
     return collection, rendered(collection)
 

@@ -26,7 +26,8 @@ def exporter():
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "gpufleet", "exporter", "--gpu.backend=sim", "--sim.gpus=8",
-         f"--path.sysfs={FIXTURE_SYSFS}", f"--web.listen-address=127.0.0.1:{port}", f"--web.max-requests={SCRAPERS + 50}"],
+         f"--path.sysfs={FIXTURE_SYSFS}", f"--web.listen-address=127.0.0.1:{port}",
+         f"--web.max-requests={SCRAPERS + 50}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
     while True:
@@ -55,7 +56,7 @@ async def hammer(url: str, seconds: float) -> tuple[list[float], dict[int, int],
                     async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as response:
                         await response.read()
                         statuses[response.status] = statuses.get(response.status, 0) + 1
-                except (aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, aiohttp.ClientError):
                     failures += 1
                     continue
                 latencies.append(time.perf_counter() - started)

@@ -345,7 +345,7 @@ def test_a_range_without_data_computes_nothing(fleet_prometheus, tmp_path, capsy
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("args, message", [
+@pytest.mark.parametrize(("args", "message"), [
     (["--range", "soon"], "invalid duration 'soon'"),
     (["--end", "2026-11-01T00:00:00"], "needs a zone"),
     (["--range", "1h", "--step", "2h"], "is longer than --range"),

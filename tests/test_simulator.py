@@ -12,7 +12,7 @@ import time
 import pytest
 from helpers import parse
 
-from gpufleet.exporter import node
+from gpufleet.exporter import node as exporter_node
 from gpufleet.simulator.faults import ScenarioError, load_scenario, parse_fault
 from gpufleet.simulator.fleet import Fleet, Job
 
@@ -89,7 +89,7 @@ async def test_every_node_runs_every_collector_the_exporter_has(baseline):
     """The simulator's nodes are built by the exporter's own code: a collector added there is served here."""
     for samples in baseline.values():
         served = {dict(labels)["collector"] for name, labels in samples if name == "gpufleet_collector_success"}
-        assert served == {collector.name for collector in node.COLLECTORS}
+        assert served == {collector.name for collector in exporter_node.COLLECTORS}
 
 
 async def test_the_healthy_fleet_is_healthy(baseline):
@@ -113,10 +113,11 @@ async def test_the_healthy_fleet_is_healthy(baseline):
     ({"kind": "nvlink_down", "gpu": 2, "link": 5},
      {"gpufleet_gpu_nvlink_up", "gpufleet_gpu_nvlink_transmit_bytes_total", "gpufleet_gpu_nvlink_receive_bytes_total"}),
     ({"kind": "thermal_slowdown", "gpu": 2},
-     {"gpufleet_gpu_temperature_celsius", "gpufleet_gpu_memory_temperature_celsius", "gpufleet_gpu_thermal_margin_celsius",
-      "gpufleet_gpu_clock_hertz", "gpufleet_gpu_power_watts", "gpufleet_gpu_energy_joules_total",
-      "gpufleet_gpu_nvlink_transmit_bytes_total", "gpufleet_gpu_nvlink_receive_bytes_total",
-      "gpufleet_gpu_clock_event_active", "gpufleet_gpu_violation_seconds_total"}),
+     {"gpufleet_gpu_temperature_celsius", "gpufleet_gpu_memory_temperature_celsius",
+      "gpufleet_gpu_thermal_margin_celsius", "gpufleet_gpu_clock_hertz", "gpufleet_gpu_power_watts",
+      "gpufleet_gpu_energy_joules_total", "gpufleet_gpu_nvlink_transmit_bytes_total",
+      "gpufleet_gpu_nvlink_receive_bytes_total", "gpufleet_gpu_clock_event_active",
+      "gpufleet_gpu_violation_seconds_total"}),
     ({"kind": "power_brake", "gpu": 2},
      {"gpufleet_gpu_clock_hertz", "gpufleet_gpu_power_watts", "gpufleet_gpu_energy_joules_total",
       "gpufleet_gpu_nvlink_transmit_bytes_total", "gpufleet_gpu_nvlink_receive_bytes_total",
@@ -195,7 +196,8 @@ async def test_faults_end(baseline):
     # After its end a remap stays counted but is no longer pending. The link is up again, having gone down
     # once, and the traffic it missed while down stays missed: its byte and packet counters remain lower.
     assert names(diff) == {"gpufleet_gpu_remapped_rows", "gpufleet_infiniband_link_downed_total",
-                           "gpufleet_infiniband_port_xmit_data_bytes_total", "gpufleet_infiniband_port_rcv_data_bytes_total",
+                           "gpufleet_infiniband_port_xmit_data_bytes_total",
+                           "gpufleet_infiniband_port_rcv_data_bytes_total",
                            "gpufleet_infiniband_port_xmit_packets_total", "gpufleet_infiniband_port_rcv_packets_total"}
 
 
@@ -213,7 +215,7 @@ def test_counters_never_go_backwards_through_faults():
     node = fleet.nodes["gpu-node-0001"]
     previous: dict[str, float] = {}
     try:
-        for step in range(0, 400):
+        for step in range(400):
             node.t = step * 0.5
             node.apply_faults()
             readings = {
@@ -247,7 +249,7 @@ def test_scenario_files_are_checked_with_clear_messages():
             ("faults: [{kind: xid, node: gpu-node-0099, gpu: 0, xid: 79}]", "node 'gpu-node-0099' is not in the fleet"),
             ("faults: [{kind: xid, node: gpu-node-0001, gpu: 8, xid: 79}]", "gpu must be a whole number from 0 to 7"),
             ("faults: [{kind: ib_link_down, node: gpu-node-0001, port: eth0}]", "needs an InfiniBand port"),
-            ("faults: [{kind: straggler, node: gpu-node-0001, start: soon}]", "'soon' is not a duration"),
+            ("faults: [{kind: straggler, node: gpu-node-0001, start: soon}]", "start: invalid duration 'soon'"),
             ("faults: [{kind: straggler, node: gpu-node-0001, colour: red}]", "unknown field 'colour'"),
             ("faults: [{kind: straggler, node: gpu-node-0001, direction: tx}]", "takes no direction"),
             ("faults: [oops", "not valid YAML"),

@@ -38,7 +38,8 @@ def test_prometheus_scrapes_the_fleet_through_file_sd(simulator, prometheus):
     _, targets = simulator
     listed = json.loads(targets.read_text())
     assert [t["labels"]["instance"] for t in listed] == [f"gpu-node-{i:04d}" for i in range(1, 5)]
-    assert {t["labels"]["__metrics_path__"] for t in listed} == {f"/nodes/gpu-node-{i:04d}/metrics" for i in range(1, 5)}
+    paths = {t["labels"]["__metrics_path__"] for t in listed}
+    assert paths == {f"/nodes/gpu-node-{i:04d}/metrics" for i in range(1, 5)}
 
     def all_scraped():
         result = query(prometheus, "up")

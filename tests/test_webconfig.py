@@ -136,9 +136,9 @@ def test_client_certificates_are_required_and_verified(tmp_path, pki):
 
 
 def served_certificate(port: int, pki: Path) -> str:
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
-        with client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-            subject = dict(item[0] for item in tls.getpeercert()["subject"])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
+            client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        subject = dict(item[0] for item in tls.getpeercert()["subject"])
     return subject["commonName"]
 
 
@@ -202,8 +202,8 @@ def test_credentials():
     credentials = Credentials()
     good = "Basic " + base64.b64encode(b"alice:pw").decode()
     assert credentials.check(users, good) and credentials.check(users, good)  # The second from memory.
-    for header in ("Bearer abc", "Basic !!!", "Basic " + base64.b64encode(b"no-colon").decode(),
-                   "Basic " + base64.b64encode(b"alice:nope").decode(), "Basic " + base64.b64encode(b"bob:pw").decode()):
+    for header in ("Bearer abc", "Basic !!!", *("Basic " + base64.b64encode(pair).decode()
+                                                for pair in (b"no-colon", b"alice:nope", b"bob:pw"))):
         assert not credentials.check(users, header), header
     users["alice"] = bcrypt.hashpw(b"new", bcrypt.gensalt(4))  # A changed hash invalidates what was remembered.
     assert not credentials.check(users, good)

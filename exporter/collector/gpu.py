@@ -52,7 +52,7 @@ def _identity_series(families: FamilySet, identity: GpuIdentity, up: bool, drive
         base, 1.0 if up else 0.0
     )
     families.gauge("gpufleet_gpu_info", "GPU metadata; the value is always 1.", _INFO_LABELS).add_metric(
-        base + [identity.name, identity.pci_bus_id, identity.serial, identity.vbios, driver, cuda], 1.0
+        [*base, identity.name, identity.pci_bus_id, identity.serial, identity.vbios, driver, cuda], 1.0
     )
 
 

@@ -86,7 +86,8 @@ class InfinibandCollector(SysfsCollector):
                 sysfs.problems.append(f"{port_dir}/rate: unrecognised rate {rate[:40]!r}")
 
         for filename, metric, documentation in (
-            ("state", "gpufleet_infiniband_state_id", "Logical port state (1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER)."),
+            ("state", "gpufleet_infiniband_state_id",
+             "Logical port state (1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER)."),
             ("phys_state", "gpufleet_infiniband_physical_state_id",
              "Physical port state (2 Polling, 3 Disabled, 5 LinkUp, 6 LinkErrorRecovery, 7 PhyTest)."),
         ):
@@ -105,7 +106,7 @@ class InfinibandCollector(SysfsCollector):
                 "gpufleet_infiniband_port_info",
                 "Port metadata; the value is always 1.",
                 ("device", "port", "link_layer"),
-            ).add_metric(labels + [link_layer], 1.0)
+            ).add_metric([*labels, link_layer], 1.0)
 
         for name, path in _counter_files(sysfs, port_dir).items():
             value = sysfs.counter(path)

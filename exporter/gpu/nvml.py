@@ -26,7 +26,7 @@ FieldRequest: TypeAlias = int | tuple[int, int]  # A field id, or (field id, sco
 
 class PciInfo(Protocol):
     @property
-    def busId(self) -> str | bytes: ...  # noqa: N802 - NVML's own field names throughout.
+    def busId(self) -> str | bytes: ...  # NVML's own field names throughout.
 
 
 class Utilization(Protocol):
@@ -50,7 +50,7 @@ class Memory(Protocol):
 
 class ViolationTime(Protocol):
     @property
-    def violationTime(self) -> int: ...  # noqa: N802 - nanoseconds (nvml.h: nvmlViolationTime_t).
+    def violationTime(self) -> int: ...  # nanoseconds (nvml.h: nvmlViolationTime_t).
 
 
 class ProcessInfo(Protocol):
@@ -58,15 +58,15 @@ class ProcessInfo(Protocol):
     def pid(self) -> int: ...
 
     @property
-    def usedGpuMemory(self) -> int | None: ...  # noqa: N802 - bytes; NVML_VALUE_NOT_AVAILABLE in some containers.
+    def usedGpuMemory(self) -> int | None: ...  # bytes; NVML_VALUE_NOT_AVAILABLE in some containers.
 
 
 class FieldValue(Protocol):
     @property
-    def nvmlReturn(self) -> int: ...  # noqa: N802
+    def nvmlReturn(self) -> int: ...
 
     @property
-    def valueType(self) -> int: ...  # noqa: N802
+    def valueType(self) -> int: ...
 
     @property
     def value(self) -> Any: ...  # The union nvmlValue_t; `valueType` says which member holds the number.
@@ -77,10 +77,10 @@ class EventData(Protocol):
     def device(self) -> Handle: ...
 
     @property
-    def eventType(self) -> int: ...  # noqa: N802
+    def eventType(self) -> int: ...
 
     @property
-    def eventData(self) -> int: ...  # noqa: N802 - the XID code, for an XID event.
+    def eventData(self) -> int: ...  # the XID code, for an XID event.
 
 
 class Nvml(Protocol):
@@ -121,7 +121,7 @@ class Nvml(Protocol):
     def nvmlDeviceGetNvLinkState(self, handle: Handle, link: int, /) -> int: ...
     def nvmlDeviceGetNvLinkErrorCounter(self, handle: Handle, link: int, counter: int, /) -> int: ...
     def nvmlDeviceGetComputeRunningProcesses(self, handle: Handle, /) -> Sequence[ProcessInfo]: ...
-    def nvmlDeviceGetFieldValues(self, handle: Handle, field_ids: Sequence[FieldRequest], /) -> Sequence[FieldValue]: ...
+    def nvmlDeviceGetFieldValues(self, handle: Handle, fields: Sequence[FieldRequest], /) -> Sequence[FieldValue]: ...
     def nvmlEventSetCreate(self) -> EventSet: ...
     def nvmlDeviceRegisterEvents(self, handle: Handle, event_types: int, event_set: EventSet, /) -> None: ...
     def nvmlEventSetWait_v2(self, event_set: EventSet, timeout_ms: int, /) -> EventData: ...

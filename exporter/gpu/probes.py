@@ -10,11 +10,12 @@ so that no sentinel ever reaches /metrics.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pynvml
+
+from gpufleet.exporter.gpu.nvml import FieldValue, Handle, Nvml
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,8 @@ class Reading:
 
 UTILIZATION = GpuMetric("gpufleet_gpu_utilization_ratio", "Share of the last sample period in which a kernel ran.")
 MEMORY_COPY_UTILIZATION = GpuMetric(
-    "gpufleet_gpu_memory_copy_utilization_ratio", "Share of the last sample period in which device memory was read or written."
+    "gpufleet_gpu_memory_copy_utilization_ratio",
+    "Share of the last sample period in which device memory was read or written.",
 )
 ENCODER_UTILIZATION = GpuMetric("gpufleet_gpu_encoder_utilization_ratio", "Video encoder utilisation.")
 DECODER_UTILIZATION = GpuMetric("gpufleet_gpu_decoder_utilization_ratio", "Video decoder utilisation.")
@@ -52,14 +54,17 @@ TEMPERATURE_THRESHOLD = GpuMetric(
     labels=("threshold",),
 )
 THERMAL_MARGIN = GpuMetric(
-    "gpufleet_gpu_thermal_margin_celsius", "Degrees left before the GPU starts thermal slowdown (negative once past it)."
+    "gpufleet_gpu_thermal_margin_celsius",
+    "Degrees left before the GPU starts thermal slowdown (negative once past it).",
 )
 CLOCK = GpuMetric("gpufleet_gpu_clock_hertz", "Current clock frequency.", labels=("clock",))
 CLOCK_MAX = GpuMetric("gpufleet_gpu_clock_max_hertz", "Maximum clock frequency.", labels=("clock",))
-PERFORMANCE_STATE = GpuMetric("gpufleet_gpu_performance_state", "Performance state, 0 (P0, maximum) to 15 (P15, minimum).")
+PERFORMANCE_STATE = GpuMetric("gpufleet_gpu_performance_state",
+                              "Performance state, 0 (P0, maximum) to 15 (P15, minimum).")
 FAN_SPEED = GpuMetric("gpufleet_gpu_fan_speed_ratio", "Intended fan speed as a share of the maximum.", labels=("fan",))
 PCIE_GENERATION = GpuMetric("gpufleet_gpu_pcie_link_generation", "Current PCIe link generation.")
-PCIE_MAX_GENERATION = GpuMetric("gpufleet_gpu_pcie_link_max_generation", "Maximum PCIe link generation of GPU and slot.")
+PCIE_MAX_GENERATION = GpuMetric("gpufleet_gpu_pcie_link_max_generation",
+                                "Maximum PCIe link generation of GPU and slot.")
 PCIE_WIDTH = GpuMetric("gpufleet_gpu_pcie_link_width", "Current PCIe link width in lanes.")
 PCIE_MAX_WIDTH = GpuMetric("gpufleet_gpu_pcie_link_max_width", "Maximum PCIe link width in lanes.")
 
@@ -148,7 +153,8 @@ def checked(metric: GpuMetric, raw: float, low: float, high: float, label_values
     return [Reading(metric, raw * times / per, label_values)]
 
 
-Read = Callable[[Any, Any], list[Reading]]
+Read = Callable[[Nvml, Handle], list[Reading]]
+Call = Callable[[Nvml, Handle], int]
 
 
 @dataclass(frozen=True)
@@ -160,22 +166,22 @@ class Probe:
     static: bool = False
 
 
-def _utilization(nvml: Any, handle: Any) -> list[Reading]:
+def _utilization(nvml: Nvml, handle: Handle) -> list[Reading]:
     rates = nvml.nvmlDeviceGetUtilizationRates(handle)
     return checked(UTILIZATION, rates.gpu, 0, 100, per=_PERCENT) + checked(
         MEMORY_COPY_UTILIZATION, rates.memory, 0, 100, per=_PERCENT
     )
 
 
-def _codec(metric: GpuMetric, function: str) -> Read:
-    def read(nvml: Any, handle: Any) -> list[Reading]:
-        utilization, _sampling_period_us = getattr(nvml, function)(handle)
+def _codec(metric: GpuMetric, call: Callable[[Nvml, Handle], Sequence[int]]) -> Read:
+    def read(nvml: Nvml, handle: Handle) -> list[Reading]:
+        utilization, _sampling_period_us = call(nvml, handle)
         return checked(metric, utilization, 0, 100, per=_PERCENT)
 
     return read
 
 
-def _memory(nvml: Any, handle: Any) -> list[Reading]:
+def _memory(nvml: Nvml, handle: Handle) -> list[Reading]:
     info = nvml.nvmlDeviceGetMemoryInfo(handle)
     limit = float(2**56)
     return (
@@ -185,42 +191,50 @@ def _memory(nvml: Any, handle: Any) -> list[Reading]:
     )
 
 
-def _milliwatts(metric: GpuMetric, function: str) -> Read:
-    def read(nvml: Any, handle: Any) -> list[Reading]:
-        return checked(metric, getattr(nvml, function)(handle), 0, 10_000_000, per=_MILLI)
+def _milliwatts(metric: GpuMetric, call: Call) -> Read:
+    def read(nvml: Nvml, handle: Handle) -> list[Reading]:
+        return checked(metric, call(nvml, handle), 0, 10_000_000, per=_MILLI)
 
     return read
 
 
-def _temperature(nvml: Any, handle: Any) -> list[Reading]:
+def _temperature(nvml: Nvml, handle: Handle) -> list[Reading]:
     return checked(TEMPERATURE, nvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU), -50, 250)
 
 
 def _threshold(name: str, threshold: int) -> Read:
-    def read(nvml: Any, handle: Any) -> list[Reading]:
+    def read(nvml: Nvml, handle: Handle) -> list[Reading]:
         value = nvml.nvmlDeviceGetTemperatureThreshold(handle, threshold)
         return checked(TEMPERATURE_THRESHOLD, value, 1, 250, (name,))
 
     return read
 
 
-def _margin(nvml: Any, handle: Any) -> list[Reading]:
+def _margin(nvml: Nvml, handle: Handle) -> list[Reading]:
     return checked(THERMAL_MARGIN, nvml.nvmlDeviceGetMarginTemperature(handle), -150, 250)
 
 
-def _clock(metric: GpuMetric, function: str, name: str, clock_type: int) -> Read:
-    def read(nvml: Any, handle: Any) -> list[Reading]:
-        return checked(metric, getattr(nvml, function)(handle, clock_type), 0, 100_000, (name,), times=_HERTZ_PER_MHZ)
+def _clock(metric: GpuMetric, call: Callable[[Nvml, Handle, int], int], name: str, clock_type: int) -> Read:
+    def read(nvml: Nvml, handle: Handle) -> list[Reading]:
+        return checked(metric, call(nvml, handle, clock_type), 0, 100_000, (name,), times=_HERTZ_PER_MHZ)
 
     return read
 
 
-def _performance_state(nvml: Any, handle: Any) -> list[Reading]:
+def _current_clock(nvml: Nvml, handle: Handle, clock_type: int) -> int:
+    return nvml.nvmlDeviceGetClockInfo(handle, clock_type)
+
+
+def _max_clock(nvml: Nvml, handle: Handle, clock_type: int) -> int:
+    return nvml.nvmlDeviceGetMaxClockInfo(handle, clock_type)
+
+
+def _performance_state(nvml: Nvml, handle: Handle) -> list[Reading]:
     state = nvml.nvmlDeviceGetPerformanceState(handle)
     return [] if state == _PSTATE_UNKNOWN else checked(PERFORMANCE_STATE, state, 0, 15)
 
 
-def _fans(nvml: Any, handle: Any) -> list[Reading]:
+def _fans(nvml: Nvml, handle: Handle) -> list[Reading]:
     readings: list[Reading] = []
     for fan in range(nvml.nvmlDeviceGetNumFans(handle)):
         # NVML allows more than 100% where a board overrides its fan curve.
@@ -228,14 +242,14 @@ def _fans(nvml: Any, handle: Any) -> list[Reading]:
     return readings
 
 
-def _link(metric: GpuMetric, function: str) -> Read:
-    def read(nvml: Any, handle: Any) -> list[Reading]:
-        return checked(metric, getattr(nvml, function)(handle), 1, 64)
+def _link(metric: GpuMetric, call: Call) -> Read:
+    def read(nvml: Nvml, handle: Handle) -> list[Reading]:
+        return checked(metric, call(nvml, handle), 1, 64)
 
     return read
 
 
-def _clock_events(nvml: Any, handle: Any) -> list[Reading]:
+def _clock_events(nvml: Nvml, handle: Handle) -> list[Reading]:
     try:
         mask = nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
     except pynvml.NVMLError as err:  # Drivers before R535 know only the older name.
@@ -246,7 +260,7 @@ def _clock_events(nvml: Any, handle: Any) -> list[Reading]:
 
 
 def _violation(name: str, policy: int) -> Read:
-    def read(nvml: Any, handle: Any) -> list[Reading]:
+    def read(nvml: Nvml, handle: Handle) -> list[Reading]:
         status = nvml.nvmlDeviceGetViolationStatus(handle, policy)
         return checked(VIOLATION, status.violationTime, 0, _COUNTER_MAX - 2, (name,), per=_NANO)
 
@@ -257,7 +271,7 @@ def _nvlink(link: int) -> Read:
     """A link's state and its four data-link error counters: one probe, as they stand or fall together."""
     label = str(link)
 
-    def read(nvml: Any, handle: Any) -> list[Reading]:
+    def read(nvml: Nvml, handle: Handle) -> list[Reading]:
         state = nvml.nvmlDeviceGetNvLinkState(handle, link)
         readings = [Reading(NVLINK_UP, 1.0 if state == pynvml.NVML_FEATURE_ENABLED else 0.0, (label,))]
         for name, counter in NVLINK_ERROR_COUNTERS:
@@ -286,27 +300,32 @@ def nvlink_fields(links: list[int]) -> list[Field]:
 
 PROBES: tuple[Probe, ...] = (
     Probe("nvmlDeviceGetUtilizationRates", _utilization),
-    Probe("nvmlDeviceGetEncoderUtilization", _codec(ENCODER_UTILIZATION, "nvmlDeviceGetEncoderUtilization")),
-    Probe("nvmlDeviceGetDecoderUtilization", _codec(DECODER_UTILIZATION, "nvmlDeviceGetDecoderUtilization")),
+    Probe("nvmlDeviceGetEncoderUtilization",
+          _codec(ENCODER_UTILIZATION, lambda nvml, h: nvml.nvmlDeviceGetEncoderUtilization(h))),
+    Probe("nvmlDeviceGetDecoderUtilization",
+          _codec(DECODER_UTILIZATION, lambda nvml, h: nvml.nvmlDeviceGetDecoderUtilization(h))),
     Probe("nvmlDeviceGetMemoryInfo", _memory),
-    Probe("nvmlDeviceGetPowerUsage", _milliwatts(POWER, "nvmlDeviceGetPowerUsage")),
-    Probe("nvmlDeviceGetEnforcedPowerLimit", _milliwatts(POWER_LIMIT, "nvmlDeviceGetEnforcedPowerLimit")),
+    Probe("nvmlDeviceGetPowerUsage", _milliwatts(POWER, lambda nvml, h: nvml.nvmlDeviceGetPowerUsage(h))),
+    Probe("nvmlDeviceGetEnforcedPowerLimit",
+          _milliwatts(POWER_LIMIT, lambda nvml, h: nvml.nvmlDeviceGetEnforcedPowerLimit(h))),
     Probe("nvmlDeviceGetTemperature", _temperature),
     Probe("nvmlDeviceGetMarginTemperature", _margin),
-    Probe("nvmlDeviceGetClockInfo(SM)", _clock(CLOCK, "nvmlDeviceGetClockInfo", "sm", pynvml.NVML_CLOCK_SM)),
-    Probe("nvmlDeviceGetClockInfo(MEM)", _clock(CLOCK, "nvmlDeviceGetClockInfo", "memory", pynvml.NVML_CLOCK_MEM)),
+    Probe("nvmlDeviceGetClockInfo(SM)", _clock(CLOCK, _current_clock, "sm", pynvml.NVML_CLOCK_SM)),
+    Probe("nvmlDeviceGetClockInfo(MEM)", _clock(CLOCK, _current_clock, "memory", pynvml.NVML_CLOCK_MEM)),
     Probe("nvmlDeviceGetPerformanceState", _performance_state),
     Probe("nvmlDeviceGetFanSpeed_v2", _fans),
-    Probe("nvmlDeviceGetCurrPcieLinkGeneration", _link(PCIE_GENERATION, "nvmlDeviceGetCurrPcieLinkGeneration")),
-    Probe("nvmlDeviceGetCurrPcieLinkWidth", _link(PCIE_WIDTH, "nvmlDeviceGetCurrPcieLinkWidth")),
+    Probe("nvmlDeviceGetCurrPcieLinkGeneration",
+          _link(PCIE_GENERATION, lambda nvml, h: nvml.nvmlDeviceGetCurrPcieLinkGeneration(h))),
+    Probe("nvmlDeviceGetCurrPcieLinkWidth", _link(PCIE_WIDTH, lambda nvml, h: nvml.nvmlDeviceGetCurrPcieLinkWidth(h))),
     Probe("nvmlDeviceGetCurrentClocksEventReasons", _clock_events),
     *(Probe(f"nvmlDeviceGetViolationStatus({name})", _violation(name, policy)) for name, policy in VIOLATION_POLICIES),
     # Board constants: read once per NVML session.
-    Probe("nvmlDeviceGetMaxClockInfo(SM)", _clock(CLOCK_MAX, "nvmlDeviceGetMaxClockInfo", "sm", pynvml.NVML_CLOCK_SM), True),
-    Probe("nvmlDeviceGetMaxClockInfo(MEM)",
-          _clock(CLOCK_MAX, "nvmlDeviceGetMaxClockInfo", "memory", pynvml.NVML_CLOCK_MEM), True),
-    Probe("nvmlDeviceGetMaxPcieLinkGeneration", _link(PCIE_MAX_GENERATION, "nvmlDeviceGetMaxPcieLinkGeneration"), True),
-    Probe("nvmlDeviceGetMaxPcieLinkWidth", _link(PCIE_MAX_WIDTH, "nvmlDeviceGetMaxPcieLinkWidth"), True),
+    Probe("nvmlDeviceGetMaxClockInfo(SM)", _clock(CLOCK_MAX, _max_clock, "sm", pynvml.NVML_CLOCK_SM), True),
+    Probe("nvmlDeviceGetMaxClockInfo(MEM)", _clock(CLOCK_MAX, _max_clock, "memory", pynvml.NVML_CLOCK_MEM), True),
+    Probe("nvmlDeviceGetMaxPcieLinkGeneration",
+          _link(PCIE_MAX_GENERATION, lambda nvml, h: nvml.nvmlDeviceGetMaxPcieLinkGeneration(h)), True),
+    Probe("nvmlDeviceGetMaxPcieLinkWidth",
+          _link(PCIE_MAX_WIDTH, lambda nvml, h: nvml.nvmlDeviceGetMaxPcieLinkWidth(h)), True),
     Probe("nvmlDeviceGetTemperatureThreshold(SHUTDOWN)",
           _threshold("shutdown", pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN), True),
     Probe("nvmlDeviceGetTemperatureThreshold(SLOWDOWN)",
@@ -331,6 +350,10 @@ class Field:
     times: float = 1
     scope: int | None = None  # The link, for per-link fields.
     label_values: tuple[str, ...] = ()
+
+    def readings(self, raw: float) -> list[Reading]:
+        """The field's raw value in base units, or nothing where it is a sentinel or out of range."""
+        return checked(self.metric, raw, self.low, self.high, self.label_values, times=self.times, per=self.per)
 
 
 def _ecc(field_id: int, error: str, scope: str) -> Field:
@@ -371,15 +394,18 @@ _FIELD_MEMBERS = {
 }
 
 
-def field_value(value: Any) -> float | None:
+def field_value(value: FieldValue) -> float | None:
     """The number in one `nvmlFieldValue_t`, or None where NVML returned no value for it."""
     if value.nvmlReturn != pynvml.NVML_SUCCESS:
         return None
     member = _FIELD_MEMBERS.get(value.valueType)
-    return None if member is None else getattr(value.value, member)
+    if member is None:
+        return None
+    number: float = getattr(value.value, member)
+    return number
 
 
-def read_fields(nvml: Any, handle: Any, fields: tuple[Field, ...]) -> Iterator[tuple[Field, float | None]]:
+def read_fields(nvml: Nvml, handle: Handle, fields: tuple[Field, ...]) -> Iterator[tuple[Field, float | None]]:
     """Each field with its value (None where not available), from one NVML call."""
     if not fields:
         return

@@ -36,7 +36,6 @@ from gpufleet.exporter.gpu.probes import (
     Field,
     Probe,
     Reading,
-    checked,
     nvlink_fields,
     nvlink_probes,
     read_fields,
@@ -320,7 +319,7 @@ class NvmlSession:
         readings: list[Reading] = []
         for fld, value in read_fields(self._nvml, device.handle, device.fields):
             if value is not None:
-                readings += checked(fld.metric, value, fld.low, fld.high, fld.label_values, times=fld.times, per=fld.per)
+                readings += fld.readings(value)
         if any(r.metric is ECC_ENABLED and r.value == 0 for r in readings):
             # With ECC off the counters hold nothing meaningful; zeros would read as "healthy".
             readings = [r for r in readings if r.metric is not ECC_ERRORS]

@@ -59,7 +59,7 @@ class SimulatedProcess:
 
 
 class Load(Protocol):
-    def __call__(self, gpu: SimulatedGpu, seconds: float) -> GpuTelemetry:
+    def __call__(self, gpu: SimulatedGpu, seconds: float, /) -> GpuTelemetry:
         """Telemetry of `gpu` `seconds` after the simulated driver was loaded."""
 
 
@@ -253,7 +253,7 @@ _ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 
 @dataclass(slots=True)
 class _PciInfo:
-    busId: str  # noqa: N815 - NVML's field names, as in exporter.gpu.nvml.
+    busId: str  # NVML's field names, as in exporter.gpu.nvml.
 
 
 @dataclass(slots=True)
@@ -271,34 +271,34 @@ class _Memory:
 
 @dataclass(slots=True)
 class _ViolationTime:
-    referenceTime: int  # noqa: N815
-    violationTime: int  # noqa: N815
+    referenceTime: int
+    violationTime: int
 
 
 @dataclass(slots=True)
 class _ProcessInfo:
     pid: int
-    usedGpuMemory: int | None  # noqa: N815
-    gpuInstanceId: int = 0xFFFFFFFF  # noqa: N815
-    computeInstanceId: int = 0xFFFFFFFF  # noqa: N815
+    usedGpuMemory: int | None
+    gpuInstanceId: int = 0xFFFFFFFF
+    computeInstanceId: int = 0xFFFFFFFF
 
 
 @dataclass(slots=True)
 class _Value:
     """nvmlValue_t: a union, of which the simulated fields fill only the two members they use."""
 
-    uiVal: int = 0  # noqa: N815
-    ullVal: int = 0  # noqa: N815
+    uiVal: int = 0
+    ullVal: int = 0
 
 
 @dataclass(slots=True)
 class _FieldValue:
-    fieldId: int  # noqa: N815
-    scopeId: int  # noqa: N815
+    fieldId: int
+    scopeId: int
     timestamp: int
-    nvmlReturn: int  # noqa: N815
-    valueType: int = 0  # noqa: N815
-    latencyUsec: int = 0  # noqa: N815
+    nvmlReturn: int
+    valueType: int = 0
+    latencyUsec: int = 0
     value: _Value = field(default_factory=_Value)
 
 
@@ -313,10 +313,10 @@ class _Handle:
 @dataclass(slots=True)
 class _Event:
     device: _Handle
-    eventType: int  # noqa: N815
-    eventData: int  # noqa: N815
-    gpuInstanceId: int = 0  # noqa: N815
-    computeInstanceId: int = 0  # noqa: N815
+    eventType: int
+    eventData: int
+    gpuInstanceId: int = 0
+    computeInstanceId: int = 0
 
 
 class _EventSet:
@@ -519,7 +519,7 @@ class SimulatedNvml:
         return slowdown - round(now.temperature_celsius)
 
     def nvmlDeviceGetClockInfo(self, handle: _Handle, clock_type: int) -> int:
-        gpu, now = self._now(handle, "nvmlDeviceGetClockInfo")
+        _gpu, now = self._now(handle, "nvmlDeviceGetClockInfo")
         hertz = now.memory_clock_hertz if clock_type == pynvml.NVML_CLOCK_MEM else now.sm_clock_hertz
         return round(hertz / 1e6)
 
@@ -583,7 +583,8 @@ class SimulatedNvml:
 
     def nvmlDeviceGetNvLinkState(self, handle: _Handle, link: int) -> int:
         gpu = self._link(handle, "nvmlDeviceGetNvLinkState", link)
-        return pynvml.NVML_FEATURE_DISABLED if link in gpu.nvlinks_down else pynvml.NVML_FEATURE_ENABLED
+        state: int = pynvml.NVML_FEATURE_DISABLED if link in gpu.nvlinks_down else pynvml.NVML_FEATURE_ENABLED
+        return state
 
     def nvmlDeviceGetNvLinkErrorCounter(self, handle: _Handle, link: int, counter: int) -> int:
         gpu = self._link(handle, "nvmlDeviceGetNvLinkErrorCounter", link)

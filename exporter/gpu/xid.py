@@ -121,7 +121,8 @@ class XidLedger:
         now = self._clock()
         with self._lock:
             self._expire(now)
-            return [XidCount(gpu, uuid, xid, count, last) for (gpu, uuid, xid), (count, last) in sorted(self._counts.items())]
+            return [XidCount(gpu, uuid, xid, count, last)
+                    for (gpu, uuid, xid), (count, last) in sorted(self._counts.items())]
 
     def _count(self, index: int, uuid: str, xid: int, at: float) -> None:
         count, _ = self._counts.get((index, uuid, xid), (0, 0.0))
@@ -190,7 +191,7 @@ class NvmlXidWatcher:
                 if str(err) != self._last_failure:
                     log.warning("XID events from NVML unavailable: %s; re-registering with backoff", err)
                     self._last_failure = str(err)
-            except Exception:  # noqa: BLE001 - the thread must outlive any surprise from the library.
+            except Exception:
                 self._ledger.watching = False
                 log.exception("XID watcher failed; re-registering with backoff")
             self._stop.wait(self._backoff.next())
