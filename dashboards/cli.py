@@ -7,8 +7,11 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from grafanalib.core import Dashboard
+if TYPE_CHECKING:
+    from grafanalib.core import Dashboard
+
 
 SOURCES = Path(__file__).parent
 OUTPUT = SOURCES / "json"

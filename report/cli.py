@@ -12,15 +12,15 @@ import datetime
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpufleet.exporter.flags import duration
-from gpufleet.report.capacity import SECTIONS
-from gpufleet.report.document import Report
 from gpufleet.report.progress import Progress
 from gpufleet.report.prometheus import Auth, Prometheus, Unreachable
 from gpufleet.report.query import Window, choose_step
-from gpufleet.report.render import write
-from gpufleet.report.run import NothingToReport, capacity
+
+if TYPE_CHECKING:
+    from gpufleet.report.document import Report
 
 
 def _instant(text: str) -> float:
@@ -80,6 +80,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run_capacity(args: argparse.Namespace) -> int:
+    # Here, not at the top: matplotlib takes half a second to import, which every other gpufleet command,
+    # the exporter first, would otherwise pay at start and keep in memory.
+    from gpufleet.report.capacity import SECTIONS
+    from gpufleet.report.render import write
+    from gpufleet.report.run import NothingToReport, capacity
+
     if args.password is not None and args.username is None:
         print("gpufleet report: --prometheus.password-file needs --prometheus.username", file=sys.stderr)
         return 2
