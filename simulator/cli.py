@@ -12,7 +12,8 @@ from gpufleet.exporter.flags import duration, listen_address, positive_int
 from gpufleet.exporter.logfmt import configure_logging
 from gpufleet.exporter.server import serve_until_signalled
 from gpufleet.simulator.faults import ScenarioError, load_scenario
-from gpufleet.simulator.fleet import Fleet
+from gpufleet.simulator.fleet import Fleet, node_names
+from gpufleet.simulator.layout import Job, LayoutError, load_layout
 from gpufleet.simulator.server import SimClock, build_app, file_sd_targets, write_file_sd
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--speed", type=_speed, default=1.0,
                         help="simulated seconds per wall-clock second (default: %(default)s)")
     parser.add_argument("--scenario", metavar="FILE", help="YAML file of faults to inject")
+    parser.add_argument("--layout", metavar="FILE",
+                        help="YAML file naming each job and its nodes (default: drawn from --seed)")
     parser.add_argument("--collect-interval", type=duration, default=15.0, metavar="DURATION",
                         help="collect every node once per this interval, spread over it; scrapes are served from "
                              "the latest collection (default: %(default)gs)")
@@ -67,12 +70,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=run)
 
 
+def _layout(path: str, nodes: int) -> list[Job]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return load_layout(handle.read(), node_names(nodes))
+    except OSError as err:
+        raise LayoutError(f"cannot read: {err.strerror}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     # Every node would log the same NVML start-up lines; a thousand copies say nothing more.
     logging.getLogger("gpufleet.exporter.gpu").setLevel(max(logging.WARNING, logging.getLogger().level))
     host, port = args.listen_address
-    fleet = Fleet(args.nodes, args.gpus_per_node, seed=args.seed)
+    try:
+        layout = _layout(args.layout, args.nodes) if args.layout else None
+    except LayoutError as err:
+        print(f"gpufleet simulate: error: layout {args.layout}: {err}", file=sys.stderr)
+        return 1
+    fleet = Fleet(args.nodes, args.gpus_per_node, seed=args.seed, layout=layout)
     try:
         if args.scenario:
             try:

@@ -17,11 +17,10 @@ import asyncio
 import itertools
 import logging
 import math
-import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import pynvml
 
@@ -32,15 +31,14 @@ from gpufleet.exporter.gpu.simulated import (
     SimulatedGpu,
     SimulatedNvml,
     SimulatedProcess,
-    kubernetes_cgroup,
     nvlink_kib_for,
     simulated_board,
-    slurm_cgroup,
 )
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.tree import MemoryTree
 from gpufleet.simulator.faults import XIDS, Fault
 from gpufleet.simulator.faults import FaultKind as Kind
+from gpufleet.simulator.layout import Job, draw
 from gpufleet.simulator.timeline import Segment, integral, overlap, phase_at
 
 IB_PORTS = tuple(f"mlx5_{i}/1" for i in range(8))
@@ -74,41 +72,8 @@ PHASES = {
 _STRAGGLER_SLOWDOWN = 1.4
 
 
-@dataclass(frozen=True)
-class Job:
-    id: str
-    scheduler: str  # "slurm" or "kubernetes"
-    nodes: tuple[str, ...]
-    period: float  # seconds of one compute + communication cycle
-    comm_fraction: float
-    memory_fraction: float
-
-    def cgroup(self, node_index: int, gpu: int) -> str:
-        if self.scheduler == "slurm":
-            return slurm_cgroup(int(self.id), node_index * 8 + gpu)
-        container = random.Random(f"{self.id}:{node_index}").getrandbits(256)  # One pod per node: one container.
-        return kubernetes_cgroup(self.id, f"{container:064x}")
-
-
-def layout_jobs(names: Sequence[str], seed: int, idle_share: float = 0.15) -> list[Job]:
-    """Training jobs over the fleet: most nodes in multi-node jobs, some idle, all from the seed."""
-    rng = random.Random(f"jobs:{seed}")
-    pool = list(names)
-    rng.shuffle(pool)
-    busy = pool[: len(pool) - int(len(pool) * idle_share)]
-    jobs = []
-    while busy:
-        size = min(len(busy), rng.choice((1, 2, 4, 4, 8, 8, 16, 32)))
-        members, busy = busy[:size], busy[size:]
-        kubernetes = rng.random() < 0.3
-        job_id = (
-            "-".join("".join(rng.choice("0123456789abcdef") for _ in range(n)) for n in (8, 4, 4, 4, 12))
-            if kubernetes else str(rng.randrange(100000, 999999))
-        )
-        jobs.append(Job(job_id, "kubernetes" if kubernetes else "slurm", tuple(sorted(members)),
-                        period=rng.uniform(20, 60), comm_fraction=rng.uniform(0.2, 0.35),
-                        memory_fraction=rng.uniform(0.55, 0.9)))
-    return jobs
+def node_names(count: int) -> list[str]:
+    return [f"gpu-node-{index:04d}" for index in range(1, count + 1)]
 
 
 def _network(phase: str) -> float:
@@ -502,16 +467,18 @@ class Fleet:
     faults: list[Fault] = field(default_factory=list)
     fault_version: int = 0
     nodes: dict[str, Node] = field(default_factory=dict)
-    jobs: list[Job] = field(default_factory=list)
+    jobs: list[Job] = field(default_factory=list, init=False)
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     # Every node runs the collectors `gpufleet exporter` runs with no flags.
     exporter_flags: argparse.Namespace = field(default_factory=exporter_node.defaults)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # The jobs to run; drawn from the seed (with `idle_share` of the nodes idle) where none are given.
+    layout: InitVar[Sequence[Job] | None] = None
 
-    def __post_init__(self) -> None:
-        names = [f"gpu-node-{index:04d}" for index in range(1, self.node_count + 1)]
+    def __post_init__(self, layout: Sequence[Job] | None) -> None:
+        names = node_names(self.node_count)
         self.nodes = {name: Node(self, index, name, self.gpus_per_node) for index, name in enumerate(names, 1)}
-        self.jobs = layout_jobs(names, self.seed, self.idle_share)
+        self.jobs = list(layout) if layout is not None else draw(names, self.seed, self.idle_share)
         for job in self.jobs:
             for name in job.nodes:
                 self.nodes[name].assign(job)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from helpers import free_port, stop_process
 
 

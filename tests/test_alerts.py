@@ -29,6 +29,7 @@ def test_the_committed_rule_file_is_what_the_code_generates():
     assert check.returncode == 0, check.stderr
 
 
+@pytest.mark.e2e
 def test_the_check_notices_a_stale_file(tmp_path):
     stale = tmp_path / "rules.yml"
     stale.write_text("groups: []\n")
@@ -37,12 +38,14 @@ def test_the_check_notices_a_stale_file(tmp_path):
     assert check.returncode == 1 and "is out of date" in check.stderr
 
 
+@pytest.mark.e2e
 def test_promtool_checks_the_rules():
     result = subprocess.run([promtool(), "check", "rules", str(RULES_FILE)], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("test_file", TESTS, ids=lambda p: p.name)
 def test_promtool_unit_tests(test_file):
     result = subprocess.run([promtool(), "test", "rules", str(test_file)], capture_output=True, text=True,
@@ -105,11 +108,13 @@ def amtool(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([path, *args], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.e2e
 def test_amtool_checks_the_routing():
     result = amtool("check-config", str(ROUTING))
     assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(("labels", "receiver"), [
     (["severity=critical", "alertname=GpuLost"], "pager"),
     (["severity=warning", "alertname=GpuRowRemapPending"], "ticket"),
@@ -120,6 +125,8 @@ def test_severity_picks_the_receiver(labels, receiver):
     assert result.stdout.strip() == receiver, result.stdout + result.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_every_alert_of_the_rules_routes_by_its_severity():
     expected = {"critical": "pager", "warning": "ticket", "info": "nowhere"}
     for rule in alerting_rules():

@@ -6,7 +6,6 @@ import subprocess
 
 import pynvml
 import pytest
-from helpers import FakeClock, named, nvml_present, rendered, series
 
 from gpufleet.exporter import node
 from gpufleet.exporter.collector.gpu import GpuCollector
@@ -18,6 +17,8 @@ from gpufleet.exporter.gpu.simulated import (
     TrainingLoad,
     steady,
 )
+
+from helpers import FakeClock, named, nvml_present, rendered, series
 
 UUID0 = "GPU-00000000-1111-2222-3333-444444444444"
 UUID1 = "GPU-55555555-6666-7777-8888-999999999999"

@@ -1,9 +1,9 @@
 from pathlib import Path
 
-from helpers import FIXTURE_SYSFS, named, rendered, series
-
 from gpufleet.exporter.collector.infiniband import InfinibandCollector
 from gpufleet.exporter.tree import DiskTree
+
+from helpers import FIXTURE_SYSFS, named, rendered, series
 
 NDR = {"device": "mlx5_0", "port": "1"}
 DOWN = {"device": "mlx5_1", "port": "1"}

@@ -1,10 +1,10 @@
 import re
 from pathlib import Path
 
-from helpers import FIXTURE_SYSFS, named, rendered, series
-
 from gpufleet.exporter.collector.network import NetworkCollector
 from gpufleet.exporter.tree import DiskTree
+
+from helpers import FIXTURE_SYSFS, named, rendered, series
 
 
 def collect(root=FIXTURE_SYSFS, **kwargs):

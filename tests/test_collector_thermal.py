@@ -2,11 +2,11 @@
 
 from pathlib import Path
 
-from helpers import FIXTURE_SYSFS, named, rendered, series
-
 from gpufleet.exporter.collector.hwmon import HwmonCollector
 from gpufleet.exporter.collector.thermal_zone import ThermalZoneCollector
 from gpufleet.exporter.tree import DiskTree
+
+from helpers import FIXTURE_SYSFS, named, rendered, series
 
 
 def hwmon(root=FIXTURE_SYSFS):

@@ -21,12 +21,13 @@ from urllib.parse import urlparse
 
 import pytest
 import yaml
-from helpers import free_port
-from programs import alertmanager, binary, http, prometheus, query, simulator, wait_for
 
 from gpufleet import __version__
 from gpufleet.cli import build_parser
 from gpufleet.dashboards.cli import OUTPUT as DASHBOARDS
+
+from helpers import free_port
+from programs import alertmanager, binary, http, prometheus, query, simulator, wait_for
 
 ROOT = Path(__file__).parent.parent
 COMPOSE_DIR = ROOT / "compose"
@@ -173,6 +174,7 @@ def test_grafana_is_locked_down_and_provisions_every_dashboard():
     assert len(provided) == 6
 
 
+@pytest.mark.e2e
 def test_promtool_accepts_the_prometheus_config_and_its_rules(tmp_path):
     config = host_prometheus_config(tmp_path / "prometheus.yml", {"sim-targets": tmp_path}, {})
     check = subprocess.run([binary("promtool", "prometheus"), "check", "config", str(config)],
@@ -197,6 +199,7 @@ def test_the_kubernetes_manifests_bound_their_resources_and_are_scraped_as_job_g
     assert {"targetLabel": "job", "replacement": "gpufleet"} in relabel, "the rules select job=gpufleet"
 
 
+@pytest.mark.e2e
 def test_the_systemd_unit_verifies(tmp_path):
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
@@ -209,6 +212,8 @@ def test_the_systemd_unit_verifies(tmp_path):
     assert verify.returncode == 0 and not verify.stderr.strip(), verify.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_stack_scrapes_the_simulator_loads_its_rules_and_pages_on_a_fault(tmp_path):
     """Prometheus and Alertmanager from their compose configs, the simulator from its compose command line."""
     am_data, sim_volume, secrets = tmp_path / "am", tmp_path / "sim-targets", tmp_path / "secrets"

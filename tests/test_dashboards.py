@@ -10,11 +10,13 @@ import time
 
 import pytest
 import yaml
-from programs import prometheus, prometheus_config, query, simulator
 
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.rules import render
 from gpufleet.dashboards.cli import OUTPUT, rendered
+
+from layouts import SIXTEEN_NODES, write
+from programs import prometheus, prometheus_config, query, simulator
 
 # Grafana's own variables, and the data-link ones (`${__data.fields.x}`, `${__value.raw}`).
 BUILTINS = {"__rate_interval", "__interval", "__interval_ms", "__range", "__all", "__url_time_range", "__data",
@@ -35,6 +37,7 @@ def test_the_committed_json_is_what_the_code_generates():
         "run `gpufleet dashboards build` and commit the result"
 
 
+@pytest.mark.e2e
 def test_the_check_notices_a_stale_file(tmp_path):
     for name, text in rendered().items():
         (tmp_path / name).write_text(text)
@@ -92,8 +95,8 @@ def expand(expr: str) -> str:
 
 
 # Faults that fill the panels a healthy fleet leaves empty: XIDs of each class, a lost GPU, a saturated
-# link, ports down, slow, flapping or erroring, a straggler with a cause. Seed 0 puts a Kubernetes job on
-# nodes 4, 9, 12 and 16.
+# link, ports down, slow, flapping or erroring, a straggler with a cause. The layout (layouts.SIXTEEN_NODES)
+# puts a Kubernetes job on nodes 4, 9, 12 and 16, and leaves nodes 5 and 7 idle.
 FAULTS = [
     {"kind": "xid", "node": "gpu-node-0001", "gpu": 0, "xid": 79},
     {"kind": "xid", "node": "gpu-node-0001", "gpu": 1, "xid": 94},
@@ -110,13 +113,16 @@ FAULTS = [
 ]
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_every_query_returns_data_from_a_prometheus_scraping_the_simulator(tmp_path):
     scenario = tmp_path / "scenario.yml"
     scenario.write_text(yaml.safe_dump({"faults": FAULTS}))
     rules = tmp_path / "rules.yml"
     rules.write_text(render(Config().scaled(8)))  # Recorded series and ALERTS in minutes, not hours.
-    with simulator(tmp_path, "--nodes=16", "--seed=0", "--cluster=dash", "--collect-interval=2s",
-                   f"--scenario={scenario}") as (_, file_sd):
+    layout = write(tmp_path / "layout.yml", SIXTEEN_NODES)
+    with simulator(tmp_path, "--nodes=16", "--seed=0", f"--layout={layout}", "--cluster=dash",
+                   "--collect-interval=2s", f"--scenario={scenario}") as (_, file_sd):
         config = prometheus_config(tmp_path / "prometheus.yml", file_sd, "2s", rules)
         with prometheus(config, tmp_path / "data") as url:
             pending = {(uid, title, expr) for uid, title, expr in targets()}

@@ -5,10 +5,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
+
 from helpers import (
     FIXTURE_SYSFS,
     free_port,
@@ -18,6 +18,9 @@ from helpers import (
     series,
     stop_process,
 )
+from programs import wait_for
+
+pytestmark = pytest.mark.e2e
 
 
 def gpufleet(*args: str, **kwargs) -> subprocess.Popen:
@@ -36,22 +39,19 @@ def exporter():
     process = gpufleet("exporter", "--gpu.backend=sim", "--sim.gpus=8", f"--path.sysfs={FIXTURE_SYSFS}",
                        f"--web.listen-address=127.0.0.1:{port}", "--collector.gpu.interval=1s")
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 15
-    while True:
+
+    def ready() -> bool:
         try:
-            samples = parse(get(f"{url}/metrics"))
-            if all(v == 1 for v in named(samples, "gpufleet_collector_success").values()) and len(
-                named(samples, "gpufleet_collector_success")
-            ) == 5:
-                break
+            success = named(parse(get(f"{url}/metrics")), "gpufleet_collector_success")
         except OSError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"exporter did not become ready:\n{process.communicate()[0]}")
-        time.sleep(0.1)
-    yield process, url
-    stop_process(process)
+            return False
+        return len(success) == 5 and set(success.values()) == {1}
+
+    try:
+        wait_for(ready, 15, "every collector's first success", process)
+        yield process, url
+    finally:
+        stop_process(process)
 
 
 def test_scrape_has_every_collector_and_exact_fixture_values(exporter):
@@ -93,9 +93,12 @@ def test_promtool_finds_nothing_to_complain_about(exporter):
 
 def test_energy_counter_keeps_rising_between_collections(exporter):
     _, url = exporter
-    first = named(parse(get(f"{url}/metrics")), "gpufleet_gpu_energy_joules_total")
-    time.sleep(1.2)
-    second = named(parse(get(f"{url}/metrics")), "gpufleet_gpu_energy_joules_total")
+
+    def energy() -> dict:
+        return named(parse(get(f"{url}/metrics")), "gpufleet_gpu_energy_joules_total")
+
+    first = energy()
+    second = wait_for(lambda: (now := energy()) != first and now, 10, "a later GPU collection")
     assert first.keys() == second.keys()
     assert all(second[gpu] > first[gpu] for gpu in first)
 

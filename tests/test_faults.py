@@ -11,7 +11,6 @@ import shutil
 import pynvml
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from helpers import eventually, named, parse, series
 
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.collector.infiniband import InfinibandCollector
@@ -22,6 +21,8 @@ from gpufleet.exporter.gpu.simulated import SimulatedNvml, simulated_gpus
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.server import build_app
 from gpufleet.exporter.tree import DiskTree
+
+from helpers import eventually, named, parse, series
 
 
 class SurprisingNvml(SimulatedNvml):

@@ -9,7 +9,6 @@ import asyncio
 import pynvml
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from helpers import FIXTURE_SYSFS, eventually, named, parse, rendered, series
 
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.exposition import Exposition
@@ -24,6 +23,8 @@ from gpufleet.exporter.gpu.xid import NvmlXidWatcher, XidLedger
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.server import build_app
 from gpufleet.exporter.tree import DiskTree
+
+from helpers import FIXTURE_SYSFS, eventually, named, parse, rendered, series
 
 LOAD = GpuTelemetry(utilization=0.9, memory_used_bytes=2**34, power_watts=650.0, energy_joules=5000.0,
                     temperature_celsius=70, memory_temperature_celsius=75, sm_clock_hertz=1980e6)

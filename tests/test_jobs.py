@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from helpers import named, rendered
 
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.jobs import JobAttribution, job_from_cgroup
@@ -17,6 +16,8 @@ from gpufleet.exporter.gpu.simulated import (
     steady,
 )
 from gpufleet.exporter.tree import DiskTree
+
+from helpers import named, rendered
 
 FIXTURE_PROC = Path(__file__).parent / "fixtures" / "proc"
 GIB = 1024**3

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from helpers import named, rendered
 
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.jobs import JobAttribution
@@ -24,6 +23,8 @@ from gpufleet.exporter.gpu.simulated import (
     steady,
 )
 from gpufleet.exporter.tree import DiskTree
+
+from helpers import named, rendered
 
 FIXTURE_PROC = Path(__file__).parent / "fixtures" / "proc"
 POD_UID = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b"  # What fixture pid 1003's cgroup names.

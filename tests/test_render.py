@@ -1,6 +1,5 @@
 """The exporter's text writer produces exactly what prometheus_client's generate_latest produces."""
 
-from helpers import FIXTURE_SYSFS
 from prometheus_client import ProcessCollector
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
@@ -9,6 +8,8 @@ from gpufleet.exporter.collector.infiniband import InfinibandCollector
 from gpufleet.exporter.collector.network import NetworkCollector
 from gpufleet.exporter.render import render
 from gpufleet.exporter.tree import DiskTree
+
+from helpers import FIXTURE_SYSFS
 
 
 class Families:

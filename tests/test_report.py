@@ -24,8 +24,6 @@ from pathlib import Path
 import bcrypt
 import pytest
 import yaml
-from helpers import free_port
-from programs import binary, http, prometheus
 
 from gpufleet import cli as gpufleet_cli
 from gpufleet.alerts.capacity import INTERVAL
@@ -34,6 +32,11 @@ from gpufleet.report.figures import project, quantile_from_buckets
 from gpufleet.simulator.faults import Fault
 from gpufleet.simulator.fleet import Fleet
 from gpufleet.simulator.history import history, write_openmetrics
+from gpufleet.simulator.layout import Job
+
+from helpers import free_port
+from layouts import nodes
+from programs import binary, http, prometheus
 
 H = 3600
 STEP = 300  # The capacity rules' interval: the history holds a sample at every evaluation.
@@ -43,7 +46,10 @@ METRICS = re.compile(
     r"|energy_joules_total|xid_errors_total|ecc_errors_total|row_remap_(pending|failed)|clock_hertz|devices"
     r"|pci_devices)|gpufleet_infiniband_(port_(xmit|rcv)_data_bytes_total|rate_bytes_per_second)"
     r"|gpufleet_network_((transmit|receive)_bytes_total|speed_bytes_per_second)")
-# Seed 0 with a quarter idle lays out jobs on nodes 6 | 1, 2, 7, 8 | 5, and leaves nodes 3 and 4 idle.
+# The jobs every figure below rests on: one of four nodes and two of one each; nodes 3 and 4 idle.
+LAYOUT = [Job("169486", "slurm", nodes(6), 37.0, 0.25, 0.9),
+          Job("446135", "slurm", nodes(1, 2, 7, 8), 56.0, 0.22, 0.69),
+          Job("311430", "slurm", nodes(5), 29.0, 0.22, 0.74)]
 FAULTS = [
     Fault("slow", "straggler", "gpu-node-0001", 20 * H, 6 * H),
     Fault("xid31", "xid", "gpu-node-0006", 10 * H, gpu=0, xid=31),
@@ -99,7 +105,7 @@ def _recorded(tmp: Path, data: Path, start: float, end: float, **web: Path) -> I
 def fleet_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, float]]:
     tmp = tmp_path_factory.mktemp("history")
     end = math.floor(time.time() / STEP) * STEP - STEP
-    fleet = Fleet(8, seed=0, idle_share=0.25)
+    fleet = Fleet(8, seed=0, layout=LAYOUT)
     fleet.add(FAULTS)
     data = _backfill(tmp, fleet, end - DAYS * 86400, end, METRICS)
     with _recorded(tmp, data, end - DAYS * 86400, end) as url:
@@ -178,6 +184,8 @@ def _number(cell: str) -> float:
     return float(cell.replace(",", "").removesuffix("%").removesuffix(" W").removesuffix(" kW"))
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_figures_match_what_the_simulator_was_told(report: tuple[Path, str]) -> None:
     out, err = report
     tables = _markdown_tables((out / "capacity-report.md").read_text())
@@ -227,6 +235,8 @@ def test_figures_match_what_the_simulator_was_told(report: tuple[Path, str]) -> 
     assert re.search(r"^\[#{30}\] 10/10 sections, \d+ queries$", err, re.M), err
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_utilisation_agrees_with_the_raw_samples(fleet_prometheus, report) -> None:
     """The bucketed quantiles against exact ones from every allocated GPU's samples."""
     url, end = fleet_prometheus
@@ -243,6 +253,8 @@ def test_utilisation_agrees_with_the_raw_samples(fleet_prometheus, report) -> No
     assert _number(row["Below 10%"]) == pytest.approx(100 * sum(v < 0.1 for v in values) / len(values), abs=0.1)
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_markdown_and_html_hold_the_same_tables(report) -> None:
     out, _ = report
     parser = _HtmlTables()
@@ -267,6 +279,8 @@ window.addEventListener("load", () => {
 </script>"""
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_html_opens_in_headless_chromium_with_real_charts(report, tmp_path: Path) -> None:
     out, _ = report
     page = tmp_path / "probed.html"
@@ -303,6 +317,8 @@ def partial_prometheus(tmp_path_factory) -> Iterator[tuple[str, float, Path]]:
         yield url, end, tmp
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_missing_metrics_name_the_sections_that_failed(partial_prometheus, tmp_path, capsys) -> None:
     url, end, secrets = partial_prometheus
     login = ("--prometheus.username", "planner", "--prometheus.password-file", str(secrets / "password"))
@@ -324,6 +340,8 @@ def test_missing_metrics_name_the_sections_that_failed(partial_prometheus, tmp_p
     assert "Inventory: no samples of cluster_name:gpufleet_gpus:count in the range (recorded by" in err
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_refused_credentials_are_an_error(partial_prometheus, tmp_path, capsys) -> None:
     url, end, secrets = partial_prometheus
     code, err = _report(capsys, tmp_path, "--prometheus", url, "--range", "6h", "--end", str(end),
@@ -338,6 +356,8 @@ def test_unreachable_prometheus_is_an_error(tmp_path, capsys) -> None:
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_range_without_data_computes_nothing(fleet_prometheus, tmp_path, capsys) -> None:
     url, end = fleet_prometheus
     code, err = _report(capsys, tmp_path, "--prometheus", url, "--range", "7d", "--end", str(end - 30 * 86400))

@@ -7,14 +7,15 @@ twin without it, scraped through the exporter's own collectors.
 
 import asyncio
 import itertools
-import time
 
 import pytest
-from helpers import parse
 
 from gpufleet.exporter import node as exporter_node
 from gpufleet.simulator.faults import ScenarioError, load_scenario, parse_fault
-from gpufleet.simulator.fleet import Fleet, Job
+from gpufleet.simulator.fleet import Fleet
+from gpufleet.simulator.layout import Job, LayoutError, load_layout
+
+from helpers import eventually, parse
 
 NOW = 300.0  # Simulated seconds; every fault below starts at 100 s unless it says otherwise.
 JOB = Job("424242", "slurm", ("gpu-node-0001", "gpu-node-0002"), period=40.0, comm_fraction=0.3, memory_fraction=0.7)
@@ -24,20 +25,26 @@ VOLATILE = ("gpufleet_collector_duration_seconds", "gpufleet_collector_last_succ
 
 
 def make_fleet() -> Fleet:
-    fleet = Fleet(node_count=4, gpus_per_node=8, seed=7)
-    fleet.jobs = [JOB]
-    for name, node in fleet.nodes.items():
-        node.assign(JOB if name in JOB.nodes else None)
-    return fleet
+    return Fleet(node_count=4, gpus_per_node=8, seed=7, layout=[JOB])
 
 
 async def scrape_all(fleet: Fleet) -> dict[str, dict]:
-    """Every node at simulated time NOW, collected twice so asynchronous XID events are in the second pass."""
+    """Every node at simulated time NOW, once every XID its faults raised has reached its exporter.
+
+    The first pass raises the XIDs; each node's XID watcher records them in its own thread, so the
+    node is collected again until its XID counts add up to the XIDs raised.
+    """
     wall = itertools.count(0, 100).__next__  # Each scrape is "100 s later": every collector runs.
     for node in fleet.nodes.values():
         await node.scrape(NOW, wall)
-    await asyncio.sleep(0.2)  # Lets the XID watcher threads record what the first pass raised.
-    return {name: parse(await node.scrape(NOW, wall)) for name, node in fleet.nodes.items()}
+
+    async def settled() -> dict[str, dict] | None:
+        scraped = {name: parse(await node.scrape(NOW, wall)) for name, node in fleet.nodes.items()}
+        counted = {name: sum(v for (n, _), v in samples.items() if n == "gpufleet_gpu_xid_errors_total")
+                   for name, samples in scraped.items()}
+        return scraped if all(counted[name] == len(node.fired) for name, node in fleet.nodes.items()) else None
+
+    return await eventually(settled, timeout=10, interval=0.05)
 
 
 def differences(before: dict, after: dict) -> set[tuple[str, frozenset]]:
@@ -261,6 +268,44 @@ def test_scenario_files_are_checked_with_clear_messages():
         fleet.close()
 
 
+def test_a_given_layout_is_run_as_written():
+    layout = load_layout(
+        "jobs:\n"
+        "  - {id: '77', scheduler: slurm, nodes: [gpu-node-0003, gpu-node-0001], period: 1m}\n"
+        "  - {id: 0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b, scheduler: kubernetes, nodes: [gpu-node-0004],"
+        " memory_fraction: 0.5}\n", [f"gpu-node-{i:04d}" for i in range(1, 5)])
+    fleet = Fleet(node_count=4, seed=1, layout=layout)
+    try:
+        assert [(j.id, j.nodes, j.period) for j in fleet.jobs] == [
+            ("77", ("gpu-node-0001", "gpu-node-0003"), 60.0),
+            ("0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b", ("gpu-node-0004",), 40.0)]
+        assert {name: node.job and node.job.id for name, node in fleet.nodes.items()} == {
+            "gpu-node-0001": "77", "gpu-node-0002": None, "gpu-node-0003": "77",
+            "gpu-node-0004": "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b"}
+    finally:
+        fleet.close()
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("jobs: [{id: '1', scheduler: pbs, nodes: [gpu-node-0001]}]", "job 1: scheduler must be one of slurm"),
+    ("jobs: [{id: abc, scheduler: slurm, nodes: [gpu-node-0001]}]", "a Slurm job id is a number"),
+    ("jobs: [{id: '12', scheduler: kubernetes, nodes: [gpu-node-0001]}]", "a Kubernetes job id is a pod UID"),
+    ("jobs: [{id: '1', scheduler: slurm, nodes: [gpu-node-0099]}]", "node 'gpu-node-0099' is not in the fleet"),
+    ("jobs: [{id: '1', scheduler: slurm, nodes: [gpu-node-0001]}, {id: '2', scheduler: slurm,"
+     " nodes: [gpu-node-0001]}]", "job 2: node gpu-node-0001 already runs job 1"),
+    ("jobs: [{id: '1', scheduler: slurm, nodes: [gpu-node-0001]}, {id: '1', scheduler: slurm,"
+     " nodes: [gpu-node-0002]}]", "job id 1 is given twice"),
+    ("jobs: [{id: '1', scheduler: slurm, nodes: [gpu-node-0001], period: soon}]", "period: invalid duration 'soon'"),
+    ("jobs: [{id: '1', scheduler: slurm, nodes: [gpu-node-0001], comm_fraction: 1.5}]", "comm_fraction must be"),
+    ("jobs: [{id: '1', scheduler: slurm, nodes: []}]", "nodes must be a list of node names"),
+    ("jobs: [{id: '1', scheduler: slurm, nodes: [gpu-node-0001], size: 3}]", "unknown field 'size'"),
+    ("nodes: 3", "expected a mapping with a 'jobs' list"),
+])
+def test_layout_files_are_checked_with_clear_messages(text, message):
+    with pytest.raises(LayoutError, match=message):
+        load_layout(text, [f"gpu-node-{i:04d}" for i in range(1, 5)])
+
+
 def test_a_fleet_layout_is_deterministic_and_mostly_busy():
     first, second = Fleet(node_count=40, seed=3), Fleet(node_count=40, seed=3)
     try:
@@ -279,7 +324,6 @@ def test_clock_speed():
     ticks = iter([10.0, 12.0])
     clock = SimClock(speed=30, monotonic=lambda: next(ticks))
     assert clock() == 60.0
-    assert time.monotonic() > 0
 
 
 def test_the_demo_scenario_loads():

@@ -6,7 +6,7 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -15,11 +15,13 @@ import bcrypt
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from helpers import FIXTURE_SYSFS, free_port, stop_process
 
 from gpufleet.exporter.exposition import Exposition
 from gpufleet.exporter.server import build_app
 from gpufleet.exporter.webconfig import Credentials, WebConfigError, load
+
+from helpers import FIXTURE_SYSFS, free_port, stop_process
+from programs import listening, wait_for
 
 
 def openssl(*args: str, cwd: Path) -> None:
@@ -51,6 +53,8 @@ def bcrypt_hash(password: str) -> str:
 
 
 class Exporter:
+    """The exporter process, with its log read as it is written, so a test can wait for a line."""
+
     def __init__(self, config: Path) -> None:
         self.port = free_port()
         self.process = subprocess.Popen(
@@ -58,15 +62,13 @@ class Exporter:
              f"--path.sysfs={FIXTURE_SYSFS}", f"--web.listen-address=127.0.0.1:{self.port}",
              f"--web.config.file={config}"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.monotonic() + 20
-        while True:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
-                    return
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.process.kill()
-                pytest.fail(f"exporter did not start:\n{self.process.communicate()[0]}")
-            time.sleep(0.1)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=lambda: self.lines.extend(self.process.stdout), daemon=True)
+        self._reader.start()
+        wait_for(lambda: listening(self.port), 20, "exporter start", self.process)
+
+    def logged(self, text: str) -> bool:
+        return any(text in line for line in list(self.lines))
 
     def get(self, scheme: str = "https", user: str | None = None, password: str = "", context=None):
         request = urllib.request.Request(f"{scheme}://127.0.0.1:{self.port}/metrics")
@@ -80,7 +82,8 @@ class Exporter:
 
     def stop(self) -> str:
         stop_process(self.process)
-        return self.process.communicate()[0]
+        self._reader.join(10)
+        return "".join(self.lines)
 
 
 def client_context(pki: Path, certificate: bool = False) -> ssl.SSLContext:
@@ -103,6 +106,7 @@ def write_config(path: Path, pki: Path, users: dict[str, str] | None = None, cli
     path.write_text("\n".join(lines) + "\n")
 
 
+@pytest.mark.e2e
 def test_tls_with_basic_auth_and_headers(tmp_path, pki):
     config = tmp_path / "web.yml"
     write_config(config, pki, users={"prometheus": "s3cret"})
@@ -123,6 +127,7 @@ def test_tls_with_basic_auth_and_headers(tmp_path, pki):
     assert "s3cret" not in output and "$2b$" not in output and "Traceback" not in output
 
 
+@pytest.mark.e2e
 def test_client_certificates_are_required_and_verified(tmp_path, pki):
     config = tmp_path / "web.yml"
     write_config(config, pki, client_auth="RequireAndVerifyClientCert")
@@ -142,6 +147,8 @@ def served_certificate(port: int, pki: Path) -> str:
     return subject["commonName"]
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_users_and_certificates_reload_and_a_bad_change_keeps_the_last_good(tmp_path, pki):
     config = tmp_path / "web.yml"
     write_config(config, pki, users={"alice": "one"})
@@ -151,20 +158,19 @@ def test_users_and_certificates_reload_and_a_bad_change_keeps_the_last_good(tmp_
         assert exporter.get(user="alice", password="one", context=context)[0] == 200
         assert served_certificate(exporter.port, pki) == "first"
         write_config(config, pki, users={"alice": "two"}, cert="rotated")
-        deadline = time.monotonic() + 15
-        while exporter.get(user="alice", password="two", context=context)[0] != 200:
-            assert time.monotonic() < deadline, "new password not in effect"
-            time.sleep(0.5)
+        wait_for(lambda: exporter.get(user="alice", password="two", context=context)[0] == 200, 15,
+                 "the new password in effect")
         assert exporter.get(user="alice", password="one", context=context)[0] == 401
         assert served_certificate(exporter.port, pki) == "second"  # Rotated without a restart.
         config.write_text("basic_auth_users: [not, a, mapping]\n")
-        time.sleep(5)  # Two checks at least.
+        refused = "web config not reloaded, keeping the last good one: basic_auth_users must be a mapping"
+        wait_for(lambda: exporter.logged(refused), 15, "the bad change noticed")
         assert exporter.get(user="alice", password="two", context=context)[0] == 200
     finally:
-        output = exporter.stop()
-    assert "web config not reloaded, keeping the last good one: basic_auth_users must be a mapping" in output
+        exporter.stop()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(("text", "message"), [
     ("tls_server_config: {cert_file: missing.crt, key_file: missing.key}",
      "cannot load cert_file/key_file missing.crt/missing.key"),
@@ -211,9 +217,10 @@ def test_credentials():
 
 async def test_beyond_max_requests_the_answer_is_503_at_once():
     app = build_app(Exposition([]), max_requests=1)
-    release = asyncio.Event()
+    entered, release = asyncio.Event(), asyncio.Event()
 
     async def slow(request):
+        entered.set()
         await release.wait()
         return web.Response(text="done")
 
@@ -222,10 +229,10 @@ async def test_beyond_max_requests_the_answer_is_503_at_once():
     await client.start_server()
     try:
         held = asyncio.create_task(client.get("/slow"))
-        await asyncio.sleep(0.2)
-        started = time.monotonic()
+        await asyncio.wait_for(entered.wait(), 5)
         refused = await client.get("/metrics")
-        assert refused.status == 503 and time.monotonic() - started < 0.5
+        # Refused while the first request is still held: the answer did not wait for a free slot.
+        assert refused.status == 503 and not held.done()
         release.set()
         assert (await held).status == 200
         assert (await client.get("/metrics")).status == 200

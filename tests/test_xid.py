@@ -1,11 +1,12 @@
 """The kernel-log XID parser and reader, and the ledger that keeps NVML and kernel-log XIDs from double counting."""
 
 import asyncio
+import logging
 from pathlib import Path
 
-from helpers import FakeClock, eventually
-
 from gpufleet.exporter.gpu.xid import KmsgXidReader, XidLedger, parse_xid_line, pci_key
+
+from helpers import FakeClock, eventually
 
 FIXTURE_LOG = Path(__file__).parent / "fixtures" / "kmsg" / "xid.log"
 
@@ -110,7 +111,11 @@ async def test_the_reader_follows_a_growing_log_from_its_end(tmp_path):
             handle.write("4,3002,1600000001,-;NVRM: Xid (PCI:0000:3a:00): 94, pid=9, Contained ECC error.\n")
             handle.write("4,3003,1600000002,-;NVRM: Xid (PCI:0000:18:00): 4")  # Written in two parts.
             handle.flush()
-            await asyncio.sleep(0.1)
+
+            async def first_part_read():  # The XID 94s were read, and with them the half line after them.
+                return counts(ledger) == {(2, 94): 2}
+
+            await eventually(first_part_read, timeout=5)
             handle.write("3, pid=9, Uncontained ECC error.\n")
 
         async def all_seen():
@@ -121,14 +126,18 @@ async def test_the_reader_follows_a_growing_log_from_its_end(tmp_path):
         reader.stop()
 
 
-async def test_the_reader_survives_a_missing_log_and_picks_it_up_later(tmp_path):
+async def test_the_reader_survives_a_missing_log_and_picks_it_up_later(tmp_path, caplog):
     log = tmp_path / "kmsg"
     ledger = XidLedger(dedup_window=0.0)
     ledger.register_gpu(0, "GPU-a", "00000000:18:00.0")
     reader = KmsgXidReader(str(log), ledger, poll_seconds=0.02, retry_seconds=0.05)
+    caplog.set_level(logging.WARNING, logger="gpufleet.exporter.gpu.xid")
     reader.start()
     try:
-        await asyncio.sleep(0.1)
+        async def missing_reported():  # The reader has looked for the log and not found it.
+            return "kernel log kmsg unreadable" in caplog.text
+
+        await eventually(missing_reported, timeout=5)
         log.write_text("")
         assert await asyncio.to_thread(reader.wait_opened, 5)
         with log.open("a") as handle:

@@ -1,0 +1,133 @@
+"""Which nodes run which training job: drawn from a seed, or given.
+
+A drawn layout is what a demo wants: most nodes busy in jobs of 1 to 32 nodes, some idle, a mix of
+Slurm jobs and Kubernetes pods. A test wants the opposite: the jobs it reasons about written down
+beside it, so that a change to how layouts are drawn cannot move a straggler into a job of two or
+a saturated port onto an idle node. `gpufleet simulate --layout FILE` (and `Fleet(layout=...)`)
+takes them:
+
+    jobs:
+      - {id: "944279", scheduler: slurm, nodes: [gpu-node-0001, gpu-node-0002]}
+      - {id: e3666734-1319-4d33-8192-05760e733588, scheduler: kubernetes, nodes: [gpu-node-0004],
+         period: 40s, comm_fraction: 0.3, memory_fraction: 0.7}
+
+Nodes in no job are idle.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from gpufleet import duration
+from gpufleet.exporter.gpu.simulated import kubernetes_cgroup, slurm_cgroup
+
+SCHEDULERS = ("slurm", "kubernetes")
+_POD_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_FIELDS = {"id", "scheduler", "nodes", "period", "comm_fraction", "memory_fraction"}
+
+
+class LayoutError(ValueError):
+    """A layout that cannot be used; the message names the job and the field."""
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str  # A Slurm job id (digits), or a Kubernetes pod UID.
+    scheduler: str  # "slurm" or "kubernetes"
+    nodes: tuple[str, ...]
+    period: float = 40.0  # Seconds of one compute and communication cycle.
+    comm_fraction: float = 0.3  # Share of the cycle spent communicating.
+    memory_fraction: float = 0.7  # Share of each GPU's memory the job holds.
+
+    def cgroup(self, node_index: int, gpu: int) -> str:
+        """The cgroup of the job's process on one GPU of one node, as its scheduler would create it."""
+        if self.scheduler == "slurm":
+            return slurm_cgroup(int(self.id), node_index * 8 + gpu)
+        container = random.Random(f"{self.id}:{node_index}").getrandbits(256)  # One pod per node: one container.
+        return kubernetes_cgroup(self.id, f"{container:064x}")
+
+
+def draw(names: Sequence[str], seed: int, idle_share: float = 0.15) -> list[Job]:
+    """Training jobs over the fleet: most nodes in multi-node jobs, some idle, all from the seed."""
+    rng = random.Random(f"jobs:{seed}")
+    pool = list(names)
+    rng.shuffle(pool)
+    busy = pool[: len(pool) - int(len(pool) * idle_share)]
+    jobs = []
+    while busy:
+        size = min(len(busy), rng.choice((1, 2, 4, 4, 8, 8, 16, 32)))
+        members, busy = busy[:size], busy[size:]
+        kubernetes = rng.random() < 0.3
+        job_id = (
+            "-".join("".join(rng.choice("0123456789abcdef") for _ in range(n)) for n in (8, 4, 4, 4, 12))
+            if kubernetes else str(rng.randrange(100000, 999999))
+        )
+        jobs.append(Job(job_id, "kubernetes" if kubernetes else "slurm", tuple(sorted(members)),
+                        period=rng.uniform(20, 60), comm_fraction=rng.uniform(0.2, 0.35),
+                        memory_fraction=rng.uniform(0.55, 0.9)))
+    return jobs
+
+
+def _share(raw: dict[str, Any], name: str, what: str, default: float, top: float) -> float:
+    value = raw.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= top:
+        raise LayoutError(f"{what}: {name} must be a number above 0 and at most {top:g}, not {value!r}")
+    return float(value)
+
+
+def _job(raw: Any, what: str, names: set[str], taken: dict[str, str]) -> Job:
+    if not isinstance(raw, dict):
+        raise LayoutError(f"{what}: expected a mapping of fields, not {type(raw).__name__}")
+    unknown = sorted(set(raw) - _FIELDS)
+    if unknown:
+        raise LayoutError(f"{what}: unknown field {unknown[0]!r}")
+    scheduler, job_id, nodes = raw.get("scheduler"), str(raw.get("id", "")), raw.get("nodes")
+    if scheduler not in SCHEDULERS:
+        raise LayoutError(f"{what}: scheduler must be one of {', '.join(SCHEDULERS)}, not {scheduler!r}")
+    if scheduler == "slurm" and not job_id.isdigit():
+        raise LayoutError(f"{what}: a Slurm job id is a number, not {job_id!r}")
+    if scheduler == "kubernetes" and not _POD_UID.fullmatch(job_id):
+        raise LayoutError(f"{what}: a Kubernetes job id is a pod UID (8-4-4-4-12 hex digits), not {job_id!r}")
+    if not isinstance(nodes, list) or not nodes:
+        raise LayoutError(f"{what}: nodes must be a list of node names")
+    for node in nodes:
+        if node not in names:
+            raise LayoutError(f"{what}: node {node!r} is not in the fleet")
+        if node in taken:
+            raise LayoutError(f"{what}: node {node} already runs job {taken[node]}")
+        taken[node] = job_id
+    try:
+        period = duration.parse(raw.get("period", Job.period))
+    except duration.DurationError as err:
+        raise LayoutError(f"{what}: period: {err}") from None
+    if period <= 0:
+        raise LayoutError(f"{what}: period must be longer than zero")
+    return Job(job_id, scheduler, tuple(sorted(nodes)), period,
+               _share(raw, "comm_fraction", what, Job.comm_fraction, 0.9),
+               _share(raw, "memory_fraction", what, Job.memory_fraction, 1.0))
+
+
+def load_layout(text: str, names: Sequence[str]) -> list[Job]:
+    """The jobs of a layout file, checked in full against the fleet's node names."""
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise LayoutError(f"not valid YAML: {err}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("jobs"), list):
+        raise LayoutError("expected a mapping with a 'jobs' list")
+    unknown = sorted(set(document) - {"jobs"})
+    if unknown:
+        raise LayoutError(f"unknown top-level key {unknown[0]!r}")
+    taken: dict[str, str] = {}
+    jobs = [_job(raw, f"job {index + 1}", set(names), taken) for index, raw in enumerate(document["jobs"])]
+    ids = [job.id for job in jobs]
+    repeated = sorted({job_id for job_id in ids if ids.count(job_id) > 1})
+    if repeated:
+        raise LayoutError(f"job id {repeated[0]} is given twice")
+    return jobs

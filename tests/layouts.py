@@ -1,0 +1,32 @@
+"""Job layouts the end-to-end tests give the simulator, so that what they expect never rests on a seed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+
+def node(number: int) -> str:
+    return f"gpu-node-{number:04d}"
+
+
+def nodes(*numbers: int) -> list[str]:
+    return [node(n) for n in numbers]
+
+
+# Sixteen nodes: a large Slurm job, a Kubernetes job of four pods, a Slurm job of two (too small to have
+# a straggler), and nodes 5 and 7 idle.
+SIXTEEN_NODES = {"jobs": [
+    {"id": "944279", "scheduler": "slurm", "nodes": nodes(1, 2, 3, 6, 8, 11, 13, 14),
+     "period": "45s", "comm_fraction": 0.28, "memory_fraction": 0.67},
+    {"id": "e3666734-1319-4d33-8192-05760e733588", "scheduler": "kubernetes", "nodes": nodes(4, 9, 12, 16),
+     "period": "33s", "comm_fraction": 0.31, "memory_fraction": 0.65},
+    {"id": "432958", "scheduler": "slurm", "nodes": nodes(10, 15),
+     "period": "20s", "comm_fraction": 0.28, "memory_fraction": 0.87},
+]}
+
+
+def write(path: Path, layout: dict) -> Path:
+    path.write_text(yaml.safe_dump(layout))
+    return path
