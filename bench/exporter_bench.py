@@ -1,6 +1,7 @@
 """Benchmark of `gpufleet exporter` against Debian's prometheus-node-exporter on the same sysfs tree.
 
-Usage: .venv/bin/python bench/exporter_bench.py [--cpu-seconds 60] [--node-exporter PATH]
+Usage: .venv/bin/python bench/exporter_bench.py [--cpu-seconds 60] [--load-scrapers 200] [--load-seconds 30]
+                                                [--node-exporter PATH]
 
 It builds a node-sized sysfs tree (8 InfiniBand ports, 4 Ethernet interfaces,
 32 hwmon sensors), starts the exporter with 8 simulated GPUs on it and
@@ -11,6 +12,9 @@ thermal_zone) and no cap on parallel scrapes, and prints:
   exporters, asking for gzip as Prometheus does;
 * the exporter's CPU use as a share of one core over --cpu-seconds at its
   default intervals, scraped every 15 s as a Prometheus would;
+* sustained load: --load-scrapers scraping without pause for --load-seconds,
+  with the scrapes answered, failed and refused, latency p50/p99, and the
+  exporter's resident memory and threads before and after;
 * the exporter's peak resident memory (VmHWM).
 
 Everything listens on 127.0.0.1 only; every loop is bounded by a count.
@@ -123,6 +127,44 @@ def peak_rss_bytes(pid: int) -> int:
     return psutil.Process(pid).memory_info().rss
 
 
+async def sustained(url: str, scrapers: int, seconds: float) -> tuple[list[float], dict[int, int], int]:
+    """Latencies, statuses and failures of `scrapers` scraping without pause for `seconds`."""
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    failures = 0
+    deadline = time.monotonic() + seconds
+    connector = aiohttp.TCPConnector(limit=scrapers)
+    async with aiohttp.ClientSession(connector=connector, headers={"Accept-Encoding": "gzip"}) as session:
+
+        async def scraper() -> None:
+            nonlocal failures
+            while time.monotonic() < deadline:
+                started = time.perf_counter()
+                try:
+                    async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as response:
+                        await response.read()
+                        statuses[response.status] = statuses.get(response.status, 0) + 1
+                except (aiohttp.ClientError, TimeoutError):
+                    failures += 1
+                    continue
+                latencies.append(time.perf_counter() - started)
+
+        await asyncio.gather(*(scraper() for _ in range(scrapers)))
+    return latencies, statuses, failures
+
+
+def load_row(pid: int, url: str, scrapers: int, seconds: float) -> None:
+    asyncio.run(sustained(url, scrapers, 3.0))  # Warm up: every collector has run, caches are built.
+    process = psutil.Process(pid)
+    rss_before, threads_before = process.memory_info().rss, process.num_threads()
+    scraped, statuses, failures = asyncio.run(sustained(url, scrapers, seconds))
+    rss_after, threads_after = process.memory_info().rss, process.num_threads()
+    print(f"load: {scrapers} scrapers for {seconds:g}s: {len(scraped)} scrapes, statuses {statuses}, "
+          f"{failures} failed; p50 {percentile(scraped, 0.5) * 1000:.1f} ms, "
+          f"p99 {percentile(scraped, 0.99) * 1000:.1f} ms; RSS {rss_before / 2**20:.1f} -> "
+          f"{rss_after / 2**20:.1f} MiB; threads {threads_before} -> {threads_after}")
+
+
 def cpu_share(pid: int, url: str, seconds: float) -> float:
     """CPU of the process over `seconds`, scraped every 15 s like a Prometheus would."""
     process = psutil.Process(pid)
@@ -143,6 +185,8 @@ def cpu_share(pid: int, url: str, seconds: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-seconds", type=float, default=60.0)
+    parser.add_argument("--load-scrapers", type=int, default=200)
+    parser.add_argument("--load-seconds", type=float, default=30.0)
     parser.add_argument("--node-exporter", default=shutil.which("prometheus-node-exporter") or "node_exporter")
     args = parser.parse_args()
 
@@ -152,7 +196,8 @@ def main() -> None:
         ours_port, theirs_port = free_port(), free_port()
         ours = subprocess.Popen(
             [sys.executable, "-m", "gpufleet", "exporter", "--gpu.backend=sim", "--sim.gpus=8", f"--path.sysfs={sysfs}",
-             f"--web.listen-address=127.0.0.1:{ours_port}", "--log.level=warn"])
+             f"--web.listen-address=127.0.0.1:{ours_port}", "--log.level=warn",
+             f"--web.max-requests={args.load_scrapers}", f"--web.max-connections={args.load_scrapers}"])
         theirs = subprocess.Popen(
             [args.node_exporter, "--collector.disable-defaults", "--collector.netclass", "--collector.infiniband",
              "--collector.hwmon", "--collector.thermal_zone", f"--path.sysfs={sysfs}",
@@ -177,6 +222,7 @@ def main() -> None:
             share = cpu_share(ours.pid, ours_url, args.cpu_seconds)
             print(f"gpufleet CPU over {args.cpu_seconds:g}s at default intervals: {share * 100:.2f}% of one core")
             print(f"gpufleet peak RSS: {peak_rss_bytes(ours.pid) / 2**20:.1f} MiB")
+            load_row(ours.pid, ours_url, args.load_scrapers, args.load_seconds)
         finally:
             for process in (ours, theirs):
                 process.terminate()

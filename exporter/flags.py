@@ -19,14 +19,23 @@ def duration(text: str) -> float:
     return seconds
 
 
-def positive_int(text: str) -> int:
+def _count(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid count {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"count {text!r} must be at least 1")
+    if value < least:
+        raise argparse.ArgumentTypeError(f"count {text!r} must be at least {least}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _count(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """A count where 0 means "no limit"."""
+    return _count(text, 0)
 
 
 def regex(text: str) -> re.Pattern[str]:

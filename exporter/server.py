@@ -18,6 +18,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from gpufleet import __version__
+from gpufleet.exporter.connections import ConnectionGuard
 from gpufleet.exporter.exposition import Exposition
 from gpufleet.exporter.render import CONTENT_TYPE
 from gpufleet.exporter.webconfig import Credentials, WebConfigWatcher
@@ -107,8 +108,10 @@ def _secure(watcher: WebConfigWatcher) -> Middleware:
 
 
 def build_app(exposition: Exposition, web_config: WebConfigWatcher | None = None,
-              max_requests: int = 0) -> web.Application:
+              max_requests: int = 0, connections: ConnectionGuard | None = None) -> web.Application:
     middlewares: list[Middleware] = []
+    if connections is not None:  # Outermost: a connection is busy for the whole of a request.
+        middlewares.append(connections.middleware())
     if max_requests > 0:
         middlewares.append(_limit(max_requests))
     if web_config is not None:
@@ -124,16 +127,31 @@ def build_app(exposition: Exposition, web_config: WebConfigWatcher | None = None
 async def serve_until_signalled(app: web.Application, host: str | None, port: int,
                                 background: Callable[[], Sequence[Coroutine[Any, Any, None]]],
                                 ready: Callable[[], None], log: logging.Logger,
-                                shutdown_timeout: float = 60.0, ssl_context: ssl.SSLContext | None = None) -> None:
+                                shutdown_timeout: float = 60.0, ssl_context: ssl.SSLContext | None = None,
+                                connections: ConnectionGuard | None = None) -> None:
     """Serve `app` and run `background()` tasks until SIGINT or SIGTERM, then stop both cleanly.
 
     The listening socket opens before any background task starts, so a port already in use fails
-    at once (OSError) with nothing to undo.
+    at once (OSError) with nothing to undo. With `connections`, every connection goes through that
+    guard (and `app` must have been built with it); a TLS handshake gets the same time as the headers.
     """
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=shutdown_timeout)
     await runner.setup()
+    server = runner.server
+    assert server is not None
+
+    def protocol() -> asyncio.Protocol:
+        return server() if connections is None else connections.protocol(server())
+
+    loop = asyncio.get_running_loop()
+    tls: dict[str, Any] = {}
+    if ssl_context is not None:
+        tls = {"ssl": ssl_context}
+        if connections is not None:
+            tls["ssl_handshake_timeout"] = connections.header_timeout
+    listener = None
     try:
-        await web.TCPSite(runner, host, port, shutdown_timeout=shutdown_timeout, ssl_context=ssl_context).start()
+        listener = await loop.create_server(protocol, host, port, **tls)
         ready()
         tasks = [asyncio.create_task(coroutine) for coroutine in background()]
         stop = asyncio.Event()
@@ -146,4 +164,6 @@ async def serve_until_signalled(app: web.Application, host: str | None, port: in
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     finally:
+        if listener is not None:
+            listener.close()
         await runner.cleanup()
