@@ -54,62 +54,64 @@ JOB_NODES = "cluster_job:gpufleet_nodes:count"
 JOB_USED = "cluster_job:gpufleet_gpu_utilization_ratio:sum"
 LINKS = "instance_port:gpufleet_link_utilization:ratio_rate10m"
 
-GPU = "cluster, instance, gpu"
-JOB = "cluster, scheduler, job_id, namespace, pod"
+# Besides the cluster label: the labels that name a GPU, and a job.
+GPU = ("instance", "gpu")
+JOB = ("scheduler", "job_id", "namespace", "pod")
 
 
 def capacity(c: Config) -> dict[str, Any]:
     m = c.metric
+    gpu, job, by_model_labels = c.by(*GPU), c.by(*JOB), c.by("name")
     ecc = m("gpufleet_gpu_ecc_errors_total", 'error="uncorrected"', 'scope="aggregate"')
-    info = f"max by ({GPU}, name) ({m('gpufleet_gpu_info')})"
-    allocated = f"group by ({GPU}) ({m('gpufleet_gpu_job_info')})"
-    healthy = f"({info} and on ({GPU}) ({m('gpufleet_gpu_up')} == 1))"
+    info = f"max by ({gpu}, name) ({m('gpufleet_gpu_info')})"
+    allocated = f"group by ({gpu}) ({m('gpufleet_gpu_job_info')})"
+    healthy = f"({info} and on ({gpu}) ({m('gpufleet_gpu_up')} == 1))"
     util = m("gpufleet_gpu_utilization_ratio")
-    held_util = f"{util} * on ({GPU}) group_left (name) ({info} and on ({GPU}) {allocated})"
+    held_util = f"{util} * on ({gpu}) group_left (name) ({info} and on ({gpu}) {allocated})"
     free_share = f"({m('gpufleet_gpu_memory_free_bytes')} / {m('gpufleet_gpu_memory_total_bytes')})"
 
     def by_model(per_gpu: str) -> str:
-        return f"sum by (cluster, name) (({per_gpu}) * on ({GPU}) group_left (name) {info})"
+        return f"sum by ({by_model_labels}) (({per_gpu}) * on ({gpu}) group_left (name) {info})"
 
     def allocated_only(per_gpu: str) -> str:
-        return f"{per_gpu} and on ({GPU}) {allocated}"
+        return f"{per_gpu} and on ({gpu}) {allocated}"
 
     def named(per_gpu: str) -> str:
-        return f"({per_gpu}) * on ({GPU}) group_left (name) {info}"
+        return f"({per_gpu}) * on ({gpu}) group_left (name) {info}"
 
     power_ratio = f"({m('gpufleet_gpu_power_watts')} / {m('gpufleet_gpu_power_limit_watts')})"
-    job_key = "cluster, scheduler, job_id"
+    job_key = c.by("scheduler", "job_id")
     clock = signal_in_jobs(c, "sm_clock", WINDOW)
     relative = (f"({clock} / on ({job_key}) group_left max by ({job_key}) ({clock})) "
                 f"and on ({job_key}) (count by ({job_key}) ({clock}) >= 2)")
     rules = [
-        record(GPUS, f"count by (cluster, name) ({info})", state="installed"),
-        record(GPUS, f"count by (cluster, name) ({healthy} and on ({GPU}) {allocated})", state="allocated"),
-        record(GPUS, f"count by (cluster, name) ({healthy} unless on ({GPU}) {allocated})", state="idle"),
-        record(GPUS, f"count by (cluster, name) ({info} and on ({GPU}) ({m('gpufleet_gpu_up')} == 0))",
+        record(GPUS, f"count by ({by_model_labels}) ({info})", state="installed"),
+        record(GPUS, f"count by ({by_model_labels}) ({healthy} and on ({gpu}) {allocated})", state="allocated"),
+        record(GPUS, f"count by ({by_model_labels}) ({healthy} unless on ({gpu}) {allocated})", state="idle"),
+        record(GPUS, f"count by ({by_model_labels}) ({info} and on ({gpu}) ({m('gpufleet_gpu_up')} == 0))",
                state="lost"),
         record(USED, by_model(util)),
-        record(ALLOCATED_USED, f"sum by (cluster, name) ({held_util})"),
-        record(ALLOCATED_BUCKETS, f'count_values by (cluster, name) ("bucket", floor({BUCKETS} * ({held_util})) '
+        record(ALLOCATED_USED, f"sum by ({by_model_labels}) ({held_util})"),
+        record(ALLOCATED_BUCKETS, f'count_values by ({by_model_labels}) ("bucket", floor({BUCKETS} * ({held_util})) '
                                   f"/ {BUCKETS})"),
         record(MEMORY_FREE, by_model(allocated_only(m("gpufleet_gpu_memory_free_bytes")))),
         record(MEMORY_TOTAL, by_model(allocated_only(m("gpufleet_gpu_memory_total_bytes")))),
-        record(MEMORY_TIGHT, f"count by (cluster, name) ({named(allocated_only(free_share))} < {TIGHT_MEMORY:g})"),
-        record(MEMORY_LOWEST, f"min by (cluster, name) ({named(allocated_only(free_share))})"),
+        record(MEMORY_TIGHT, f"count by ({by_model_labels}) ({named(allocated_only(free_share))} < {TIGHT_MEMORY:g})"),
+        record(MEMORY_LOWEST, f"min by ({by_model_labels}) ({named(allocated_only(free_share))})"),
         record(ENERGY, by_model(f"rate({m('gpufleet_gpu_energy_joules_total')}[{c.d(WINDOW)}])")),
         record(POWER, by_model(m("gpufleet_gpu_power_watts"))),
-        record(POWER_GPUS, f"count by (cluster, name) ({named(m('gpufleet_gpu_power_watts'))})"),
+        record(POWER_GPUS, f"count by ({by_model_labels}) ({named(m('gpufleet_gpu_power_watts'))})"),
         record(POWER_OF_LIMIT, by_model(power_ratio)),
-        record(POWER_CAPPED, f"count by (cluster, name) ({named(power_ratio)} >= {CAPPED_POWER:g})"),
-        record(ECC, named(f"sum by ({GPU}) ({ecc}) > 0")),
-        record(REMAP_PENDING, named(f"max by ({GPU}) ({m('gpufleet_gpu_row_remap_pending')}) == 1")),
-        record(REMAP_FAILED, named(f"max by ({GPU}) ({m('gpufleet_gpu_row_remap_failed')}) == 1")),
-        record(LOST, f"{info} and on ({GPU}) ({m('gpufleet_gpu_up')} == 0)"),
+        record(POWER_CAPPED, f"count by ({by_model_labels}) ({named(power_ratio)} >= {CAPPED_POWER:g})"),
+        record(ECC, named(f"sum by ({gpu}) ({ecc}) > 0")),
+        record(REMAP_PENDING, named(f"max by ({gpu}) ({m('gpufleet_gpu_row_remap_pending')}) == 1")),
+        record(REMAP_FAILED, named(f"max by ({gpu}) ({m('gpufleet_gpu_row_remap_failed')}) == 1")),
+        record(LOST, f"{info} and on ({gpu}) ({m('gpufleet_gpu_up')} == 0)"),
         record(PCI_MISSING, f"({m('gpufleet_gpu_pci_devices')} - {m('gpufleet_gpu_devices')}) > 0"),
         record(STRAGGLING, f"({relative}) < {c.straggler_relative:g}"),
-        record(JOB_GPUS, f"count by ({JOB}) ({m('gpufleet_gpu_job_info')})"),
-        record(JOB_NODES, f"count by ({JOB}) (group by ({JOB}, instance) ({m('gpufleet_gpu_job_info')}))"),
-        record(JOB_USED, f"sum by ({JOB}) ({m('gpufleet_gpu_job_info')} * on ({GPU}, uuid) group_left {util})"),
+        record(JOB_GPUS, f"count by ({job}) ({m('gpufleet_gpu_job_info')})"),
+        record(JOB_NODES, f"count by ({job}) (group by ({job}, instance) ({m('gpufleet_gpu_job_info')}))"),
+        record(JOB_USED, f"sum by ({job}) ({m('gpufleet_gpu_job_info')} * on ({gpu}, uuid) group_left {util})"),
         *link_utilization(c, LINKS, WINDOW, known_speed=True),
     ]
     return {"name": "gpufleet-capacity", "interval": INTERVAL, "rules": rules}

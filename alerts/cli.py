@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpufleet.alerts.config import Config
+from gpufleet.alerts import config
 from gpufleet.alerts.rules import render
 
 RULES_FILE = Path(__file__).parent / "gpufleet-rules.yml"
@@ -19,6 +19,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     build = commands.add_parser("build", help=f"write {RULES_FILE.name}")
     build.add_argument("--check", action="store_true", help="exit 1 if the committed file is out of date")
     build.add_argument("--output", type=Path, default=RULES_FILE, help="where to write (default: %(default)s)")
+    config.add_argument(build)
     build.add_argument("--time-scale", type=_time_scale, default=1.0, metavar="FACTOR",
                        help="divide every window and `for` duration by FACTOR, for tests against a fast "
                             "simulated fleet; never for production (default: 1)")
@@ -36,7 +37,7 @@ def _time_scale(text: str) -> float:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    text = render(Config().scaled(args.time_scale))
+    text = render(args.config.scaled(args.time_scale))
     if args.check:
         current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
         if current != text:

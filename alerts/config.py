@@ -1,17 +1,47 @@
-"""The one configuration behind every rule: selectors, thresholds, `for` durations and runbook links."""
+"""The one configuration behind the rules, the dashboards and the reports, as a monitoring mixin keeps one.
+
+Selectors, the name of the cluster label, thresholds, windows, `for` durations and runbook links
+live here; `gpufleet alerts build --config FILE` and `gpufleet dashboards build --config FILE` (and
+`gpufleet report capacity --config FILE`) read a YAML file of overrides, checked key by key:
+
+    cluster_label: site
+    selector: 'job="gpu-nodes"'
+    exporter_job: gpu-nodes
+    saturation_warning: 0.85
+    straggler_for: 15m
+
+The committed rule file and dashboards are built from the defaults.
+"""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import re
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeAlias
+
+import yaml
 
 from gpufleet import duration
+
+Duration: TypeAlias = str  # In gpufleet's duration grammar, as PromQL writes it: `15m`, `1h30m`.
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be used; the message names the file and the key."""
 
 
 @dataclass(frozen=True)
 class Config:
-    # Added to every selector, for example 'job="gpufleet"'; empty matches every target.
+    # Added to every selector of the exporters' series, for example 'job="gpufleet"'; empty matches every
+    # target. Recorded series do not carry the labels it names, so it is not added to theirs.
     selector: str = ""
+    # The target label that names a cluster (as the scrape configuration sets it): every aggregation keeps
+    # it, so no figure mixes clusters.
+    cluster_label: str = "cluster"
     # The scrape job of the exporters: `up` of other jobs (Prometheus itself, Alertmanager) is not ours.
     exporter_job: str = "gpufleet"
     runbook_url: str = "https://github.com/gpufleet/gpufleet/blob/main/docs/runbooks.md#{anchor}"
@@ -19,21 +49,21 @@ class Config:
     # alerts meant to wait ten minutes wait seconds; the committed file is generated at 1.
     time_scale: float = 1.0
 
-    xid_window: str = "15m"  # How long an XID event keeps its alert firing.
-    repeat_window: str = "1h"  # An application XID seen again within this window is a repeat.
-    ecc_window: str = "15m"
-    gpu_count_lookback: str = "1d"
+    xid_window: Duration = "15m"  # How long an XID event keeps its alert firing.
+    repeat_window: Duration = "1h"  # An application XID seen again within this window is a repeat.
+    ecc_window: Duration = "15m"
+    gpu_count_lookback: Duration = "1d"
     pcie_replays_per_minute: float = 8.0  # Above DCGM's recommended limit.
     nvlink_crc_per_second: float = 100.0  # DCGM's limit.
     slowdown_share: float = 0.1  # Share of samples with a hardware slowdown reason active.
-    slowdown_window: str = "10m"
+    slowdown_window: Duration = "10m"
     thermal_margin_celsius: float = 2.0  # NVSentinel flags H100s below about 2 °C of margin.
     retired_pages_critical: int = 60  # DCGM: 60+ retired pages is an RMA candidate on pre-Ampere GPUs.
     stale_seconds: int = 300  # A collector without a success for this long is stale.
 
     # Stragglers: a node is one when both tests agree, for `straggler_for`, in a job of enough nodes.
-    signal_window: str = "5m"  # Per-node signals are averaged over this, to see through training phases.
-    straggler_for: str = "10m"
+    signal_window: Duration = "5m"  # Per-node signals are averaged over this, to see through training phases.
+    straggler_for: Duration = "10m"
     straggler_min_nodes: int = 4
     straggler_relative: float = 0.75  # Score against the job's best node (nvidia-resiliency-ext's default).
     straggler_zscore: float = -3.5  # Modified z-score from median and MAD (Iglewicz and Hoaglin).
@@ -45,13 +75,13 @@ class Config:
     # Utilisation is averaged over this window before the thresholds apply: a rate over a snapshot
     # exporter's counters wobbles by the collection interval over the rate window (±5% at 15 s over
     # 5 m), enough to drop a port at 97% below 95% now and then, restarting `for`.
-    saturation_window: str = "10m"
-    saturation_for: str = "5m"
+    saturation_window: Duration = "10m"
+    saturation_for: Duration = "5m"
     # port_xmit_wait ticks per second. The tick differs by HCA, so tune this to your fabric; below it,
     # a port is still flagged when its node waits `xmit_wait_outlier` times more than its job's median.
     xmit_wait_per_second: float = 10e6
     xmit_wait_outlier: float = 4.0
-    link_downed_window: str = "15m"
+    link_downed_window: Duration = "15m"
     link_flaps: int = 2  # More link-downs than this in the window is a flapping link.
     symbol_errors_per_hour: int = 120  # NVSentinel.
     link_error_recoveries_per_minute: float = 5.0  # NVSentinel.
@@ -60,6 +90,10 @@ class Config:
     roce_out_of_buffer_per_second: float = 100.0
     roce_slow_restarts_per_second: float = 1.0
     ethernet_error_share: float = 0.01  # Errors per packet, as kube-prometheus.
+
+    def by(self, *labels: str) -> str:
+        """A grouping that keeps clusters apart: `cluster, instance` for `by("instance")`."""
+        return ", ".join((self.cluster_label, *labels))
 
     def metric(self, name: str, *matchers: str) -> str:
         """`name{selector,matchers}`, leaving out what is empty."""
@@ -78,3 +112,54 @@ class Config:
 
     def scaled(self, time_scale: float) -> Config:
         return dataclasses.replace(self, time_scale=time_scale)
+
+
+def load(path: str | Path) -> Config:
+    """The defaults with a YAML file's overrides; every key is checked against the field it sets."""
+    try:
+        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if document is None:
+        return Config()
+    if not isinstance(document, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings")
+    fields = {f.name: f for f in dataclasses.fields(Config) if f.name != "time_scale"}
+    for key, value in document.items():
+        if key not in fields:
+            raise ConfigError(f"{path}: unknown key {key!r}; the keys are {', '.join(sorted(fields))}")
+        _check(path, key, fields[key].type, value)
+    # YAML reads `1` as an int where a setting is a float; both mean the same number.
+    overrides: dict[str, object] = {key: float(value) if fields[key].type == "float" else value
+                                    for key, value in document.items()}
+    return dataclasses.replace(Config(), **overrides)  # type: ignore[arg-type]  # Each value checked above.
+
+
+def _check(path: str | Path, key: str, kind: object, value: object) -> None:
+    expected = {"str": str, "Duration": str, "float": int | float, "int": int}[str(kind)]
+    if isinstance(value, bool) or not isinstance(value, expected):
+        raise ConfigError(f"{path}: {key} must be {'a number' if kind in ('float', 'int') else 'text'}, "
+                          f"not {value!r}")
+    if kind == "Duration":
+        try:
+            duration.parse(str(value))
+        except duration.DurationError as err:
+            raise ConfigError(f"{path}: {key}: {err}") from None
+    if key == "cluster_label" and not _LABEL.fullmatch(str(value)):
+        raise ConfigError(f"{path}: cluster_label {value!r} is not a Prometheus label name")
+
+
+def add_argument(parser: argparse.ArgumentParser) -> None:
+    """`--config FILE`, read when the flags are parsed: a bad file is a usage error that names the key."""
+    parser.add_argument("--config", type=_from_flag, default=Config(), metavar="FILE",
+                        help="YAML file of settings that replace the defaults of gpufleet's rules and dashboards "
+                             "(cluster_label, selector, thresholds, windows; see alerts/config.py)")
+
+
+def _from_flag(path: str) -> Config:
+    try:
+        return load(path)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None

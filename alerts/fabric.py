@@ -13,7 +13,6 @@ from gpufleet.alerts.recording import JOB_XMIT_WAIT, JOB_XMIT_WAIT_MEDIAN, LINK_
 from gpufleet.alerts.rule import PORT, alert
 
 _LINK = ("{{ $labels.device }}{{ with $labels.port }} port {{ . }}{{ end }} of {{ $labels.instance }}")
-_PORT_KEY = "cluster, instance, device, port"
 
 
 def _rate_above(c: Config, name: str, counter: str, per_second: float, summary: str, what: str,
@@ -24,10 +23,11 @@ def _rate_above(c: Config, name: str, counter: str, per_second: float, summary: 
 
 def fabric(c: Config) -> dict[str, Any]:
     ib = "gpufleet_infiniband_"
+    node, port = c.by("instance"), c.by("instance", "device", "port")
     # Rounded: increase() extrapolates to the window's edges, which can make 2 link-downs read 2.1.
     downed = f"round(increase({c.metric(ib + 'link_downed_total')}[{c.d(c.link_downed_window)}]))"
     # The job with the most GPUs on the node names the training job a saturated port slows down.
-    main_job = f"0 * topk by (cluster, instance) (1, {NODE_JOBS})"
+    main_job = f"0 * topk by ({node}) (1, {NODE_JOBS})"
     utilization = f"avg_over_time({LINK_UTILIZATION}[{c.d(c.saturation_window)}])"
     rules = [
         alert(c, "NicSaturated", f"{utilization} > {c.saturation_warning:g}", "warning",
@@ -35,7 +35,7 @@ def fabric(c: Config) -> dict[str, Any]:
               f"{_LINK} {{{{ $labels.direction }}}}s at {{{{ $value | humanizePercentage }}}} of its link speed "
               f"over {c.saturation_window}.", for_=c.saturation_for),
         alert(c, "NicSaturatedTrainingJob",
-              f"({utilization} > {c.saturation_critical:g}) + on (cluster, instance) "
+              f"({utilization} > {c.saturation_critical:g}) + on ({node}) "
               f"group_left (scheduler, job_id, namespace, pod) {main_job}", "critical",
               "A network link of a node running a training job is saturated.",
               f"{_LINK} {{{{ $labels.direction }}}}s at {{{{ $value | humanizePercentage }}}} of its link speed "
@@ -44,19 +44,19 @@ def fabric(c: Config) -> dict[str, Any]:
               "{{ with $labels.pod }} (pod {{ $labels.namespace }}/{{ . }}){{ end }}.", for_=c.saturation_for),
         alert(c, "NicInfinibandCongested",
               f"{XMIT_WAIT} > {c.xmit_wait_per_second:g} or ({XMIT_WAIT} > {c.xmit_wait_per_second / 10:g}"
-              f" and on (cluster, instance) ({JOB_XMIT_WAIT} / on (cluster, scheduler, job_id) group_left "
+              f" and on ({node}) ({JOB_XMIT_WAIT} / on ({c.by('scheduler', 'job_id')}) group_left "
               f"{JOB_XMIT_WAIT_MEDIAN} > {c.xmit_wait_outlier:g}))", "warning",
               "An InfiniBand port waits for credits: the fabric is congested.",
               f"{PORT} waited {{{{ $value | humanize }}}} ticks per second to send (port_xmit_wait).",
               for_="10m"),
         alert(c, "NicInfinibandPortDown",
-              f"{c.metric(ib + 'state_id')} != 4 unless on ({_PORT_KEY}) "
+              f"{c.metric(ib + 'state_id')} != 4 unless on ({port}) "
               f"{c.metric(ib + 'physical_state_id')} == 3", "critical",
               "An InfiniBand port is not active.",
               f"{PORT} is in state {{{{ $value }}}}, not 4 (ACTIVE).", for_="2m"),
         alert(c, "NicInfinibandRateDegraded",
-              f"({c.metric(ib + 'rate_bytes_per_second')} < on (cluster, instance) group_left max by "
-              f"(cluster, instance) ({c.metric(ib + 'rate_bytes_per_second')})) and on ({_PORT_KEY}) "
+              f"({c.metric(ib + 'rate_bytes_per_second')} < on ({node}) group_left max by "
+              f"({node}) ({c.metric(ib + 'rate_bytes_per_second')})) and on ({port}) "
               f"{c.metric(ib + 'state_id')} == 4", "critical",
               "An InfiniBand port runs below the rate of the node's other ports.",
               f"{PORT} runs at {{{{ $value | humanize }}}}B/s, below the node's other ports: the link "
@@ -91,9 +91,9 @@ def fabric(c: Config) -> dict[str, Any]:
         _rate_above(c, "NicRoceSlowRestart", ib + "hw_roce_slow_restart_total", c.roce_slow_restarts_per_second,
                     "RoCE queue pairs keep falling back to slow restart after packet loss.", "slow restarts"),
         alert(c, "NicEthernetErrors",
-              f"sum by (cluster, instance, device) (rate({c.metric('gpufleet_network_receive_errors_total')}"
+              f"sum by ({c.by('instance', 'device')}) (rate({c.metric('gpufleet_network_receive_errors_total')}"
               f"[{c.d('5m')}]) + rate({c.metric('gpufleet_network_transmit_errors_total')}[{c.d('5m')}])) / "
-              f"sum by (cluster, instance, device) (rate({c.metric('gpufleet_network_receive_packets_total')}"
+              f"sum by ({c.by('instance', 'device')}) (rate({c.metric('gpufleet_network_receive_packets_total')}"
               f"[{c.d('5m')}]) + rate({c.metric('gpufleet_network_transmit_packets_total')}[{c.d('5m')}])) > "
               f"{c.ethernet_error_share:g}", "warning", "An Ethernet interface has many packet errors.",
               "{{ $labels.device }} of {{ $labels.instance }} errs on {{ $value | humanizePercentage }} "

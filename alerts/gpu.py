@@ -42,7 +42,7 @@ def gpu_failures(c: Config) -> dict[str, Any]:
               "A GPU stopped answering NVML.",
               f"{GPU} is lost: NVML no longer answers for it.", for_="1m"),
         alert(c, "GpuMissingFromNvml",
-              f"{c.metric('gpufleet_gpu_pci_devices')} > on (cluster, instance) {c.metric('gpufleet_gpu_devices')}",
+              f"{c.metric('gpufleet_gpu_pci_devices')} > on ({c.by('instance')}) {c.metric('gpufleet_gpu_devices')}",
               "critical", "A node has GPUs on its PCI bus that NVML does not list.",
               "{{ $labels.instance }} has {{ $value }} NVIDIA GPUs on the PCI bus, more than NVML lists.",
               for_="5m"),
@@ -65,7 +65,7 @@ def gpu_failures(c: Config) -> dict[str, Any]:
               "A GPU has a page retirement waiting for a reboot.",
               f"{GPU} has a retired page pending; reboot the node when its job allows.", for_="5m"),
         alert(c, "GpuRetiredPagesHigh",
-              f"sum by (cluster, instance, gpu, uuid) ({c.metric('gpufleet_gpu_retired_pages')}) >= "
+              f"sum by ({c.by('instance', 'gpu', 'uuid')}) ({c.metric('gpufleet_gpu_retired_pages')}) >= "
               f"{c.retired_pages_critical}", "critical", "A GPU has retired many memory pages: an RMA candidate.",
               f"{GPU} has retired {{{{ $value }}}} pages."),
         alert(c, "GpuNvlinkDown", f"{c.metric('gpufleet_gpu_nvlink_up')} == 0", "critical",
@@ -83,7 +83,7 @@ def gpu_failures(c: Config) -> dict[str, Any]:
         alert(c, "GpuPcieLinkDegraded",
               f"({c.metric('gpufleet_gpu_pcie_link_width')} < {c.metric('gpufleet_gpu_pcie_link_max_width')})"
               f" or (({c.metric('gpufleet_gpu_pcie_link_generation')} < "
-              f"{c.metric('gpufleet_gpu_pcie_link_max_generation')}) and on (cluster, instance, gpu, uuid) "
+              f"{c.metric('gpufleet_gpu_pcie_link_max_generation')}) and on ({c.by('instance', 'gpu', 'uuid')}) "
               f"{c.metric('gpufleet_gpu_utilization_ratio')} > 0.5)", "warning",
               "A GPU's PCIe link runs below its maximum width or generation.",
               f"{GPU} runs its PCIe link below its maximum.", for_="10m"),

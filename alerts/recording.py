@@ -19,21 +19,21 @@ JOB_XMIT_WAIT = "job_instance:gpufleet_infiniband_xmit_wait:rate5m"
 JOB_XMIT_WAIT_MEDIAN = "job:gpufleet_infiniband_xmit_wait:median_rate5m"
 
 
-def _per_job(node_level: str) -> str:
+def _per_job(c: Config, node_level: str) -> str:
     """A per-node expression repeated for each job that has GPUs on the node, carrying the job's labels."""
-    return f"{NODE_JOBS} * 0 + on (cluster, instance) group_left {node_level}"
+    return f"{NODE_JOBS} * 0 + on ({c.by('instance')}) group_left {node_level}"
 
 
-# Counter, link speed, the labels that name a port, its class, and the direction.
+# Counter, link speed, the labels that name a port (besides the cluster), its class, and the direction.
 _LINKS = (
-    ("gpufleet_network_transmit_bytes_total", "gpufleet_network_speed_bytes_per_second", "cluster, instance, device",
+    ("gpufleet_network_transmit_bytes_total", "gpufleet_network_speed_bytes_per_second", ("instance", "device"),
      "net", "transmit"),
-    ("gpufleet_network_receive_bytes_total", "gpufleet_network_speed_bytes_per_second", "cluster, instance, device",
+    ("gpufleet_network_receive_bytes_total", "gpufleet_network_speed_bytes_per_second", ("instance", "device"),
      "net", "receive"),
     ("gpufleet_infiniband_port_xmit_data_bytes_total", "gpufleet_infiniband_rate_bytes_per_second",
-     "cluster, instance, device, port", "infiniband", "transmit"),
+     ("instance", "device", "port"), "infiniband", "transmit"),
     ("gpufleet_infiniband_port_rcv_data_bytes_total", "gpufleet_infiniband_rate_bytes_per_second",
-     "cluster, instance, device, port", "infiniband", "receive"),
+     ("instance", "device", "port"), "infiniband", "receive"),
 )
 
 
@@ -43,23 +43,23 @@ def link_utilization(c: Config, name: str, window: str, known_speed: bool = Fals
     rules = []
     for counter, speed, port, class_, direction in _LINKS:
         divisor = f"({c.metric(speed)} > 0)" if known_speed else c.metric(speed)
-        ratio = f"rate({c.metric(counter)}[{c.d(window)}]) / on ({port}) {divisor}"
+        ratio = f"rate({c.metric(counter)}[{c.d(window)}]) / on ({c.by(*port)}) {divisor}"
         rules.append(record(name, ratio, direction=direction, **{"class": class_}))
     return rules
 
 
 def shared(c: Config) -> dict[str, Any]:
     rules = [
-        record(NODE_JOBS, f"count by (cluster, instance, scheduler, job_id, namespace, pod) "
+        record(NODE_JOBS, f"count by ({c.by('instance', 'scheduler', 'job_id', 'namespace', 'pod')}) "
                           f"({c.metric('gpufleet_gpu_job_info')})"),
         record("instance:gpufleet_gpu_utilization_ratio:avg",
-               f"avg by (cluster, instance) ({c.metric('gpufleet_gpu_utilization_ratio')})"),
+               f"avg by ({c.by('instance')}) ({c.metric('gpufleet_gpu_utilization_ratio')})"),
         record("instance:gpufleet_gpu_power_watts:sum",
-               f"sum by (cluster, instance) ({c.metric('gpufleet_gpu_power_watts')})"),
-        record("instance:gpufleet_gpus_up:sum", f"sum by (cluster, instance) ({c.metric('gpufleet_gpu_up')})"),
+               f"sum by ({c.by('instance')}) ({c.metric('gpufleet_gpu_power_watts')})"),
+        record("instance:gpufleet_gpus_up:sum", f"sum by ({c.by('instance')}) ({c.metric('gpufleet_gpu_up')})"),
         *link_utilization(c, LINK_UTILIZATION, "5m"),
         record(XMIT_WAIT, f"rate({c.metric('gpufleet_infiniband_port_xmit_wait_total')}[{c.d('5m')}])"),
-        record(JOB_XMIT_WAIT, _per_job(f"sum by (cluster, instance) ({XMIT_WAIT})")),
-        record(JOB_XMIT_WAIT_MEDIAN, f"quantile by (cluster, scheduler, job_id) (0.5, {JOB_XMIT_WAIT})"),
+        record(JOB_XMIT_WAIT, _per_job(c, f"sum by ({c.by('instance')}) ({XMIT_WAIT})")),
+        record(JOB_XMIT_WAIT_MEDIAN, f"quantile by ({c.by('scheduler', 'job_id')}) (0.5, {JOB_XMIT_WAIT})"),
     ]
     return {"name": "gpufleet-recording", "rules": rules}

@@ -29,8 +29,9 @@ RELATIVE = "job_instance:gpufleet_straggler_signal:relative5m"
 ZSCORE = "job_instance:gpufleet_straggler_signal:zscore5m"
 CAUSE = "instance:gpufleet_straggler_cause:active"
 
-PEERS = "cluster, scheduler, job_id, model, signal"
-_GPU_KEY = "cluster, instance, gpu, uuid"
+# Besides the cluster: the labels that make a group of peers, and those that name a GPU.
+PEERS = ("scheduler", "job_id", "model", "signal")
+_GPU_KEY = ("instance", "gpu", "uuid")
 # Where a per-GPU signal is the same for every job of the board: clock and power.
 _GPU_SIGNALS = {"sm_clock": ('gpufleet_gpu_clock_hertz', 'clock="sm"'), "power": ("gpufleet_gpu_power_watts",)}
 
@@ -43,21 +44,22 @@ def _smoothed(c: Config, signal: str, window: str) -> str:
 def signal_in_jobs(c: Config, signal: str, window: str) -> str:
     """A per-GPU signal averaged over `window` and over each node's GPUs in each named job."""
     jobs = c.metric("gpufleet_gpu_job_info", 'job_id!=""')
-    return (f"avg by (cluster, scheduler, job_id, instance) "
-            f"({jobs} * on ({_GPU_KEY}) group_left {_smoothed(c, signal, window)})")
+    return (f"avg by ({c.by('scheduler', 'job_id', 'instance')}) "
+            f"({jobs} * on ({c.by(*_GPU_KEY)}) group_left {_smoothed(c, signal, window)})")
 
 
 def _signals(c: Config) -> list[dict[str, Any]]:
     jobs = c.metric("gpufleet_gpu_job_info", 'job_id!=""')
+    gpu = c.by(*_GPU_KEY)
     rules = []
     for signal in _GPU_SIGNALS:
         smoothed = _smoothed(c, signal, c.signal_window)
         rules.append(record(SIGNAL, signal_in_jobs(c, signal, c.signal_window), signal=signal, peers="job"))
         busy = f"{c.metric('gpufleet_gpu_utilization_ratio')} > {c.busy_utilization:g}"
-        without_job = (f"(({smoothed} * on ({_GPU_KEY}) group_left (name) {c.metric('gpufleet_gpu_info')})"
-                       f" unless on ({_GPU_KEY}) {jobs})"
-                       f" and on ({_GPU_KEY}) {busy}")
-        by_model = ('label_replace(avg by (cluster, instance, name) '
+        without_job = (f"(({smoothed} * on ({gpu}) group_left (name) {c.metric('gpufleet_gpu_info')})"
+                       f" unless on ({gpu}) {jobs})"
+                       f" and on ({gpu}) {busy}")
+        by_model = (f'label_replace(avg by ({c.by("instance", "name")}) '
                     f'({without_job}), "model", "$1", "name", "(.*)")')
         rules.append(record(SIGNAL, f"max without (name) ({by_model})", signal=signal, peers="model"))
     return rules
@@ -69,12 +71,12 @@ def _causes(c: Config) -> list[dict[str, Any]]:
 
     def event(reasons: str) -> str:
         active = c.metric("gpufleet_gpu_clock_event_active", f'reason=~"{reasons}"')
-        return f"max by (cluster, instance) (avg_over_time({active}[{window}])) > {c.slowdown_share:g}"
+        return f"max by ({c.by('instance')}) (avg_over_time({active}[{window}])) > {c.slowdown_share:g}"
 
-    pcie = (f"count by (cluster, instance) ({c.metric('gpufleet_gpu_pcie_link_width')} < "
-            f"{c.metric('gpufleet_gpu_pcie_link_max_width')}) or max by (cluster, instance) "
+    pcie = (f"count by ({c.by('instance')}) ({c.metric('gpufleet_gpu_pcie_link_width')} < "
+            f"{c.metric('gpufleet_gpu_pcie_link_max_width')}) or max by ({c.by('instance')}) "
             f"(rate({c.metric('gpufleet_gpu_pcie_replays_total')}[{window}]) * 60) > {c.pcie_replays_per_minute:g}")
-    nic = (f"max by (cluster, instance) ({XMIT_WAIT}) > "
+    nic = (f"max by ({c.by('instance')}) ({XMIT_WAIT}) > "
            f"{c.xmit_wait_per_second:g}")
     causes = {
         "thermal slowdown": event("hw_thermal_slowdown|sw_thermal_slowdown"),
@@ -86,24 +88,26 @@ def _causes(c: Config) -> list[dict[str, Any]]:
 
 
 def stragglers(c: Config) -> dict[str, Any]:
+    peers = c.by(*PEERS)
     rules = [
         *_signals(c),
-        record(MEDIAN, f"quantile by ({PEERS}) (0.5, {SIGNAL})"),
-        record(BEST, f"max by ({PEERS}) ({SIGNAL})"),
-        record(NODES, f"count by ({PEERS}) ({SIGNAL})"),
-        record(MAD, f"quantile by ({PEERS}) (0.5, abs({SIGNAL} - on ({PEERS}) group_left {MEDIAN}))"),
-        record(RELATIVE, f"{SIGNAL} / on ({PEERS}) group_left {BEST}"),
-        record(ZSCORE, f"0.6745 * ({SIGNAL} - on ({PEERS}) group_left {MEDIAN}) / on ({PEERS}) group_left {MAD}"),
+        record(MEDIAN, f"quantile by ({peers}) (0.5, {SIGNAL})"),
+        record(BEST, f"max by ({peers}) ({SIGNAL})"),
+        record(NODES, f"count by ({peers}) ({SIGNAL})"),
+        record(MAD, f"quantile by ({peers}) (0.5, abs({SIGNAL} - on ({peers}) group_left {MEDIAN}))"),
+        record(RELATIVE, f"{SIGNAL} / on ({peers}) group_left {BEST}"),
+        record(ZSCORE, f"0.6745 * ({SIGNAL} - on ({peers}) group_left {MEDIAN}) / on ({peers}) group_left {MAD}"),
         *_causes(c),
     ]
-    causes = (f'{{{{ with printf "{CAUSE}{{cluster=%q,instance=%q}}" $labels.cluster $labels.instance | query }}}}'
+    cluster = c.cluster_label
+    causes = (f'{{{{ with printf "{CAUSE}{{{cluster}=%q,instance=%q}}" $labels.{cluster} $labels.instance | query }}}}'
               '{{ range $i, $s := . | sortByLabel "cause" }}{{ if $i }}, {{ end }}{{ $s.Labels.cause }}{{ end }}'
               "{{ else }}none of thermal slowdown, power brake, PCIe or NIC congestion{{ end }}")
     rules.append(alert(
         c, "NodeStraggler",
         f"{RELATIVE} < {c.straggler_relative:g}"
-        f" and on ({PEERS}, instance) {ZSCORE} < {c.straggler_zscore:g}"
-        f" and on ({PEERS}) {NODES} >= {c.straggler_min_nodes}",
+        f" and on ({peers}, instance) {ZSCORE} < {c.straggler_zscore:g}"
+        f" and on ({peers}) {NODES} >= {c.straggler_min_nodes}",
         "warning", "A node holds back the other nodes of its job.",
         "{{ $labels.instance }} straggles among {{ if $labels.job_id }}the nodes of {{ $labels.scheduler }} job "
         "{{ $labels.job_id }}{{ else }}the busy {{ $labels.model }} nodes{{ end }}: "

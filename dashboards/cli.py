@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpufleet.alerts import config as mixin
+
 if TYPE_CHECKING:
     from grafanalib.core import Dashboard
-
 
 SOURCES = Path(__file__).parent
 OUTPUT = SOURCES / "json"
@@ -24,16 +25,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     build = commands.add_parser("build", help=f"write {OUTPUT.relative_to(SOURCES.parent)}/*.json")
     build.add_argument("--check", action="store_true", help="exit 1 if the committed JSON is out of date")
     build.add_argument("--output", type=Path, default=OUTPUT, help="directory to write (default: %(default)s)")
+    mixin.add_argument(build)
     build.set_defaults(handler=run_build)
 
 
-def load(path: Path) -> Dashboard:
-    """The module-level `dashboard` of one `*.dashboard.py` (a name with a dot, so not importable as usual)."""
+def load(path: Path, config: mixin.Config) -> Dashboard:
+    """What `build(config)` of one `*.dashboard.py` returns (a name with a dot, so not importable as usual)."""
     spec = importlib.util.spec_from_file_location(f"gpufleet_dashboard_{path.stem.split('.')[0]}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.dashboard
+    model: Dashboard = module.build(config)
+    return model
 
 
 def _json_data(value: object) -> object:
@@ -44,17 +47,17 @@ def _json_data(value: object) -> object:
     return to_json_data()
 
 
-def rendered() -> dict[str, str]:
-    """File name to JSON text, for every dashboard, in the stable form that is committed."""
+def rendered(config: mixin.Config | None = None) -> dict[str, str]:
+    """File name to JSON text, for every dashboard, in the stable form that is committed (at the defaults)."""
     files = {}
     for path in sorted(SOURCES.glob("*.dashboard.py")):
-        model = load(path).to_json_data()
+        model = load(path, config or mixin.Config()).to_json_data()
         files[f"{model['uid']}.json"] = json.dumps(model, sort_keys=True, indent=2, default=_json_data) + "\n"
     return files
 
 
 def run_build(args: argparse.Namespace) -> int:
-    files = rendered()
+    files = rendered(args.config)
     if args.check:
         current = {p.name: p.read_text(encoding="utf-8") for p in args.output.glob("*.json")}
         if current != files:

@@ -1,49 +1,56 @@
-"""GPU health: which GPUs to drain, and why. XIDs by class, memory errors, links, slowdowns, lost boards."""
+"""GPU health: which GPUs to drain, and why. XIDs by code and class, memory errors, links, slowdowns, lost boards."""
 
+from grafanalib.core import Dashboard
+
+from gpufleet.alerts.config import Config
 from gpufleet.alerts.xid import CLASSES, matcher
-from gpufleet.dashboards.panels import GPU, dashboard, rate, table, timeseries
+from gpufleet.dashboards.panels import Scope, dashboard, table, timeseries
 
-dashboard = dashboard(
-    "gpufleet-gpu-health", "gpufleet / GPU health",
-    "XIDs by code and class, ECC and remapped rows, PCIe replays, NVLink errors, slowdowns and lost GPUs.",
-    ["cluster", "instance", "gpu"],
-    [
-        [timeseries("XIDs by code", [(f"sum by (xid) (increase(gpufleet_gpu_xid_errors_total{{{GPU}}}"
-                                      "[$__rate_interval]))", "XID {{xid}}")], "short"),
-         timeseries("XIDs by class", [
-             (f"sum(increase(gpufleet_gpu_xid_errors_total{{{GPU}, {matcher(codes)}}}[$__rate_interval]))", name)
-             for name, codes in CLASSES.items()], "short")],
-        [timeseries("Uncorrected ECC errors", [
-            (f'sum by (instance, gpu) (increase(gpufleet_gpu_ecc_errors_total{{{GPU}, error="uncorrected", '
-             'scope="volatile"}[$__rate_interval]))', "{{instance}} GPU {{gpu}}")], "short", width=8),
-         timeseries("Remapped rows", [(f"sum by (instance, gpu, cause) (gpufleet_gpu_remapped_rows{{{GPU}}})",
-                                       "{{instance}} GPU {{gpu}} {{cause}}")], "short", width=8),
-         timeseries("PCIe replays", [(rate("gpufleet_gpu_pcie_replays_total", GPU),
-                                      "{{instance}} GPU {{gpu}}")], "ops", width=8)],
-        [timeseries("NVLink errors", [
-            (f"sum by (instance, gpu, error) ({rate('gpufleet_gpu_nvlink_errors_total', GPU)})",
-             "{{instance}} GPU {{gpu}} {{error}}")],
-                    "ops"),
-         timeseries("Slowdown time by reason", [
-             (f"sum by (policy) ({rate('gpufleet_gpu_violation_seconds_total', GPU)})",
-              "{{policy}}")], "percentunit",
-             description="Share of time the GPUs' clocks were held down, per performance policy.")],
-        [table("GPUs to drain", [
-            (f"sum by (instance, gpu, uuid) (increase(gpufleet_gpu_xid_errors_total{{{GPU}}}[24h]))", "XIDs 24h"),
-            (f'sum by (instance, gpu, uuid) (increase(gpufleet_gpu_ecc_errors_total{{{GPU}, error="uncorrected", '
-             'scope="volatile"}[24h]))', "uncorrected ECC 24h"),
-            (f"max by (instance, gpu, uuid) (gpufleet_gpu_row_remap_pending{{{GPU}}})", "remap pending"),
-            (f"max by (instance, gpu, uuid) (gpufleet_gpu_row_remap_failed{{{GPU}}})", "remap failed"),
-            (f"sum by (instance, gpu, uuid) (increase(gpufleet_gpu_pcie_replays_total{{{GPU}}}[24h]))",
-             "PCIe replays 24h"),
-        ], height=10, node_link=True,
-            description="One row per GPU; sort by any column to find the GPUs to drain first."),
-         ],
-        [table("Lost GPUs", [(f"gpufleet_gpu_up{{{GPU}}} == 0", "")], width=12, node_link=True,
-               description="GPUs NVML no longer answers for."),
-         table("Active hardware slowdowns", [
-             (f'gpufleet_gpu_clock_event_active{{{GPU}, reason=~"hw_.*|sw_thermal_slowdown"}} == 1', "")],
-             width=12)],
-    ],
-    related=[("gpufleet-fleet", "Fleet overview"), ("gpufleet-node", "Node detail")],
-)
+
+def build(config: Config) -> Dashboard:
+    s = Scope(config)
+    gpu = s.gpu
+    row = s.by("instance", "gpu", "uuid")  # With the cluster, which the link to the node's dashboard carries.
+    return dashboard(
+        s, "gpufleet-gpu-health", "gpufleet / GPU health",
+        "XIDs by code and class, ECC and remapped rows, PCIe replays, NVLink errors, slowdowns and lost GPUs.",
+        ["cluster", "instance", "gpu"],
+        [
+            [timeseries("XIDs by code", [(f"sum by (xid) (increase(gpufleet_gpu_xid_errors_total{{{gpu}}}"
+                                          "[$__rate_interval]))", "XID {{xid}}")], "short"),
+             timeseries("XIDs by class", [
+                 (f"sum(increase(gpufleet_gpu_xid_errors_total{{{gpu}, {matcher(codes)}}}[$__rate_interval]))", name)
+                 for name, codes in CLASSES.items()], "short")],
+            [timeseries("Uncorrected ECC errors", [
+                (f'sum by (instance, gpu) (increase(gpufleet_gpu_ecc_errors_total{{{gpu}, error="uncorrected", '
+                 'scope="volatile"}[$__rate_interval]))', "{{instance}} GPU {{gpu}}")], "short", width=8),
+             timeseries("Remapped rows", [(f"sum by (instance, gpu, cause) (gpufleet_gpu_remapped_rows{{{gpu}}})",
+                                           "{{instance}} GPU {{gpu}} {{cause}}")], "short", width=8),
+             timeseries("PCIe replays", [(s.rate("gpufleet_gpu_pcie_replays_total", gpu),
+                                          "{{instance}} GPU {{gpu}}")], "ops", width=8)],
+            [timeseries("NVLink errors", [
+                (f"sum by (instance, gpu, error) ({s.rate('gpufleet_gpu_nvlink_errors_total', gpu)})",
+                 "{{instance}} GPU {{gpu}} {{error}}")],
+                        "ops"),
+             timeseries("Slowdown time by reason", [
+                 (f"sum by (policy) ({s.rate('gpufleet_gpu_violation_seconds_total', gpu)})",
+                  "{{policy}}")], "percentunit",
+                 description="Share of time the GPUs' clocks were held down, per performance policy.")],
+            [table("GPUs to drain", [
+                (f"sum by ({row}) (increase(gpufleet_gpu_xid_errors_total{{{gpu}}}[24h]))", "XIDs 24h"),
+                (f'sum by ({row}) (increase(gpufleet_gpu_ecc_errors_total{{{gpu}, '
+                 'error="uncorrected", scope="volatile"}[24h]))', "uncorrected ECC 24h"),
+                (f"max by ({row}) (gpufleet_gpu_row_remap_pending{{{gpu}}})", "remap pending"),
+                (f"max by ({row}) (gpufleet_gpu_row_remap_failed{{{gpu}}})", "remap failed"),
+                (f"sum by ({row}) (increase(gpufleet_gpu_pcie_replays_total{{{gpu}}}[24h]))", "PCIe replays 24h"),
+            ], height=10, node_link=s,
+                description="One row per GPU; sort by any column to find the GPUs to drain first."),
+             ],
+            [table("Lost GPUs", [(f"gpufleet_gpu_up{{{gpu}}} == 0", "")], width=12, node_link=s,
+                   description="GPUs NVML no longer answers for."),
+             table("Active hardware slowdowns", [
+                 (f'gpufleet_gpu_clock_event_active{{{gpu}, reason=~"hw_.*|sw_thermal_slowdown"}} == 1', "")],
+                 width=12)],
+        ],
+        related=[("gpufleet-fleet", "Fleet overview"), ("gpufleet-node", "Node detail")],
+    )

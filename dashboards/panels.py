@@ -2,7 +2,8 @@
 
 Every panel reads the `datasource` template variable, so file provisioning works without
 `__inputs`; every query filters by the variables it can, with `=~` so that "All" (`.*`) also
-matches series without the label.
+matches series without the label. What a query selects and groups by follows the configuration
+the rules are built from (`alerts.config.Config`): its selector, and its cluster label.
 """
 
 from __future__ import annotations
@@ -12,42 +13,60 @@ from dataclasses import dataclass
 
 from grafanalib import core
 
+from gpufleet.alerts.config import Config
+
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GRID_COLUMNS = 24
-# The selectors gpufleet queries start from; panels add their own matchers after them.
-CLUSTER = 'cluster=~"$cluster"'
-NODE = CLUSTER + ', instance=~"$instance"'
-GPU = NODE + ', gpu=~"$gpu"'
 PORT_LEGEND = "{{instance}} {{device}}/{{port}}"
 
-_VARIABLES = {
-    "cluster": ("Cluster", "label_values(gpufleet_gpu_devices, cluster)"),
-    "instance": ("Node", 'label_values(gpufleet_gpu_devices{cluster=~"$cluster"}, instance)'),
-    "gpu": ("GPU", 'label_values(gpufleet_gpu_up{cluster=~"$cluster", instance=~"$instance"}, gpu)'),
-    "job_id": ("Job", 'label_values(gpufleet_gpu_job_info{cluster=~"$cluster"}, job_id)'),
-}
 
+class Scope:
+    """The matchers dashboards start their queries from, for one configuration; panels add their own after.
 
-def templating(*names: str) -> core.Templating:
-    """The datasource variable, then the named query variables, all multi-select with All."""
-    variables = [core.Template(name="datasource", label="Data source", query="prometheus", type="datasource",
-                               default="gpufleet-prometheus")]
-    for name in names:
-        label, query = _VARIABLES[name]
-        variables.append(core.Template(name=name, label=label, query=query, dataSource=DATASOURCE,
-                                       includeAll=True, multi=True, allValue=".*", refresh=2, sort=3,
-                                       default="$__all"))
-    return core.Templating(list=variables)
+    The exporters' series are selected with the configuration's selector and the dashboard's variables
+    (`cluster`, `node`, `gpu`); recorded series and ALERTS, which do not carry the selector's labels,
+    with the variables alone (`recorded`, `recorded_node`).
+    """
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.label = config.cluster_label
+        self.legend = f"{{{{{self.label}}}}}"  # `{{cluster}}`, a legend that names the series' cluster.
+        self.recorded = f'{self.label}=~"$cluster"'
+        self.recorded_node = f'{self.recorded}, instance=~"$instance"'
+        self.cluster = ", ".join(part for part in (config.selector, self.recorded) if part)
+        self.node = f'{self.cluster}, instance=~"$instance"'
+        self.gpu = f'{self.node}, gpu=~"$gpu"'
+
+    def by(self, *labels: str) -> str:
+        return self.config.by(*labels)
+
+    def rate(self, metric: str, matchers: str) -> str:
+        """A counter's per-second rate over Grafana's `$__rate_interval`, which follows the zoom."""
+        return f"rate({metric}{{{matchers}}}[$__rate_interval])"
+
+    def templating(self, *names: str) -> core.Templating:
+        """The datasource variable, then the named query variables, all multi-select with All."""
+        selector = f"{{{self.config.selector}}}" if self.config.selector else ""
+        queries = {
+            "cluster": ("Cluster", f"label_values(gpufleet_gpu_devices{selector}, {self.label})"),
+            "instance": ("Node", f"label_values(gpufleet_gpu_devices{{{self.cluster}}}, instance)"),
+            "gpu": ("GPU", f"label_values(gpufleet_gpu_up{{{self.node}}}, gpu)"),
+            "job_id": ("Job", f"label_values(gpufleet_gpu_job_info{{{self.cluster}}}, job_id)"),
+        }
+        variables = [core.Template(name="datasource", label="Data source", query="prometheus", type="datasource",
+                                   default="gpufleet-prometheus")]
+        for name in names:
+            label, query = queries[name]
+            variables.append(core.Template(name=name, label=label, query=query, dataSource=DATASOURCE,
+                                           includeAll=True, multi=True, allValue=".*", refresh=2, sort=3,
+                                           default="$__all"))
+        return core.Templating(list=variables)
 
 
 def target(expr: str, legend: str = "", ref: str = "A", instant: bool = False, table: bool = False) -> core.Target:
     return core.Target(expr=expr, legendFormat=legend, refId=ref, instant=instant, datasource=DATASOURCE,
                        format="table" if table else "time_series")
-
-
-def rate(metric: str, selector: str) -> str:
-    """A counter's per-second rate over Grafana's `$__rate_interval`, which follows the zoom."""
-    return f"rate({metric}{{{selector}}}[$__rate_interval])"
 
 
 def _targets(queries: Sequence[tuple[str, str]], instant: bool = False, table: bool = False) -> list[core.Target]:
@@ -93,16 +112,16 @@ def _value_columns(queries: Sequence[tuple[str, str]]) -> dict[str, str]:
 
 
 def table(title: str, queries: Sequence[tuple[str, str]], unit: str = "none", width: int = 24, height: int = 8,
-          description: str = "", node_link: bool = False) -> Sized:
+          description: str = "", node_link: Scope | None = None) -> Sized:
     """An instant-query table, one row per label set with a column per query, sortable by any column.
 
     With `node_link`, a click on the instance column opens that node's detail dashboard, keeping
-    the time range: the on-call engineer goes from "which" to "why" in one click.
+    the time range and the row's cluster: the on-call engineer goes from "which" to "why" in one click.
     """
     overrides = []
-    if node_link:
+    if node_link is not None:
         url = ("/d/gpufleet-node?${__url_time_range}&var-datasource=${datasource}"
-               "&var-cluster=${__data.fields.cluster}&var-instance=${__value.raw}")
+               f"&var-cluster=${{__data.fields.{node_link.label}}}&var-instance=${{__value.raw}}")
         overrides.append({"matcher": {"id": "byName", "options": "instance"},
                           "properties": [{"id": "links", "value": [{"title": "Node detail", "url": url}]}]})
     panel = core.Table(
@@ -152,10 +171,10 @@ def links(*uids_titles: tuple[str, str]) -> list[core.DashboardLink]:
             for uid, title in uids_titles]
 
 
-def dashboard(uid: str, title: str, description: str, variables: Sequence[str], rows: Sequence[Sequence[Sized]],
-              related: Sequence[tuple[str, str]] = ()) -> core.Dashboard:
+def dashboard(scope: Scope, uid: str, title: str, description: str, variables: Sequence[str],
+              rows: Sequence[Sequence[Sized]], related: Sequence[tuple[str, str]] = ()) -> core.Dashboard:
     return core.Dashboard(
         uid=uid, title=title, description=description, tags=["gpufleet"], timezone="browser",
         refresh="1m", time=core.Time("now-6h", "now"), graphTooltip=core.GRAPH_TOOLTIP_MODE_SHARED_CROSSHAIR,
-        templating=templating(*variables), panels=layout(rows), links=links(*related),
+        templating=scope.templating(*variables), panels=layout(rows), links=links(*related),
         editable=False)

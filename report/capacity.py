@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from gpufleet.alerts import capacity as rec
-from gpufleet.alerts.config import Config
 from gpufleet.report import charts
 from gpufleet.report.document import Section, Table
 from gpufleet.report.figures import project, quantile_from_buckets
@@ -235,7 +234,8 @@ async def energy(q: Queries) -> Section:
     joules, watts, samples, of_limit, capped, peak = await asyncio.gather(
         q.at_end(f"{_summed(w, rec.ENERGY)} * {w.step}"), q.at_end(_summed(w, rec.POWER)),
         q.at_end(_summed(w, rec.POWER_GPUS)), q.at_end(_summed(w, rec.POWER_OF_LIMIT)),
-        q.at_end(_summed(w, rec.POWER_CAPPED)), q.at_end(f"max_over_time({w.over(f'sum by (cluster) ({rec.POWER})')})"))
+        q.at_end(_summed(w, rec.POWER_CAPPED)),
+        q.at_end(f"max_over_time({w.over(f'sum by ({q.by()}) ({rec.POWER})')})"))
     counts = _need(_per_model(samples), "GPU power samples")
     kwh, power, shares, at_cap = (_per_model(r) for r in (joules, watts, of_limit, capped))
     rows = [(*key, f"{kwh[key] / 3.6e6:,.0f}" if key in kwh else "—", f"{power.get(key, 0) / counts[key]:,.0f} W",
@@ -256,12 +256,13 @@ async def energy(q: Queries) -> Section:
 
 async def health(q: Queries) -> Section:
     w = q.window
-    xid_on = "cluster, instance, job, gpu, uuid, xid"
+    xid_on, gpu_key = q.by("instance", "job", "gpu", "uuid", "xid"), q.by(*rec.GPU)
+    xids_total = q.config.metric("gpufleet_gpu_xid_errors_total")
     models, installed, xids, eccs, pending, failed, lost, missing = await asyncio.gather(
-        q.at_end(f"max by ({rec.GPU}, name) (gpufleet_gpu_info)"),
+        q.at_end(f"max by ({gpu_key}, name) ({q.config.metric('gpufleet_gpu_info')})"),
         q.at_end(f"max_over_time({w.over(f'sum({INSTALLED})')})"),
-        q.at_end(f"sum by ({rec.GPU}, xid) ({_grown('gpufleet_gpu_xid_errors_total', xid_on, w)}) > 0"),
-        q.at_end(f"{_grown(rec.ECC, rec.GPU, w)} > 0"),
+        q.at_end(f"sum by ({gpu_key}, xid) ({_grown(xids_total, xid_on, w)}) > 0"),
+        q.at_end(f"{_grown(rec.ECC, gpu_key, w)} > 0"),
         q.at_end(f"max_over_time({rec.REMAP_PENDING}[{w.r}])"),
         q.at_end(f"max_over_time({rec.REMAP_FAILED}[{w.r}])"),
         q.at_end(_summed(w, rec.LOST)),
@@ -318,7 +319,7 @@ async def stragglers(q: Queries) -> Section:
         rows.append((_cluster(s.labels), s.labels.get("instance", ""), f"{ident[1]} {ident[2]}",
                      _hours(s.values[-1][1] * w.hours_per_point), _pct(lowest.get(ident))))
     return Section("stragglers", "Nodes that straggled",
-                   f"A node straggles while its mean SM clock is below {Config().straggler_relative:.0%} of the "
+                   f"A node straggles while its mean SM clock is below {q.config.straggler_relative:.0%} of the "
                    "fastest node's in the same job (jobs of two nodes or more), judged at every step of the range.",
                    findings=[f"Nodes that straggled in the period: {len({(r[0], r[1]) for r in rows})}."],
                    tables=[Table("Straggling nodes", ("Cluster", "Node", "Job", "Hours straggling",
@@ -373,8 +374,8 @@ async def jobs(q: Queries) -> Section:
 async def trend(q: Queries) -> Section:
     w = q.window
     step = max(w.step, -(-w.seconds // TREND_POINTS) // w.step * w.step)
-    used = f'label_replace(sum by (cluster) ({rec.USED}), "state", "used", "", "")'
-    result = await q.over_range(f"sum by (cluster, state) ({rec.GPUS}) or {used}", step)
+    used = f'label_replace(sum by ({q.by()}) ({rec.USED}), "state", "used", "", "")'
+    result = await q.over_range(f"sum by ({q.by('state')}) ({rec.GPUS}) or {used}", step)
     series: dict[str, dict[str, list[tuple[float, float]]]] = defaultdict(dict)
     for s in result:
         series[_cluster(s.labels)][s.labels["state"]] = s.values

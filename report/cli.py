@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpufleet.alerts import config as mixin
 from gpufleet.exporter.flags import duration
 from gpufleet.report.progress import Progress
 from gpufleet.report.prometheus import Auth, Prometheus, Unreachable
@@ -74,6 +75,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="per query (default: 2m)")
     cap.add_argument("--query.concurrency", dest="concurrency", type=int, choices=range(1, 33), default=4,
                      metavar="N", help="queries in flight at once, 1 to 32 (default: %(default)s)")
+    mixin.add_argument(cap)
     cap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                      help="draw a progress bar (default: when stderr is a terminal)")
     cap.set_defaults(handler=run_capacity)
@@ -102,7 +104,7 @@ def run_capacity(args: argparse.Namespace) -> int:
 
     async def go() -> Report:
         async with client:
-            return await capacity(client, window, progress)
+            return await capacity(client, window, progress, args.config)
 
     try:
         report = asyncio.run(go())

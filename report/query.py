@@ -13,6 +13,7 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from gpufleet.alerts.config import Config
 from gpufleet.report.prometheus import Prometheus, Series
 
 POINTS_PER_SERIES = 1440
@@ -64,10 +65,17 @@ class Window:
 
 @dataclass
 class Queries:
+    """Each distinct query asked once. Series come back with the configured cluster label as `cluster`, so
+    sections read one name whatever the scrape configuration calls it."""
+
     prometheus: Prometheus
     window: Window
     on_done: Callable[[], None] = lambda: None
+    config: Config = field(default_factory=Config)
     _asked: dict[tuple[str, str, int], asyncio.Task[list[Series]]] = field(default_factory=dict)
+
+    def by(self, *labels: str) -> str:
+        return self.config.by(*labels)
 
     def _once(self, key: tuple[str, str, int],
               make: Callable[[], Awaitable[list[Series]]]) -> asyncio.Task[list[Series]]:
@@ -77,9 +85,13 @@ class Queries:
 
     async def _counted(self, pending: Awaitable[list[Series]]) -> list[Series]:
         try:
-            return await pending
+            result = await pending
         finally:
             self.on_done()
+        label = self.config.cluster_label
+        if label == "cluster":
+            return result
+        return [Series({("cluster" if k == label else k): v for k, v in s.labels.items()}, s.values) for s in result]
 
     async def at_end(self, expr: str) -> list[Series]:
         return await self._once(("instant", expr, 0), lambda: self.prometheus.instant(expr, self.window.end))

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 
+from gpufleet.alerts.config import Config
 from gpufleet.report.capacity import SECTIONS, SectionError, SectionSpec
 from gpufleet.report.document import Failure, Report, Section
 from gpufleet.report.progress import Progress
@@ -54,7 +55,7 @@ async def _section(spec: SectionSpec, queries: Queries, progress: Progress) -> S
         progress.section_done()
 
 
-async def capacity(prometheus: Prometheus, window: Window, progress: Progress) -> Report:
+async def capacity(prometheus: Prometheus, window: Window, progress: Progress, config: Config | None = None) -> Report:
     """The report, with its queries counted on `progress`; raises Unreachable or NothingToReport."""
     version = await prometheus.check()
     names = await prometheus.metric_names(window.start, window.end)
@@ -62,7 +63,8 @@ async def capacity(prometheus: Prometheus, window: Window, progress: Progress) -
     if not any(name.startswith("gpufleet_gpu_") for name in names):
         raise NothingToReport(f"no gpufleet GPU metrics in {prometheus.url} from {period}: check the range "
                               "(and the server's retention) and that this Prometheus scrapes the gpufleet exporters")
-    queries = Queries(prometheus, window, progress.query_done)
+    config = config or Config()
+    queries = Queries(prometheus, window, progress.query_done, config)
     report = Report("GPU fleet capacity report", period, f"{prometheus.url} (Prometheus {version})",
                     _stamp(time.time()),
                     [f"Figures over the range are sampled every {window.step // 60} minutes "
@@ -70,7 +72,8 @@ async def capacity(prometheus: Prometheus, window: Window, progress: Progress) -
                      "record every 5 minutes; GPU-hours are samples times the step.",
                      "A GPU is allocated while gpufleet_gpu_job_info attributes a job to it, idle while it is "
                      "healthy and has none, and lost while gpufleet_gpu_up is 0.",
-                     "Clusters are the `cluster` label of the scraped series; \u2014 means the series have none."])
+                     f"Clusters are the `{config.cluster_label}` label of the scraped series; \u2014 means the "
+                     "series have none."])
     runnable = []
     for spec in SECTIONS:
         missing = _missing(spec, names)

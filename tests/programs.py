@@ -94,14 +94,21 @@ def simulator(workdir: Path, *args: str, timeout: float = 30) -> Iterator[tuple[
 
 
 def prometheus_config(path: Path, targets: Path, interval: str, rules: Path | None = None,
-                      alertmanager: str | None = None) -> Path:
-    """A Prometheus configuration that scrapes the simulator's file_sd targets as job `gpufleet`."""
+                      alertmanager: str | None = None, job: str = "gpufleet", cluster_label: str = "cluster") -> Path:
+    """A Prometheus configuration that scrapes the simulator's file_sd targets as `job`.
+
+    The simulator names each target's cluster in a `cluster` label; with another `cluster_label`, the scrape
+    configuration moves it there, as a site that names its clusters otherwise would.
+    """
     seconds = int(interval.removesuffix("s"))
+    scrape: dict = {"job_name": job, "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}
+    if cluster_label != "cluster":
+        scrape["relabel_configs"] = [{"source_labels": ["cluster"], "target_label": cluster_label},
+                                     {"action": "labeldrop", "regex": "cluster"}]
     config: dict = {
         "global": {"scrape_interval": interval, "scrape_timeout": f"{seconds * 1000 - 100}ms",
                    "evaluation_interval": interval},
-        "scrape_configs": [{"job_name": "gpufleet",
-                            "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}],
+        "scrape_configs": [scrape],
     }
     if rules is not None:
         config["rule_files"] = [str(rules)]

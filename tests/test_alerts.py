@@ -1,14 +1,18 @@
 """The generated alerting rules: committed output up to date, clean for promtool, and unit-tested by it."""
 
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
 
+from gpufleet import cli
 from gpufleet.alerts.cli import RULES_FILE
+from gpufleet.alerts.config import Config, load
 from gpufleet.alerts.rules import render
 from gpufleet.alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH
 
@@ -141,3 +145,38 @@ def test_the_routing_keeps_secrets_out_of_the_repository():
     for receiver in config["receivers"]:
         for pager in receiver.get("pagerduty_configs", []):
             assert "routing_key" not in pager and "service_key" not in pager and pager["routing_key_file"]
+
+
+@pytest.mark.parametrize("command", [["alerts", "build"], ["dashboards", "build"],
+                                     ["report", "capacity", "--prometheus=http://127.0.0.1:1"]])
+@pytest.mark.parametrize(("text", "message"), [
+    ("cluster_label: site\ncolour: red\n", "unknown key 'colour'; the keys are busy_utilization, cluster_label"),
+    ("saturation_warning: high\n", "saturation_warning must be a number, not 'high'"),
+    ("straggler_for: soon\n", "straggler_for: invalid duration 'soon'"),
+    ("cluster_label: 'data centre'\n", "cluster_label 'data centre' is not a Prometheus label name"),
+    ("[1, 2]\n", "expected a mapping of settings"),
+])
+def test_every_builder_checks_its_config_file_key_by_key(tmp_path, capsys, command, text, message):
+    config = tmp_path / "site.yml"
+    config.write_text(text)
+    with pytest.raises(SystemExit) as exit:
+        cli.main([*command, f"--config={config}", f"--output={tmp_path / 'out'}"] if command[0] != "report"
+                 else [*command, f"--config={config}", f"--out={tmp_path / 'out'}"])
+    assert exit.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def load_config_text(text: str) -> Config:
+    with tempfile.NamedTemporaryFile("w", suffix=".yml") as handle:
+        handle.write(text)
+        handle.flush()
+        return load(handle.name)
+
+
+def test_a_config_file_changes_what_is_built_and_nothing_else():
+    site = load_config_text("cluster_label: site\nselector: 'job=\"gpu-nodes\"'\nsaturation_warning: 0.85\n")
+    rules = render(site)
+    assert "cluster" not in re.sub(r"cluster_(name|job)(_bucket)?:", "", rules)  # Recorded names keep `cluster_`.
+    assert 'gpufleet_gpu_up{job="gpu-nodes"}' in rules and "> 0.85" in rules
+    assert render(Config()) == RULES_FILE.read_text(encoding="utf-8")

@@ -11,12 +11,10 @@ import time
 import pytest
 import yaml
 
-from gpufleet.alerts.config import Config
-from gpufleet.alerts.rules import render
 from gpufleet.dashboards.cli import OUTPUT, rendered
 
 from layouts import SIXTEEN_NODES, write
-from programs import prometheus, prometheus_config, query, simulator
+from programs import http, prometheus, prometheus_config, query, simulator
 
 # Grafana's own variables, and the data-link ones (`${__data.fields.x}`, `${__value.raw}`).
 BUILTINS = {"__rate_interval", "__interval", "__interval_ms", "__range", "__all", "__url_time_range", "__data",
@@ -86,6 +84,12 @@ def test_rate_queries_use_the_rate_interval():
             assert window in {"$__rate_interval", "$__range", "24h"}, (uid, title, expr)
 
 
+def built(directory) -> list[tuple[str, str, str]]:
+    """(uid, panel title, expression) of every target of the dashboards written into `directory`."""
+    return [(model["uid"], panel["title"], t["expr"]) for path in sorted(directory.glob("*.json"))
+            for model in [json.loads(path.read_text())] for panel in model["panels"] for t in panel["targets"]]
+
+
 def expand(expr: str) -> str:
     """What Grafana sends with every variable at All, a 2 s interval and a rate interval of four scrapes."""
     for name, value in (("$__rate_interval", "8s"), ("$__interval_ms", "2000"), ("$__interval", "2s"),
@@ -113,27 +117,45 @@ FAULTS = [
 ]
 
 
+# A site that names its clusters `site` and scrapes gpufleet as job `gpu-nodes`: the rules and dashboards are
+# built for it with --config, so a `cluster` or `job="gpufleet"` left written into them shows as missing data.
+SITE = {"cluster_label": "site", "selector": 'job="gpu-nodes"', "exporter_job": "gpu-nodes"}
+
+
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_every_query_returns_data_from_a_prometheus_scraping_the_simulator(tmp_path):
+def test_every_query_returns_data_with_the_sites_own_cluster_label_and_selector(tmp_path):
     scenario = tmp_path / "scenario.yml"
     scenario.write_text(yaml.safe_dump({"faults": FAULTS}))
-    rules = tmp_path / "rules.yml"
-    rules.write_text(render(Config().scaled(8)))  # Recorded series and ALERTS in minutes, not hours.
+    site = tmp_path / "site.yml"
+    site.write_text(yaml.safe_dump(SITE))
+    rules, dashboards = tmp_path / "rules.yml", tmp_path / "dashboards"
+    # Time scale 8: recorded series and ALERTS in minutes, not hours.
+    for command in (["alerts", "build", f"--config={site}", "--time-scale=8", f"--output={rules}"],
+                    ["dashboards", "build", f"--config={site}", f"--output={dashboards}"]):
+        subprocess.run([sys.executable, "-m", "gpufleet", *command], check=True, timeout=60)
     layout = write(tmp_path / "layout.yml", SIXTEEN_NODES)
     with simulator(tmp_path, "--nodes=16", "--seed=0", f"--layout={layout}", "--cluster=dash",
                    "--collect-interval=2s", f"--scenario={scenario}") as (_, file_sd):
-        config = prometheus_config(tmp_path / "prometheus.yml", file_sd, "2s", rules)
+        config = prometheus_config(tmp_path / "prometheus.yml", file_sd, "2s", rules, job="gpu-nodes",
+                                   cluster_label="site")
         with prometheus(config, tmp_path / "data") as url:
-            pending = {(uid, title, expr) for uid, title, expr in targets()}
+            pending = set(built(dashboards))
             deadline = time.monotonic() + 240
             while pending and time.monotonic() < deadline:
                 pending = {t for t in pending if not query(url, expand(t[2]))}
                 time.sleep(2)
             capacity = {title: float(query(url, expand(expr))[0]["value"][1])
-                        for uid, title, expr in targets() if uid == "gpufleet-capacity" and title in STATS}
+                        for uid, title, expr in built(dashboards) if uid == "gpufleet-capacity" and title in STATS}
+            groups = json.loads(http("GET", f"{url}/api/v1/rules")[1])["data"]["groups"]
+            straggler = query(url, 'ALERTS{alertname="NodeStraggler", alertstate="firing", site="dash"}')
+            without_site = query(url, '{__name__=~".+:.+", site=""} or ALERTS{site=""}')
     assert not pending, "queries without data:\n" + "\n".join(f"{u} / {t}: {e}" for u, t, e in sorted(pending))
     assert capacity == STATS
+    assert [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] == "err"] == []
+    assert {r["metric"]["instance"] for r in straggler} == {"gpu-node-0004"}
+    # Every recorded series and alert kept the site's cluster label.
+    assert without_site == [], [r["metric"] for r in without_site]
 
 
 # What the capacity stats read for that fleet: 16 nodes of 8 GPUs, nodes 5 and 7 idle, and the lost GPU
