@@ -1,8 +1,11 @@
-"""The distribution as a user installs it: one top-level import name, and everything importable from the wheel alone."""
+"""The distribution as a user installs it: one top-level import name, everything importable from the wheel alone,
+and the layers of the exporter importing only downwards."""
 
 from __future__ import annotations
 
+import ast
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -13,7 +16,6 @@ import pytest
 from gpufleet import __version__
 
 ROOT = Path(__file__).parent.parent
-pytestmark = pytest.mark.slow
 
 # Run from the unpacked wheel, with neither the repository nor its editable install in the way: every
 # module is imported, each must come from the wheel, and the packaged rules and dashboards are current.
@@ -30,13 +32,28 @@ print(gpufleet.__version__, len(names))
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(ROOT)],
+    """A wheel built from a copy of the checkout, so the build leaves nothing in the working tree."""
+    source, out = tmp_path_factory.mktemp("source") / "gpufleet", tmp_path_factory.mktemp("wheel")
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out), str(source)],
                    check=True, capture_output=True, timeout=300)
     [built] = out.glob("gpufleet-*.whl")
     return built
 
 
+def imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return ({node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+            | {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names})
+
+
+def test_the_gpu_layer_returns_records_and_never_reaches_up_into_the_collectors():
+    for path in sorted((ROOT / "exporter" / "gpu").glob("*.py")):
+        assert not {m for m in imports(path) if m.startswith("gpufleet.exporter.collector")}, path.name
+
+
+@pytest.mark.slow
 def test_the_wheel_adds_exactly_one_top_level_name(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
@@ -48,6 +65,7 @@ def test_the_wheel_adds_exactly_one_top_level_name(wheel: Path) -> None:
         assert data in names, data
 
 
+@pytest.mark.slow
 def test_every_module_imports_from_the_wheel_alone(wheel: Path, tmp_path: Path) -> None:
     site = tmp_path / "site"
     with zipfile.ZipFile(wheel) as archive:
