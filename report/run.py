@@ -48,7 +48,7 @@ async def _section(spec: SectionSpec, queries: Queries, progress: Progress) -> S
         return Failure(spec.title, f"Prometheus rejected a query: {error}")
     except Unreachable as error:  # Lost mid-report: the sections already computed still stand.
         return Failure(spec.title, str(error))
-    except Exception as error:
+    except Exception as error:  # A bug in one section must not cost the reader the others; it is logged.
         log.exception("section %s failed", spec.key)
         return Failure(spec.title, f"internal error ({type(error).__name__}: {error}); please report it")
     finally:

@@ -518,7 +518,7 @@ class Fleet:
             for node in nodes:
                 try:
                     await node.scrape(clock(), time.monotonic)
-                except Exception:
+                except Exception:  # One node's surprise must not stop the fleet; it is logged.
                     log.exception("collecting %s failed", node.name)
                 next_start += gap
                 delay = next_start - loop.time()

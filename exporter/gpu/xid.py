@@ -191,7 +191,7 @@ class NvmlXidWatcher:
                 if str(err) != self._last_failure:
                     log.warning("XID events from NVML unavailable: %s; re-registering with backoff", err)
                     self._last_failure = str(err)
-            except Exception:
+            except Exception:  # The thread must outlive any surprise from the library; it is logged.
                 self._ledger.watching = False
                 log.exception("XID watcher failed; re-registering with backoff")
             self._stop.wait(self._backoff.next())
