@@ -131,20 +131,27 @@ def load(path: str | Path) -> Config:
         if key not in fields:
             raise ConfigError(f"{path}: unknown key {key!r}; the keys are {', '.join(sorted(fields))}")
         _check(path, key, fields[key].type, value)
-    # YAML reads `1` as an int where a setting is a float; both mean the same number.
-    overrides: dict[str, object] = {key: float(value) if fields[key].type == "float" else value
-                                    for key, value in document.items()}
-    return dataclasses.replace(Config(), **overrides)  # type: ignore[arg-type]  # Each value checked above.
+    return dataclasses.replace(Config(), **{key: _value(fields[key].type, value)  # type: ignore[arg-type]
+                                            for key, value in document.items()})  # Each value checked above.
+
+
+def _value(kind: object, value: object) -> object:
+    """A checked value as its field holds it: a float from YAML's `1`, a duration as PromQL writes it."""
+    if kind == "float" and isinstance(value, int):
+        return float(value)
+    if kind == "Duration" and isinstance(value, str | int | float):
+        return duration.render(duration.parse(value))  # `90` (seconds) -> `1m30s`
+    return value
 
 
 def _check(path: str | Path, key: str, kind: object, value: object) -> None:
-    expected = {"str": str, "Duration": str, "float": int | float, "int": int}[str(kind)]
+    expected = {"str": str, "Duration": str | int | float, "float": int | float, "int": int}[str(kind)]
     if isinstance(value, bool) or not isinstance(value, expected):
-        raise ConfigError(f"{path}: {key} must be {'a number' if kind in ('float', 'int') else 'text'}, "
-                          f"not {value!r}")
+        what = {"str": "text", "Duration": "a duration", "float": "a number", "int": "a whole number"}[str(kind)]
+        raise ConfigError(f"{path}: {key} must be {what}, not {value!r}")
     if kind == "Duration":
         try:
-            duration.parse(str(value))
+            duration.parse(value)
         except duration.DurationError as err:
             raise ConfigError(f"{path}: {key}: {err}") from None
     if key == "cluster_label" and not _LABEL.fullmatch(str(value)):
