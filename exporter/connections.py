@@ -122,10 +122,6 @@ class ConnectionGuard:
     def forget(self, connection: _GuardedConnection) -> None:
         self._open.discard(connection)
 
-    @property
-    def open(self) -> int:
-        return len(self._open)
-
     def middleware(self) -> Middleware:
         """Marks each connection busy while a handler answers one of its requests."""
 

@@ -236,9 +236,9 @@ class Node:
 
     # Faults ---------------------------------------------------------------------------------------
 
-    def _seconds_active(self, kind: Kind, gpu: int) -> float:
-        """Seconds the node's faults of one kind on one GPU have been active, up to now."""
-        return sum(overlap(f.start, f.end, self.t) for f in self._active(kind, gpu))
+    def _seconds_active(self, kind: Kind, gpu: int | None = None, port: str | None = None) -> float:
+        """Seconds the node's faults of one kind on one GPU or port have been active, up to now."""
+        return sum(overlap(f.start, f.end, self.t) for f in self._active(kind, gpu, port))
 
     def apply_faults(self) -> None:
         """Bring every board's health state to what the faults say at the node's time."""
@@ -327,7 +327,7 @@ class Node:
         return downs
 
     def _port_rate(self, port: str, kind: Kind, per_second: float) -> int:
-        return int(per_second * sum(overlap(f.start, f.end, self.t) for f in self._active(kind, port=port)))
+        return int(per_second * self._seconds_active(kind, port=port))
 
     def _ib_rate(self, port: str) -> str:
         degraded = any(f.active(self.t) for f in self._active(Kind.IB_RATE_DEGRADED, port=port))

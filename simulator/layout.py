@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from gpufleet import duration
-from gpufleet.exporter.gpu.simulated import kubernetes_cgroup, slurm_cgroup
+from gpufleet.exporter.gpu.simulated import kubernetes_cgroup, random_uuid, slurm_cgroup
 
 SCHEDULERS = ("slurm", "kubernetes")
 _POD_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -64,10 +64,7 @@ def draw(names: Sequence[str], seed: int, idle_share: float = 0.15) -> list[Job]
         size = min(len(busy), rng.choice((1, 2, 4, 4, 8, 8, 16, 32)))
         members, busy = busy[:size], busy[size:]
         kubernetes = rng.random() < 0.3
-        job_id = (
-            "-".join("".join(rng.choice("0123456789abcdef") for _ in range(n)) for n in (8, 4, 4, 4, 12))
-            if kubernetes else str(rng.randrange(100000, 999999))
-        )
+        job_id = random_uuid(rng) if kubernetes else str(rng.randrange(100000, 999999))
         jobs.append(Job(job_id, "kubernetes" if kubernetes else "slurm", tuple(sorted(members)),
                         period=rng.uniform(20, 60), comm_fraction=rng.uniform(0.2, 0.35),
                         memory_fraction=rng.uniform(0.55, 0.9)))

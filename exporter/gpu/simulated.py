@@ -187,7 +187,8 @@ def kubernetes_cgroup(pod_uid: str, container_id: str) -> str:
             f"cri-containerd-{container_id}.scope")
 
 
-def _uuid(rng: random.Random) -> str:
+def random_uuid(rng: random.Random) -> str:
+    """A UUID's 8-4-4-4-12 hex digits, drawn from `rng`: for boards, pods and jobs alike."""
     return "-".join(_hex(rng, n) for n in (8, 4, 4, 4, 12))
 
 
@@ -198,7 +199,7 @@ def simulated_board(index: int, key: str, load: Load, **board: Any) -> Simulated
     the same key always names the same boards.
     """
     rng = random.Random(f"{key}:{index}")
-    return SimulatedGpu(index=index, uuid=f"GPU-{_uuid(rng)}", load=load,
+    return SimulatedGpu(index=index, uuid=f"GPU-{random_uuid(rng)}", load=load,
                         serial=str(1650923000000 + rng.randrange(10**6)),
                         pci_bus_id=f"00000000:{0x18 + 0x10 * index:02X}:00.0", **board)
 
@@ -211,7 +212,7 @@ def simulated_gpus(count: int, seed: int = 0) -> list[SimulatedGpu]:
     """
     rng = random.Random(seed)
     slurm_job = 100000 + rng.randrange(900000)
-    pod_uid = _uuid(rng)
+    pod_uid = random_uuid(rng)
     container = _hex(rng, 64)
     gpus = []
     for index in range(count):
