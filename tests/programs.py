@@ -1,4 +1,4 @@
-"""Start and stop the real programs tests run against: the fleet simulator, Prometheus and Alertmanager.
+"""Start and stop the real programs tests run against: the exporter, the fleet simulator, Prometheus, Alertmanager.
 
 Each binds 127.0.0.1 on a free port and is stopped when its context ends, however the test ends.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import free_port, stop_process
+from helpers import FIXTURE_SYSFS, free_port, stop_process
 
 
 def http(method: str, url: str, body: object = None, timeout: float = 5.0) -> tuple[int, bytes]:
@@ -80,6 +80,16 @@ def _serving(argv: list[str], port: int, ready_path: str, what: str, timeout: fl
         yield _ready(process, port, ready_path, what, timeout, ready_status)
     finally:
         stop_process(process)
+
+
+@contextlib.contextmanager
+def exporter(*flags: str, gpus: int = 1) -> Iterator[str]:
+    """`gpufleet exporter` with simulated GPUs over the fixture sysfs tree; yields its URL once /metrics answers."""
+    port = free_port()
+    argv = [sys.executable, "-m", "gpufleet", "exporter", "--gpu.backend=sim", f"--sim.gpus={gpus}",
+            f"--path.sysfs={FIXTURE_SYSFS}", f"--web.listen-address=127.0.0.1:{port}", *flags]
+    with _serving(argv, port, "/metrics", "exporter start", 20) as url:
+        yield url
 
 
 @contextlib.contextmanager

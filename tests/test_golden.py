@@ -21,18 +21,16 @@ import pytest
 from gpufleet.exporter import node
 from gpufleet.exporter.exposition import Exposition
 from gpufleet.exporter.gpu.simulated import (
-    GpuTelemetry,
     SimulatedGpu,
     SimulatedNvml,
     SimulatedProcess,
     kubernetes_cgroup,
     simulated_procfs,
     slurm_cgroup,
-    steady,
 )
 from gpufleet.exporter.tree import DiskTree
 
-from helpers import FIXTURE_SYSFS, FakeClock
+from helpers import FIXTURE_SYSFS, FakeClock, two_boards
 from programs import wait_for
 
 GOLDEN = Path(__file__).parent / "fixtures" / "e2e-output.txt"
@@ -43,23 +41,13 @@ _VOLATILE = re.compile(r"^(gpufleet_collector_duration_seconds|gpufleet_collecto
 
 
 def boards() -> list[SimulatedGpu]:
-    """A busy SXM board of a Slurm job and an idle PCIe board with fans, held by a Kubernetes pod."""
-    busy = SimulatedGpu(
-        index=0, uuid="GPU-00000000-1111-2222-3333-444444444444", serial="1650923000001",
-        pci_bus_id="00000000:18:00.0",
-        load=steady(GpuTelemetry(utilization=0.87, memory_copy_utilization=0.41, memory_used_bytes=40 * GIB,
-                                 power_watts=612.5, energy_joules=123456.789, temperature_celsius=64,
-                                 memory_temperature_celsius=71, sm_clock_hertz=1755e6)),
-        ecc_errors={("corrected", "volatile"): 3, ("corrected", "aggregate"): 12},
-        nvlinks=2, processes=[SimulatedProcess(4101, slurm_cgroup(4242, 0))])
-    idle = SimulatedGpu(
-        index=1, uuid="GPU-55555555-6666-7777-8888-999999999999", serial="1650923000002",
-        pci_bus_id="00000000:2A:00.0", name="NVIDIA A100-PCIE-40GB", memory_total_bytes=40 * GIB,
-        power_limit_watts=250.0, unsupported=set(), nvlinks=0,
-        load=steady(GpuTelemetry(memory_used_bytes=2**29, power_watts=71.25, energy_joules=9000.0,
-                                 temperature_celsius=31, memory_temperature_celsius=36,
-                                 fan_speed_ratios=(0.3, 0.35), pcie_generation=4, pcie_width=8)),
-        processes=[SimulatedProcess(4102, kubernetes_cgroup("0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b", "c" * 64))])
+    """The two boards of the GPU collector's tests, the busy one in a Slurm job with some corrected ECC errors
+    and two NVLinks (eighteen would only lengthen the file), the idle one held by a Kubernetes pod."""
+    busy, idle = two_boards()
+    busy.ecc_errors = {("corrected", "volatile"): 3, ("corrected", "aggregate"): 12}
+    busy.nvlinks, idle.nvlinks = 2, 0
+    busy.processes = [SimulatedProcess(4101, slurm_cgroup(4242, 0))]
+    idle.processes = [SimulatedProcess(4102, kubernetes_cgroup("0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b", "c" * 64))]
     return [busy, idle]
 
 

@@ -5,14 +5,12 @@ and thread growth under the same load are benchmark figures (bench/exporter_benc
 """
 
 import asyncio
-import subprocess
-import sys
 
 import aiohttp
 import pytest
 
-from helpers import FIXTURE_SYSFS, free_port, parse, stop_process
-from programs import listening, wait_for
+import programs
+from helpers import parse
 
 SCRAPERS = 200
 SCRAPES_EACH = 10
@@ -21,17 +19,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 @pytest.fixture
 def exporter():
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet", "exporter", "--gpu.backend=sim", "--sim.gpus=8",
-         f"--path.sysfs={FIXTURE_SYSFS}", f"--web.listen-address=127.0.0.1:{port}",
-         f"--web.max-requests={SCRAPERS}", f"--web.max-connections={SCRAPERS}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: listening(port), 20, "exporter start", process)
-        yield f"http://127.0.0.1:{port}/metrics"
-    finally:
-        stop_process(process)
+    with programs.exporter(f"--web.max-requests={SCRAPERS}", f"--web.max-connections={SCRAPERS}", gpus=8) as url:
+        yield f"{url}/metrics"
 
 
 async def scrape_concurrently(url: str) -> list[tuple[int, bytes]]:

@@ -9,13 +9,11 @@ import contextlib
 import http.client
 import select
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 
-from helpers import FIXTURE_SYSFS, free_port, stop_process
+import programs
 from programs import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -23,16 +21,9 @@ pytestmark = pytest.mark.e2e
 
 @contextlib.contextmanager
 def exporter(*flags: str) -> Iterator[int]:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet", "exporter", "--gpu.backend=sim", "--sim.gpus=1",
-         f"--path.sysfs={FIXTURE_SYSFS}", f"--web.listen-address=127.0.0.1:{port}", *flags],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: scrape(port) == 200, 20, "exporter start", process)
-        yield port
-    finally:
-        stop_process(process)
+    """The exporter's port, once it answers."""
+    with programs.exporter(*flags) as url:
+        yield int(url.rsplit(":", 1)[1])
 
 
 def scrape(port: int) -> int | None:
