@@ -71,7 +71,7 @@ def gpu_failures(c: Config) -> dict[str, Any]:
         alert(c, "GpuNvlinkDown", f"{c.metric('gpufleet_gpu_nvlink_up')} == 0", "critical",
               "An NVLink is down.", f"NVLink {{{{ $labels.link }}}} of {GPU} is down.", for_="2m"),
         alert(c, "GpuNvlinkCrcErrors",
-              f"rate({c.metric('gpufleet_gpu_nvlink_errors_total', _CRC)}[{c.d('5m')}]) > "
+              f"rate({c.metric('gpufleet_gpu_nvlink_link_errors_total', _CRC)}[{c.d('5m')}]) > "
               f"{c.nvlink_crc_per_second:g}", "warning", "An NVLink has a high CRC error rate.",
               f"NVLink {{{{ $labels.link }}}} of {GPU} has {{{{ $value | humanize }}}} {{{{ $labels.error }}}} "
               "errors per second.", for_="5m"),

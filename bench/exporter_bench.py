@@ -8,6 +8,7 @@ It builds a node-sized sysfs tree (8 InfiniBand ports, 4 Ethernet interfaces,
 node_exporter with the matching collectors (netclass, infiniband, hwmon,
 thermal_zone) and no cap on parallel scrapes, and prints:
 
+* the series count, in all and by metric family;
 * scrape latency p50/p99 with 1 and with 50 concurrent scrapers, for both
   exporters, asking for gzip as Prometheus does;
 * the exporter's CPU use as a share of one core over --cpu-seconds at its
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import os
 import shutil
 import statistics
@@ -36,6 +38,7 @@ from pathlib import Path
 
 import aiohttp
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 from support import free_port, wait_ready
 
 SINGLE_REQUESTS = 2000
@@ -102,6 +105,10 @@ async def latencies(url: str, scrapers: int, requests_each: int) -> list[float]:
 
         await asyncio.gather(*(scraper() for _ in range(scrapers)))
     return results
+
+
+def series_by_family(text: str) -> collections.Counter[str]:
+    return collections.Counter({family.name: len(family.samples) for family in text_string_to_metric_families(text)})
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -212,9 +219,10 @@ def main() -> None:
             time.sleep(1)  # Let every collector finish its first collection.
             with urllib.request.urlopen(ours_url) as response:
                 body = response.read()
-            series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+            families = series_by_family(body.decode())
             print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}; "
-                  f"gpufleet /metrics: {len(body)} bytes, {series} series")
+                  f"gpufleet /metrics: {len(body)} bytes, {sum(families.values())} series")
+            print("series by family: " + ", ".join(f"{name} {count}" for name, count in families.most_common()))
             print(f"{'scrape latency':<16} {'p50 1 ms':>9} {'p99 1 ms':>9} {'p50 50 ms':>10} {'p99 50 ms':>10}")
             ours_row = latency_row("gpufleet", ours_url)
             theirs_row = latency_row("node_exporter", theirs_url)

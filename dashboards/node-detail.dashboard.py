@@ -61,7 +61,7 @@ def build(config: Config) -> Dashboard:
              timeseries("NVLink errors", [
                  (f"sum by (instance, gpu, error) ({s.rate('gpufleet_gpu_nvlink_errors_total', gpu)})",
                   _BY_GPU + " {{error}}")], "ops", width=8),
-             timeseries("NVLinks up", [(f"sum by (instance, gpu) (gpufleet_gpu_nvlink_up{{{gpu}}})", _BY_GPU)], "short",
+             timeseries("NVLinks up", [(f"gpufleet_gpu_nvlink_links_up{{{gpu}}}", _BY_GPU)], "short",
                         width=8, description="A step down is a link lost; its traffic moves to the others or stops.")],
             [table("PCIe links", [
                 (f"gpufleet_gpu_pcie_link_width{{{gpu}}}", "width"),

@@ -12,6 +12,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.exposition import Exposition
+from gpufleet.exporter.gpu.nvlink import TRANSMIT, NvlinkSummary
+from gpufleet.exporter.gpu.probes import NVLINK_TRANSMIT, Reading
 from gpufleet.exporter.gpu.session import NvmlSession
 from gpufleet.exporter.gpu.simulated import (
     GpuTelemetry,
@@ -24,7 +26,7 @@ from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.server import build_app
 from gpufleet.exporter.tree import DiskTree
 
-from helpers import FIXTURE_SYSFS, eventually, named, parse, rendered, series
+from helpers import FIXTURE_SYSFS, eventually, named, parse, rendered, series, two_boards
 
 LOAD = GpuTelemetry(utilization=0.9, memory_used_bytes=2**34, power_watts=650.0, energy_joules=5000.0,
                     temperature_celsius=70, memory_temperature_celsius=75, sm_clock_hertz=1980e6)
@@ -93,9 +95,11 @@ async def test_a_healthy_node_reports_every_signal_with_healthy_values(exporter)
     assert samples[gpu(0, "gpufleet_gpu_row_remap_pending")] == 0
     assert samples[gpu(0, "gpufleet_gpu_remapped_rows", cause="correctable")] == 0
     assert samples[gpu(0, "gpufleet_gpu_pcie_replays_total")] == 0
-    assert len([l for l in named(samples, "gpufleet_gpu_nvlink_up") if ("gpu", "0") in l]) == 18
-    assert samples[gpu(0, "gpufleet_gpu_nvlink_errors_total", link="17", error="crc_data")] == 0
-    assert samples[gpu(0, "gpufleet_gpu_nvlink_transmit_bytes_total", link="0")] == 5000 * 250 * 1024
+    assert samples[gpu(0, "gpufleet_gpu_nvlink_links")] == samples[gpu(0, "gpufleet_gpu_nvlink_links_up")] == 18
+    assert samples[gpu(0, "gpufleet_gpu_nvlink_errors_total", error="crc_data")] == 0
+    assert samples[gpu(0, "gpufleet_gpu_nvlink_transmit_bytes_total")] == 18 * 5000 * 250 * 1024
+    # Healthy links have no series of their own by default (see test_nvlink_series_per_link).
+    assert not named(samples, "gpufleet_gpu_nvlink_up") and not named(samples, "gpufleet_gpu_nvlink_link_errors_total")
     assert samples[gpu(0, "gpufleet_gpu_clock_event_active", reason="sw_power_cap")] == 0
     assert samples[gpu(0, "gpufleet_gpu_violation_seconds_total", policy="thermal")] == 0
     # Hopper has no page retirement: left out, not zero.
@@ -178,11 +182,45 @@ async def test_nvlink_down_and_crc_errors(exporter):
     board.nvlinks_down.add(3)
     board.nvlink_errors.update({(5, "crc_flit"): 120, (5, "crc_data"): 7, (5, "replay"): 4, (5, "recovery"): 1})
     samples = await exporter.scrape_until(lambda s: s.get(gpu(6, "gpufleet_gpu_nvlink_up", link="3")) == 0)
-    links = {dict(l)["link"]: v for l, v in named(samples, "gpufleet_gpu_nvlink_up").items() if ("gpu", "6") in l}
-    assert links == {str(link): (0 if link == 3 else 1) for link in range(18)}
-    errors = {dict(l)["error"]: v for l, v in named(samples, "gpufleet_gpu_nvlink_errors_total").items()
-              if ("gpu", "6") in l and ("link", "5") in l}
-    assert errors == {"crc_flit": 120, "crc_data": 7, "replay": 4, "recovery": 1}
+    # Only the links at fault get series of their own, so the alerts can name them.
+    assert named(samples, "gpufleet_gpu_nvlink_up") == {gpu(6, "gpufleet_gpu_nvlink_up", link="3")[1]: 0}
+    assert samples[gpu(6, "gpufleet_gpu_nvlink_links_up")] == 17
+    errors = {(dict(l)["gpu"], dict(l)["link"], dict(l)["error"]): v
+              for l, v in named(samples, "gpufleet_gpu_nvlink_link_errors_total").items()}
+    assert errors == {("6", "5", "crc_flit"): 120, ("6", "5", "crc_data"): 7, ("6", "5", "replay"): 4,
+                      ("6", "5", "recovery"): 1}
+    assert samples[gpu(6, "gpufleet_gpu_nvlink_errors_total", error="crc_flit")] == 120
+    board.nvlinks_down.clear()
+    samples = await exporter.scrape_until(lambda s: s.get(gpu(6, "gpufleet_gpu_nvlink_links_up")) == 18)
+    assert not named(samples, "gpufleet_gpu_nvlink_up")  # Back up: the alert on it resolves.
+    assert len(named(samples, "gpufleet_gpu_nvlink_link_errors_total")) == 4  # An erring link keeps its counters.
+
+
+def test_nvlink_series_per_link():
+    collection = GpuCollector(NvmlSession(SimulatedNvml(two_boards())), nvlink_per_link=True).collect()
+    samples = rendered(collection)
+    assert len([l for l in named(samples, "gpufleet_gpu_nvlink_up") if ("gpu", "0") in l]) == 18
+    assert len([l for l in named(samples, "gpufleet_gpu_nvlink_link_errors_total") if ("gpu", "0") in l]) == 18 * 4
+    per_link = sum(v for l, v in named(samples, "gpufleet_gpu_nvlink_link_transmit_bytes_total").items()
+                   if ("gpu", "0") in l)
+    [total] = [v for l, v in named(samples, "gpufleet_gpu_nvlink_transmit_bytes_total").items() if ("gpu", "0") in l]
+    assert per_link == total > 0
+
+
+def test_nvlink_totals_never_fall_when_a_link_read_fails():
+    summary = NvlinkSummary()
+
+    def links(*values):
+        return [Reading(NVLINK_TRANSMIT, value, (str(link),)) for link, value in enumerate(values)]
+
+    def total(readings):
+        [value] = [r.value for r in readings if r.metric is TRANSMIT]
+        return value
+
+    assert total(summary.apply("GPU-a", links(10, 20))) == 30
+    assert total(summary.apply("GPU-a", links(15)[:1])) == 35  # Link 1 not read: its last value stays in.
+    assert total(summary.apply("GPU-a", links(16, 25))) == 41
+    assert total(summary.apply("GPU-a", links(1, 2))) == 3  # The driver reset the counters: so does the total.
 
 
 async def test_pcie_replays(exporter):
@@ -243,7 +281,8 @@ def test_not_supported_fields_leave_out_only_their_series():
     assert gpu(0, "gpufleet_gpu_row_remap_pending") not in samples
     assert samples[gpu(0, "gpufleet_gpu_row_remap_failed")] == 0
     for name in ("gpufleet_gpu_violation_seconds_total", "gpufleet_gpu_clock_event_active", "gpufleet_gpu_nvlink_up",
-                 "gpufleet_gpu_nvlink_errors_total", "gpufleet_gpu_nvlink_transmit_bytes_total"):
+                 "gpufleet_gpu_nvlink_links", "gpufleet_gpu_nvlink_errors_total",
+                 "gpufleet_gpu_nvlink_transmit_bytes_total"):
         assert not named(samples, name), name
 
 

@@ -14,6 +14,7 @@ PCI bus.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
@@ -22,6 +23,7 @@ from prometheus_client.samples import Sample
 
 from gpufleet.exporter.collector import Collection, CollectorError, FamilySet
 from gpufleet.exporter.gpu.jobs import Attribution, JobAttribution
+from gpufleet.exporter.gpu.nvlink import NvlinkSummary
 from gpufleet.exporter.gpu.podresources import PodResourcesClient
 from gpufleet.exporter.gpu.probes import GpuMetric
 from gpufleet.exporter.gpu.session import GpuIdentity, GpuUnavailable, NodeSample, NvmlSession
@@ -139,8 +141,10 @@ class GpuCollector:
     default_interval: ClassVar[float] = 5.0
 
     def __init__(self, session: NvmlSession, *, sysfs: Tree | None = None, jobs: JobAttribution | None = None,
-                 xids: XidLedger | None = None, xid_sources: Sequence[XidSource] = ()) -> None:
+                 xids: XidLedger | None = None, xid_sources: Sequence[XidSource] = (),
+                 nvlink_per_link: bool = False) -> None:
         self.session = session
+        self.nvlinks = NvlinkSummary(nvlink_per_link)
         self.sysfs = sysfs
         self.jobs = jobs
         self.xids = xids if xids is not None else XidLedger()
@@ -163,6 +167,11 @@ class GpuCollector:
         parser.add_argument("--collector.gpu.process-memory", dest="gpu_process_memory",
                             action=argparse.BooleanOptionalAction, default=False,
                             help="export GPU memory per process (series churn with pids; default: off)")
+        parser.add_argument("--collector.gpu.nvlink-per-link", dest="gpu_nvlink_per_link",
+                            action=argparse.BooleanOptionalAction, default=False,
+                            help="export every NVLink's state, errors and traffic (126 series per H100); by default "
+                                 "each GPU gets totals over its links, and a link its own series only while it is "
+                                 "down or once it has counted errors (default: off)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, hardware: Hardware) -> GpuCollector:
@@ -179,7 +188,8 @@ class GpuCollector:
                                      "pip install 'gpufleet[kubernetes]'") from None
         mapping = DiskTree(args.job_mapping_dir) if args.job_mapping_dir else None
         jobs = JobAttribution(hardware.procfs, mapping, args.gpu_process_memory, pod_resources)
-        return cls(NvmlSession(hardware.nvml), sysfs=hardware.sysfs, jobs=jobs, xids=ledger, xid_sources=sources)
+        return cls(NvmlSession(hardware.nvml), sysfs=hardware.sysfs, jobs=jobs, xids=ledger, xid_sources=sources,
+                   nvlink_per_link=args.gpu_nvlink_per_link)
 
     def start(self) -> None:
         for source in self.xid_sources:
@@ -199,6 +209,9 @@ class GpuCollector:
             for identity in self.session.known_gpus():
                 _identity_series(families, identity, False, self.session.driver_version, self.session.cuda_version)
         else:
+            sample = dataclasses.replace(sample, gpus=tuple(
+                dataclasses.replace(gpu, readings=tuple(self.nvlinks.apply(gpu.identity.uuid, gpu.readings)))
+                for gpu in sample.gpus))
             add_sample(families, sample)
             problems.extend(sample.problems)
             if self.jobs is not None:

@@ -95,13 +95,14 @@ VIOLATION = GpuMetric(
     counter=True,
     labels=("policy",),
 )
+# Per link; which of them reach /metrics, and the per-GPU totals over links, is `nvlink.NvlinkSummary`'s call.
 NVLINK_UP = GpuMetric("gpufleet_gpu_nvlink_up", "1 when the NVLink is active.", labels=("link",))
-NVLINK_ERRORS = GpuMetric("gpufleet_gpu_nvlink_errors_total", "NVLink data-link errors, by kind.", counter=True,
-                          labels=("link", "error"))
-NVLINK_TRANSMIT = GpuMetric("gpufleet_gpu_nvlink_transmit_bytes_total", "NVLink data transmitted.", counter=True,
-                            labels=("link",))
-NVLINK_RECEIVE = GpuMetric("gpufleet_gpu_nvlink_receive_bytes_total", "NVLink data received.", counter=True,
-                           labels=("link",))
+NVLINK_ERRORS = GpuMetric("gpufleet_gpu_nvlink_link_errors_total", "NVLink data-link errors of one link, by kind.",
+                          counter=True, labels=("link", "error"))
+NVLINK_TRANSMIT = GpuMetric("gpufleet_gpu_nvlink_link_transmit_bytes_total", "NVLink data transmitted on one link.",
+                            counter=True, labels=("link",))
+NVLINK_RECEIVE = GpuMetric("gpufleet_gpu_nvlink_link_receive_bytes_total", "NVLink data received on one link.",
+                           counter=True, labels=("link",))
 
 # Raw values NVML and its users employ to mean "no value".
 _SENTINELS = frozenset({0xFFFF, 0xFFFFFFFF, 0x7FFFFFFFFFFFFFFF, 0xFFFFFFFFFFFFFFFF})

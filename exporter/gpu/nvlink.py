@@ -1,0 +1,86 @@
+"""NVLink series per GPU, and per link only where a link needs a look.
+
+An H100 has 18 NVLinks; per link, a state, four error counters and two traffic counters make 1,008
+series on an 8-GPU node, more than the rest of the node together. Dashboards and capacity planning
+read NVLink traffic and errors per GPU; an operator needs the link's number only to replace or
+reset it. So by default each GPU gets its totals over its links, and a link gets its own series only
+while it is down (`gpufleet_gpu_nvlink_up` 0) or once it has counted an error
+(`gpufleet_gpu_nvlink_link_errors_total`, all four kinds, from then on: a counter that came and went
+would break `rate()`). `--collector.gpu.nvlink-per-link` exports every link's series, as
+dcgm-exporter's per-link fields do.
+
+A total over links must never fall unless the driver reset the counters: a link whose read failed
+this cycle keeps its last value in the sum, so a failed read does not look like a counter reset.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from gpufleet.exporter.gpu.probes import (
+    NVLINK_ERRORS,
+    NVLINK_RECEIVE,
+    NVLINK_TRANSMIT,
+    NVLINK_UP,
+    GpuMetric,
+    Reading,
+)
+
+LINKS = GpuMetric("gpufleet_gpu_nvlink_links", "NVLinks the GPU has.")
+LINKS_UP = GpuMetric("gpufleet_gpu_nvlink_links_up", "NVLinks that are active.")
+ERRORS = GpuMetric("gpufleet_gpu_nvlink_errors_total", "NVLink data-link errors over all the GPU's links, by kind.",
+                   counter=True, labels=("error",))
+TRANSMIT = GpuMetric("gpufleet_gpu_nvlink_transmit_bytes_total", "NVLink data transmitted over all the GPU's links.",
+                     counter=True)
+RECEIVE = GpuMetric("gpufleet_gpu_nvlink_receive_bytes_total", "NVLink data received over all the GPU's links.",
+                    counter=True)
+_TOTALS = {NVLINK_TRANSMIT: TRANSMIT, NVLINK_RECEIVE: RECEIVE}
+PER_LINK = frozenset({NVLINK_UP, NVLINK_ERRORS, NVLINK_TRANSMIT, NVLINK_RECEIVE})
+
+
+class NvlinkSummary:
+    """Turns one GPU's per-link readings into its totals plus the per-link series this mode keeps."""
+
+    def __init__(self, per_link: bool = False) -> None:
+        self.per_link = per_link
+        # (uuid) -> (metric, label values) -> last value read: what a failed read leaves in the totals.
+        self._last: dict[str, dict[tuple[GpuMetric, tuple[str, ...]], float]] = defaultdict(dict)
+        self._erring: dict[str, set[str]] = defaultdict(set)  # Links that have counted an error, per GPU.
+
+    def apply(self, uuid: str, readings: Iterable[Reading]) -> list[Reading]:
+        kept: list[Reading] = []
+        links: list[Reading] = []
+        for reading in readings:
+            (links if reading.metric in PER_LINK else kept).append(reading)
+        if not links:
+            return kept
+        last = self._last[uuid]
+        for reading in links:
+            if reading.metric is not NVLINK_UP:
+                previous = last.get((reading.metric, reading.label_values))
+                if previous is not None and reading.value < previous:  # The driver reset the counters.
+                    last.clear()
+                    self._erring[uuid].clear()
+                    break
+        states = [reading for reading in links if reading.metric is NVLINK_UP]
+        kept.append(Reading(LINKS, float(len(states))))
+        kept.append(Reading(LINKS_UP, float(sum(reading.value for reading in states))))
+        erring = self._erring[uuid]
+        for reading in links:
+            if reading.metric is not NVLINK_UP:
+                last[(reading.metric, reading.label_values)] = reading.value
+            if reading.metric is NVLINK_ERRORS and reading.value > 0:
+                erring.add(reading.label_values[0])
+        totals: dict[tuple[GpuMetric, tuple[str, ...]], float] = {}
+        for (metric, values), value in last.items():
+            key = (ERRORS, values[1:]) if metric is NVLINK_ERRORS else (_TOTALS[metric], ())
+            totals[key] = totals.get(key, 0.0) + value
+        kept.extend(Reading(metric, value, values) for (metric, values), value in totals.items())
+        if self.per_link:
+            kept.extend(links)
+        else:
+            kept.extend(reading for reading in links
+                        if (reading.metric is NVLINK_UP and reading.value == 0)
+                        or (reading.metric is NVLINK_ERRORS and reading.label_values[0] in erring))
+        return kept
