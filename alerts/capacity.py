@@ -22,7 +22,6 @@ from typing import Any
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.recording import link_utilization
 from gpufleet.alerts.rule import record
-from gpufleet.alerts.stragglers import signal_in_jobs
 
 INTERVAL = "5m"
 WINDOW = "10m"  # Rates and averages span two evaluations, so a late one leaves no gap.
@@ -81,7 +80,13 @@ def capacity(c: Config) -> dict[str, Any]:
 
     power_ratio = f"({m('gpufleet_gpu_power_watts')} / {m('gpufleet_gpu_power_limit_watts')})"
     job_key = c.by("scheduler", "job_id")
-    clock = signal_in_jobs(c, "sm_clock", WINDOW)
+    # From the raw series, not the first tier's: this group must also be computable alone, over the past
+    # (`promtool tsdb create-blocks-from rules`), and at one evaluation in 5 minutes it costs little.
+    named_jobs = m("gpufleet_gpu_job_info", 'job_id!=""')
+    raw_clock = m("gpufleet_gpu_clock_hertz", 'clock="sm"')
+    sm_clock = f"avg_over_time({raw_clock}[{c.d(WINDOW)}])"
+    clock = (f"avg by ({c.by('scheduler', 'job_id', 'instance')}) ({named_jobs}"
+             f" * on ({c.by('instance', 'gpu', 'uuid')}) group_left {sm_clock})")
     relative = (f"({clock} / on ({job_key}) group_left max by ({job_key}) ({clock})) "
                 f"and on ({job_key}) (count by ({job_key}) ({clock}) >= 2)")
     rules = [

@@ -67,20 +67,6 @@ def fabric(c: Config) -> dict[str, Any]:
         alert(c, "NicInfinibandLinkFlapping", f"{downed} > {c.link_flaps}", "critical",
               "An InfiniBand link keeps going down.",
               f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}."),
-        alert(c, "NicInfinibandSymbolErrors",
-              f"increase({c.metric(ib + 'symbol_error_total')}[{c.d('1h')}]) > {c.symbol_errors_per_hour}",
-              "warning", "An InfiniBand port sees many symbol errors: a bad cable or transceiver.",
-              f"{PORT} had {{{{ $value | humanize }}}} symbol errors in the last hour."),
-        alert(c, "NicInfinibandLinkErrorRecovery",
-              f"rate({c.metric(ib + 'link_error_recovery_total')}[{c.d('5m')}]) * 60 > "
-              f"{c.link_error_recoveries_per_minute:g}", "warning",
-              "An InfiniBand link keeps retraining.",
-              f"{PORT} recovered from link errors {{{{ $value | humanize }}}} times per minute.", for_="5m"),
-        alert(c, "NicInfinibandLinkIntegrityErrors",
-              f"increase({c.metric(ib + 'local_link_integrity_errors_total')}[{c.d('15m')}]) > 0 or "
-              f"increase({c.metric(ib + 'excessive_buffer_overrun_errors_total')}[{c.d('15m')}]) > 0",
-              "warning", "An InfiniBand link broke its integrity or overran its buffers.",
-              f"{PORT} counted link integrity or buffer overrun errors in the last 15m."),
         _rate_above(c, "NicInfinibandReceiveErrors", ib + "port_rcv_errors_total", c.receive_errors_per_second,
                     "An InfiniBand port receives malformed packets.", "receive errors"),
         _rate_above(c, "NicInfinibandTransmitDiscards", ib + "port_xmit_discards_total",
@@ -104,3 +90,24 @@ def fabric(c: Config) -> dict[str, Any]:
               for_="2m"),
     ]
     return {"name": "gpufleet-fabric", "rules": rules}
+
+
+def fabric_slow_checks(c: Config) -> list[dict[str, Any]]:
+    """Error counts over 15 minutes or an hour, which need no 15-second evaluation (`slow`)."""
+    ib = "gpufleet_infiniband_"
+    return [
+        alert(c, "NicInfinibandSymbolErrors",
+              f"increase({c.metric(ib + 'symbol_error_total')}[{c.d('1h')}]) > {c.symbol_errors_per_hour}",
+              "warning", "An InfiniBand port sees many symbol errors: a bad cable or transceiver.",
+              f"{PORT} had {{{{ $value | humanize }}}} symbol errors in the last hour."),
+        alert(c, "NicInfinibandLinkErrorRecovery",
+              f"rate({c.metric(ib + 'link_error_recovery_total')}[{c.d('5m')}]) * 60 > "
+              f"{c.link_error_recoveries_per_minute:g}", "warning",
+              "An InfiniBand link keeps retraining.",
+              f"{PORT} recovered from link errors {{{{ $value | humanize }}}} times per minute.", for_="5m"),
+        alert(c, "NicInfinibandLinkIntegrityErrors",
+              f"increase({c.metric(ib + 'local_link_integrity_errors_total')}[{c.d('15m')}]) > 0 or "
+              f"increase({c.metric(ib + 'excessive_buffer_overrun_errors_total')}[{c.d('15m')}]) > 0",
+              "warning", "An InfiniBand link broke its integrity or overran its buffers.",
+              f"{PORT} counted link integrity or buffer overrun errors in the last 15m."),
+    ]

@@ -10,10 +10,10 @@ from typing import Any
 
 from gpufleet import duration
 from gpufleet.alerts.config import Config
+from gpufleet.alerts.recording import ECC_NEW, PCIE_DEGRADED, PCIE_REPLAYS, SLOWDOWN, share_of_time
 from gpufleet.alerts.rule import GPU, alert
 from gpufleet.alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH, matcher
 
-_UNCORRECTED = ('error="uncorrected"', 'scope="volatile"')
 _CRC = 'error=~"crc_flit|crc_data"'
 _HW_SLOWDOWN = 'reason=~"hw_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"'
 
@@ -26,6 +26,9 @@ def _xid_event(c: Config, name: str, codes: tuple[int, ...], severity: str, summ
 
 
 def gpu_failures(c: Config) -> dict[str, Any]:
+    """What must reach the pager or a ticket within a minute: instant selectors over the raw series, and
+    windows only over the first tier's sparse series (see `recording`)."""
+    hw_slowdown = SLOWDOWN + "{" + _HW_SLOWDOWN + "}"
     rules = [
         _xid_event(c, "GpuXidCritical", RESET_OR_REBOOT, "critical",
                    "A GPU reported an XID that needs a GPU reset or a reboot."),
@@ -33,11 +36,6 @@ def gpu_failures(c: Config) -> dict[str, Any]:
                    "A GPU reported a memory XID to watch (row remap, high single-bit rate, contained error)."),
         _xid_event(c, "GpuXidApplication", APPLICATION, "info",
                    "A GPU reported an application XID (the program's own fault)."),
-        alert(c, "GpuXidApplicationRepeated",
-              f"changes({c.metric('gpufleet_gpu_xid_last_timestamp_seconds', matcher(APPLICATION))}"
-              f"[{c.d(c.repeat_window)}]) >= 1", "warning",
-              "An application XID repeats on the same GPU.",
-              f"{GPU} reported XID {{{{ $labels.xid }}}} again within {c.repeat_window}."),
         alert(c, "GpuLost", f"{c.metric('gpufleet_gpu_up')} == 0", "critical",
               "A GPU stopped answering NVML.",
               f"{GPU} is lost: NVML no longer answers for it.", for_="1m"),
@@ -46,15 +44,10 @@ def gpu_failures(c: Config) -> dict[str, Any]:
               "critical", "A node has GPUs on its PCI bus that NVML does not list.",
               "{{ $labels.instance }} has {{ $value }} NVIDIA GPUs on the PCI bus, more than NVML lists.",
               for_="5m"),
-        alert(c, "GpuCountDropped",
-              f"{c.metric('gpufleet_gpu_devices')} < max_over_time({c.metric('gpufleet_gpu_devices')}"
-              f"[{c.d(c.gpu_count_lookback)}])", "critical", "A node lists fewer GPUs than it did earlier today.",
-              "{{ $labels.instance }} lists {{ $value }} GPUs, fewer than in the last "
-              f"{c.gpu_count_lookback}.", for_="5m"),
-        alert(c, "GpuEccUncorrectable",
-              f"increase({c.metric('gpufleet_gpu_ecc_errors_total', *_UNCORRECTED)}"
-              f"[{c.d(c.ecc_window)}]) > 0", "critical", "A GPU had an uncorrectable ECC error.",
-              f"{GPU} had {{{{ $value | humanize }}}} uncorrectable ECC errors in {c.ecc_window}."),
+        alert(c, "GpuEccUncorrectable", f"max_over_time({ECC_NEW}[{c.d(c.ecc_window)}])", "critical",
+              "A GPU had an uncorrectable ECC error.",
+              f"{GPU} counted uncorrectable ECC errors in the last {c.ecc_window}, {{{{ $value | humanize }}}} "
+              "within one minute at most."),
         alert(c, "GpuRowRemapFailed", f"{c.metric('gpufleet_gpu_row_remap_failed')} == 1", "critical",
               "A GPU failed to remap a memory row: an RMA candidate.",
               f"{GPU} failed a row remap; it cannot repair its memory any more."),
@@ -75,22 +68,14 @@ def gpu_failures(c: Config) -> dict[str, Any]:
               f"{c.nvlink_crc_per_second:g}", "warning", "An NVLink has a high CRC error rate.",
               f"NVLink {{{{ $labels.link }}}} of {GPU} has {{{{ $value | humanize }}}} {{{{ $labels.error }}}} "
               "errors per second.", for_="5m"),
-        alert(c, "GpuPcieReplaysHigh",
-              f"rate({c.metric('gpufleet_gpu_pcie_replays_total')}[{c.d('5m')}]) * 60 > "
-              f"{c.pcie_replays_per_minute:g}", "warning", "A GPU's PCIe link retransmits too often.",
+        alert(c, "GpuPcieReplaysHigh", f"{PCIE_REPLAYS} * 60 > {c.pcie_replays_per_minute:g}", "warning",
+              "A GPU's PCIe link retransmits too often.",
               f"{GPU} has {{{{ $value | humanize }}}} PCIe replays per minute.", for_="5m"),
-        # An idle GPU lowers its PCIe generation to save power: only a busy GPU's lower generation counts.
-        alert(c, "GpuPcieLinkDegraded",
-              f"({c.metric('gpufleet_gpu_pcie_link_width')} < {c.metric('gpufleet_gpu_pcie_link_max_width')})"
-              f" or (({c.metric('gpufleet_gpu_pcie_link_generation')} < "
-              f"{c.metric('gpufleet_gpu_pcie_link_max_generation')}) and on ({c.by('instance', 'gpu', 'uuid')}) "
-              f"{c.metric('gpufleet_gpu_utilization_ratio')} > 0.5)", "warning",
+        alert(c, "GpuPcieLinkDegraded", PCIE_DEGRADED, "warning",
               "A GPU's PCIe link runs below its maximum width or generation.",
               f"{GPU} runs its PCIe link below its maximum.", for_="10m"),
-        alert(c, "GpuHardwareSlowdown",
-              f"avg_over_time({c.metric('gpufleet_gpu_clock_event_active', _HW_SLOWDOWN)}"
-              f"[{c.d(c.slowdown_window)}]) > {c.slowdown_share:g}", "warning",
-              "A GPU's clocks are held down by hardware slowdown, thermal slowdown or power brake.",
+        alert(c, "GpuHardwareSlowdown", f"{share_of_time(c, hw_slowdown, c.slowdown_window)} > {c.slowdown_share:g}",
+              "warning", "A GPU's clocks are held down by hardware slowdown, thermal slowdown or power brake.",
               f"{GPU} had {{{{ $labels.reason }}}} active {{{{ $value | humanizePercentage }}}} of the last "
               f"{c.slowdown_window}."),
         alert(c, "GpuThermalMarginLow",
@@ -99,3 +84,19 @@ def gpu_failures(c: Config) -> dict[str, Any]:
               f"{GPU} is {{{{ $value }}}} °C from thermal slowdown.", for_="2m"),
     ]
     return {"name": "gpufleet-gpu-failures", "rules": rules}
+
+
+def gpu_slow_checks(c: Config) -> list[dict[str, Any]]:
+    """Checks over an hour or a day, on series that change slowly: evaluated less often (`slow`)."""
+    return [
+        alert(c, "GpuXidApplicationRepeated",
+              f"changes({c.metric('gpufleet_gpu_xid_last_timestamp_seconds', matcher(APPLICATION))}"
+              f"[{c.d(c.repeat_window)}]) >= 1", "warning",
+              "An application XID repeats on the same GPU.",
+              f"{GPU} reported XID {{{{ $labels.xid }}}} again within {c.repeat_window}."),
+        alert(c, "GpuCountDropped",
+              f"{c.metric('gpufleet_gpu_devices')} < max_over_time({c.metric('gpufleet_gpu_devices')}"
+              f"[{c.d(c.gpu_count_lookback)}])", "critical", "A node lists fewer GPUs than it did earlier today.",
+              "{{ $labels.instance }} lists {{ $value }} GPUs, fewer than in the last "
+              f"{c.gpu_count_lookback}.", for_="5m"),
+    ]

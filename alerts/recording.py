@@ -1,7 +1,12 @@
-"""Recording rules that alerts and dashboards share: per-node and per-job aggregates, link utilisation.
+"""The first tier of the rules: per-GPU, per-port and per-node reductions, recorded once for everyone.
 
-Aggregating once here keeps rule evaluation cheap at thousands of nodes: the alerts read a few
-thousand recorded series instead of re-aggregating every per-GPU series on each evaluation.
+At 1,000 nodes a per-GPU metric is 8,000 series and a clock-event reason 72,000. This group reads
+them once per evaluation, with instant selectors or windows of at most 5 minutes, and records what
+the alerts, the straggler maths, the dashboards and the capacity report then read: per-node
+aggregates, link utilisation, and, for the checks that look back further, series that exist only
+while something is wrong (a slowdown reason active, a degraded PCIe link, a new uncorrectable ECC
+error). A window of 10 or 15 minutes over those sparse series costs nothing on a healthy fleet,
+where the same window over the raw series would decode every GPU's samples at every evaluation.
 Names follow `level:metric:operations`.
 """
 
@@ -13,10 +18,71 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.rule import record
 
 NODE_JOBS = "instance_job:gpufleet_gpu_job_info:count"
+GPUS_UP = "instance:gpufleet_gpus_up:sum"
+# Sparse, per GPU: 1 while a slowdown reason holds the clocks (label `reason`); the link's width while
+# the PCIe link runs degraded; the uncorrectable ECC errors counted in the last minute, while there are any.
+SLOWDOWN = "instance_gpu:gpufleet_gpu_clock_slowdown:active"
+PCIE_DEGRADED = "instance_gpu:gpufleet_gpu_pcie_link:degraded"
+ECC_NEW = "instance_gpu:gpufleet_gpu_ecc_uncorrected_errors:increase1m"
+PCIE_REPLAYS = "instance_gpu:gpufleet_gpu_pcie_replays:rate5m"
+# Per node and job: a straggler signal, now (label `signal`: sm_clock or power; `peers`: job or model).
+NODE_SIGNAL = "job_instance:gpufleet_straggler_signal:avg"
 LINK_UTILIZATION = "instance_port:gpufleet_link_utilization:ratio_rate5m"
 XMIT_WAIT = "instance_port:gpufleet_infiniband_xmit_wait:rate5m"
 JOB_XMIT_WAIT = "job_instance:gpufleet_infiniband_xmit_wait:rate5m"
 JOB_XMIT_WAIT_MEDIAN = "job:gpufleet_infiniband_xmit_wait:median_rate5m"
+
+
+SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
+_GPU_KEY = ("instance", "gpu", "uuid")
+# Where a per-GPU signal is the same for every job of the board: clock and power.
+_GPU_SIGNALS = {"sm_clock": ("gpufleet_gpu_clock_hertz", 'clock="sm"'), "power": ("gpufleet_gpu_power_watts",)}
+
+
+def share_of_time(c: Config, sparse: str, window: str) -> str:
+    """The share of this group's evaluations over `window` at which a sparse series was present.
+
+    Counting its samples against those of a series the group records for every node at every
+    evaluation (`GPUS_UP`) makes the share independent of the evaluation interval.
+    """
+    return (f"count_over_time({sparse}[{c.d(window)}]) / on ({c.by('instance')}) group_left "
+            f"count_over_time({GPUS_UP}[{c.d(window)}])")
+
+
+def _node_signals(c: Config) -> list[dict[str, Any]]:
+    """Each node's straggler signals now: the mean over its GPUs in each named job, and over its busy GPUs
+    that have no job id (compared within their cluster and GPU model)."""
+    jobs = c.metric("gpufleet_gpu_job_info", 'job_id!=""')
+    gpu = c.by(*_GPU_KEY)
+    rules = []
+    for signal, (metric, *matchers) in _GPU_SIGNALS.items():
+        value = c.metric(metric, *matchers)
+        rules.append(record(NODE_SIGNAL, f"avg by ({c.by('scheduler', 'job_id', 'instance')}) "
+                                         f"({jobs} * on ({gpu}) group_left {value})", signal=signal, peers="job"))
+        busy = f"{c.metric('gpufleet_gpu_utilization_ratio')} > {c.busy_utilization:g}"
+        without_job = (f"(({value} * on ({gpu}) group_left (name) {c.metric('gpufleet_gpu_info')})"
+                       f" unless on ({gpu}) {jobs}) and on ({gpu}) {busy}")
+        by_model = (f'label_replace(avg by ({c.by("instance", "name")}) ({without_job}), '
+                    f'"model", "$1", "name", "(.*)")')
+        rules.append(record(NODE_SIGNAL, f"max without (name) ({by_model})", signal=signal, peers="model"))
+    return rules
+
+
+def _gpu_health(c: Config) -> list[dict[str, Any]]:
+    gpu = c.by(*_GPU_KEY)
+    active = c.metric("gpufleet_gpu_clock_event_active", f'reason=~"{"|".join(SLOWDOWN_REASONS)}"')
+    # An idle GPU lowers its PCIe generation to save power: only a busy GPU's lower generation counts.
+    degraded = (f"({c.metric('gpufleet_gpu_pcie_link_width')} < {c.metric('gpufleet_gpu_pcie_link_max_width')})"
+                f" or (({c.metric('gpufleet_gpu_pcie_link_generation')} < "
+                f"{c.metric('gpufleet_gpu_pcie_link_max_generation')}) and on ({gpu}) "
+                f"{c.metric('gpufleet_gpu_utilization_ratio')} > {c.busy_utilization:g})")
+    uncorrected = c.metric("gpufleet_gpu_ecc_errors_total", 'error="uncorrected"', 'scope="volatile"')
+    return [
+        record(SLOWDOWN, f"{active} == 1"),
+        record(PCIE_DEGRADED, f"group by ({gpu}) ({degraded})"),
+        record(ECC_NEW, f"increase({uncorrected}[{c.d('1m')}]) > 0"),
+        record(PCIE_REPLAYS, f"rate({c.metric('gpufleet_gpu_pcie_replays_total')}[{c.d('5m')}])"),
+    ]
 
 
 def _per_job(c: Config, node_level: str) -> str:
@@ -56,10 +122,12 @@ def shared(c: Config) -> dict[str, Any]:
                f"avg by ({c.by('instance')}) ({c.metric('gpufleet_gpu_utilization_ratio')})"),
         record("instance:gpufleet_gpu_power_watts:sum",
                f"sum by ({c.by('instance')}) ({c.metric('gpufleet_gpu_power_watts')})"),
-        record("instance:gpufleet_gpus_up:sum", f"sum by ({c.by('instance')}) ({c.metric('gpufleet_gpu_up')})"),
+        record(GPUS_UP, f"sum by ({c.by('instance')}) ({c.metric('gpufleet_gpu_up')})"),
         *link_utilization(c, LINK_UTILIZATION, "5m"),
         record(XMIT_WAIT, f"rate({c.metric('gpufleet_infiniband_port_xmit_wait_total')}[{c.d('5m')}])"),
         record(JOB_XMIT_WAIT, _per_job(c, f"sum by ({c.by('instance')}) ({XMIT_WAIT})")),
         record(JOB_XMIT_WAIT_MEDIAN, f"quantile by ({c.by('scheduler', 'job_id')}) (0.5, {JOB_XMIT_WAIT})"),
+        *_gpu_health(c),
+        *_node_signals(c),
     ]
     return {"name": "gpufleet-recording", "rules": rules}

@@ -8,7 +8,9 @@ compute and communication phases of a training step. Lower is worse for every si
 Peers are the nodes of one job where the scheduler names jobs (Slurm, a job mapping file). Nodes
 without a job id (no attribution, or Kubernetes pods, whose per-node pods share no id) are compared
 within their cluster and GPU model, and only while busy: an idle node holds nobody back.
-Network throughput is not a signal: in a synchronous job every node moves the same bytes per step,
+The first tier (`recording`) reduces each signal to one series per node and job at every evaluation;
+this group averages those over `signal_window`, so its window spans a thousand series, not eight
+thousand. Network throughput is not a signal: in a synchronous job every node moves the same bytes per step,
 so the straggler's throughput falls with everyone else's. Congestion is, as a likely cause.
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.recording import XMIT_WAIT
+from gpufleet.alerts.recording import NODE_SIGNAL, PCIE_DEGRADED, PCIE_REPLAYS, SLOWDOWN, XMIT_WAIT, share_of_time
 from gpufleet.alerts.rule import alert, record
 
 SIGNAL = "job_instance:gpufleet_straggler_signal:avg5m"
@@ -29,53 +31,18 @@ RELATIVE = "job_instance:gpufleet_straggler_signal:relative5m"
 ZSCORE = "job_instance:gpufleet_straggler_signal:zscore5m"
 CAUSE = "instance:gpufleet_straggler_cause:active"
 
-# Besides the cluster: the labels that make a group of peers, and those that name a GPU.
+# Besides the cluster: the labels that make a group of peers.
 PEERS = ("scheduler", "job_id", "model", "signal")
-_GPU_KEY = ("instance", "gpu", "uuid")
-# Where a per-GPU signal is the same for every job of the board: clock and power.
-_GPU_SIGNALS = {"sm_clock": ('gpufleet_gpu_clock_hertz', 'clock="sm"'), "power": ("gpufleet_gpu_power_watts",)}
-
-
-def _smoothed(c: Config, signal: str, window: str) -> str:
-    metric, *matchers = _GPU_SIGNALS[signal]
-    return f"avg_over_time({c.metric(metric, *matchers)}[{c.d(window)}])"
-
-
-def signal_in_jobs(c: Config, signal: str, window: str) -> str:
-    """A per-GPU signal averaged over `window` and over each node's GPUs in each named job."""
-    jobs = c.metric("gpufleet_gpu_job_info", 'job_id!=""')
-    return (f"avg by ({c.by('scheduler', 'job_id', 'instance')}) "
-            f"({jobs} * on ({c.by(*_GPU_KEY)}) group_left {_smoothed(c, signal, window)})")
-
-
-def _signals(c: Config) -> list[dict[str, Any]]:
-    jobs = c.metric("gpufleet_gpu_job_info", 'job_id!=""')
-    gpu = c.by(*_GPU_KEY)
-    rules = []
-    for signal in _GPU_SIGNALS:
-        smoothed = _smoothed(c, signal, c.signal_window)
-        rules.append(record(SIGNAL, signal_in_jobs(c, signal, c.signal_window), signal=signal, peers="job"))
-        busy = f"{c.metric('gpufleet_gpu_utilization_ratio')} > {c.busy_utilization:g}"
-        without_job = (f"(({smoothed} * on ({gpu}) group_left (name) {c.metric('gpufleet_gpu_info')})"
-                       f" unless on ({gpu}) {jobs})"
-                       f" and on ({gpu}) {busy}")
-        by_model = (f'label_replace(avg by ({c.by("instance", "name")}) '
-                    f'({without_job}), "model", "$1", "name", "(.*)")')
-        rules.append(record(SIGNAL, f"max without (name) ({by_model})", signal=signal, peers="model"))
-    return rules
 
 
 def _causes(c: Config) -> list[dict[str, Any]]:
     """Per node, what could explain a straggler: one series per cause, labelled with it."""
-    window = c.d(c.signal_window)
-
     def event(reasons: str) -> str:
-        active = c.metric("gpufleet_gpu_clock_event_active", f'reason=~"{reasons}"')
-        return f"max by ({c.by('instance')}) (avg_over_time({active}[{window}])) > {c.slowdown_share:g}"
+        active = f'{SLOWDOWN}{{reason=~"{reasons}"}}'
+        return f"max by ({c.by('instance')}) ({share_of_time(c, active, c.signal_window)}) > {c.slowdown_share:g}"
 
-    pcie = (f"count by ({c.by('instance')}) ({c.metric('gpufleet_gpu_pcie_link_width')} < "
-            f"{c.metric('gpufleet_gpu_pcie_link_max_width')}) or max by ({c.by('instance')}) "
-            f"(rate({c.metric('gpufleet_gpu_pcie_replays_total')}[{window}]) * 60) > {c.pcie_replays_per_minute:g}")
+    pcie = (f"count by ({c.by('instance')}) ({PCIE_DEGRADED}) or max by ({c.by('instance')}) "
+            f"({PCIE_REPLAYS} * 60) > {c.pcie_replays_per_minute:g}")
     nic = (f"max by ({c.by('instance')}) ({XMIT_WAIT}) > "
            f"{c.xmit_wait_per_second:g}")
     causes = {
@@ -90,7 +57,7 @@ def _causes(c: Config) -> list[dict[str, Any]]:
 def stragglers(c: Config) -> dict[str, Any]:
     peers = c.by(*PEERS)
     rules = [
-        *_signals(c),
+        record(SIGNAL, f"avg_over_time({NODE_SIGNAL}[{c.d(c.signal_window)}])"),
         record(MEDIAN, f"quantile by ({peers}) (0.5, {SIGNAL})"),
         record(BEST, f"max by ({peers}) ({SIGNAL})"),
         record(NODES, f"count by ({peers}) ({SIGNAL})"),

@@ -155,6 +155,7 @@ class AlertLog:
     def __init__(self, url: str) -> None:
         self.url = url
         self.seen: dict[frozenset, tuple[float, str]] = {}
+        self.fired: dict[frozenset, float] = {}  # When each alert was first seen firing.
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
@@ -168,6 +169,8 @@ class AlertLog:
                 key = frozenset(alert["labels"].items())
                 first, state = self.seen.get(key, (time.monotonic(), alert["state"]))
                 self.seen[key] = (first, "firing" if "firing" in (state, alert["state"]) else state)
+                if alert["state"] == "firing":
+                    self.fired.setdefault(key, time.monotonic())
 
     def stop(self) -> None:
         self._stop.set()
@@ -228,6 +231,10 @@ def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_no
     assert healthy == [], f"alerts on a healthy fleet:\n{report}"
     unexpected = [dict(key) for key in seen if not any(e.matches(dict(key)) for e in EXPECTED)]
     assert unexpected == [], f"alerts no fault explains:\n{report}"
+    # Time to detect, from the faults' start to each expected alert's first firing (shown with -s, and on failure).
+    detected = sorted((min((fired - started - FAULTS_AT for key, fired in log.fired.items() if e.matches(dict(key))),
+                           default=float("nan")), e.alertname, e.instance) for e in EXPECTED if e.required)
+    print("\n".join(f"time to fire {spent:6.1f}s  {name} {instance}" for spent, name, instance in detected))
     received = "\n".join(f"{path}: {labels}" for path, labels in receiver.snapshot())
     report += "\nreceived:\n" + received
     for e in EXPECTED:
