@@ -1,0 +1,315 @@
+"""Benchmark of gpufleet's rules on a simulated fleet, in Debian's Prometheus, with and without them.
+
+Usage: .venv/bin/python bench/rules_bench.py [--nodes 1000] [--warm-up 15m] [--seconds 600]
+                                             [--rules alerts/gpufleet-rules.yml] [--skip-baseline]
+
+Starts the simulator with N nodes of 8 GPUs, then, one after the other, two Prometheus servers
+(127.0.0.1, fresh storage each) that scrape it every 15 s and evaluate every 15 s: the first without
+rules, the second with the rule file. Each is warmed up (by default 15 minutes: the longest window
+that a group evaluated at the scrape interval reads; the hour- and day-long windows of the
+`gpufleet-slow-checks` group are not filled in any run this short), then measured over --seconds.
+It prints:
+
+* per rule group: its interval, p50/p99/max of `prometheus_rule_group_last_duration_seconds`
+  (sampled every 5 s) and p99 as a share of the interval, missed iterations and failed
+  evaluations over the measurement;
+* the ten slowest rules, by their longest evaluation seen in `/api/v1/rules`;
+* for both servers: head series, series per node, CPU as a share of one core over the
+  measurement, and peak resident memory; the rules' cost is the difference;
+* whether the simulator kept up: the oldest GPU snapshot Prometheus scraped;
+* every dashboard target as Grafana sends it (variables at All, the last hour, a 15 s step,
+  `$__rate_interval` 1m), and every query of `gpufleet report capacity --range 1h`, each timed by
+  Prometheus's own query log; the ten slowest of each, and their p99.
+
+Everything listens on 127.0.0.1; every loop is bounded by count and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+from support import free_port, wait_ready
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRAPE_SECONDS = 15
+SAMPLE_SECONDS = 5
+
+
+def get(url: str, timeout: float = 60.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read()
+
+
+def query(prometheus: str, promql: str) -> float | None:
+    body = json.loads(get(f"{prometheus}/api/v1/query?query={urllib.parse.quote(promql)}"))
+    result = body["data"]["result"]
+    return float(result[0]["value"][1]) if result else None
+
+
+def seconds(text: str) -> float:
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)", text)) or float(text)
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def percentile(values: list[float], share: float) -> float:
+    if len(values) < 2:
+        return values[0] if values else float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[round(share * 100) - 1]
+
+
+@dataclass
+class GroupFigures:
+    interval: float = 0.0
+    durations: list[float] = field(default_factory=list)
+    missed: float = 0.0
+    failures: float = 0.0
+
+
+def self_metrics(prom_url: str) -> dict[tuple[str, str], float]:
+    """(metric, rule group) -> value, from Prometheus's own /metrics, which does not need a self-scrape."""
+    values: dict[tuple[str, str], float] = defaultdict(float)
+    for family in text_string_to_metric_families(get(f"{prom_url}/metrics").decode()):
+        for sample in family.samples:
+            group = sample.labels.get("rule_group", "")
+            values[(sample.name, group.split(";")[-1])] += sample.value
+    return values
+
+
+@dataclass
+class Run:
+    name: str
+    cpu_share: float
+    peak_rss_mib: float
+    head_series: float
+    series_per_node: float
+    oldest_snapshot: float | None
+    groups: dict[str, GroupFigures]
+    rules: dict[tuple[str, str], float]
+
+
+def measure(name: str, prom_url: str, process: subprocess.Popen, warm_up: float, duration: float,
+            nodes: int) -> Run:
+    print(f"[{name}] warming up for {warm_up:g} s", flush=True)
+    time.sleep(warm_up)
+    prom = psutil.Process(process.pid)
+    before, cpu0, t0 = self_metrics(prom_url), cpu_seconds(prom), time.monotonic()
+    groups: dict[str, GroupFigures] = defaultdict(GroupFigures)
+    slowest: dict[tuple[str, str], float] = defaultdict(float)
+    print(f"[{name}] measuring for {duration:g} s", flush=True)
+    for tick in range(int(duration // SAMPLE_SECONDS)):
+        time.sleep(max(0.0, t0 + (tick + 1) * SAMPLE_SECONDS - time.monotonic()))
+        for (metric, group), value in self_metrics(prom_url).items():
+            if metric == "prometheus_rule_group_last_duration_seconds":
+                groups[group].durations.append(value)
+            elif metric == "prometheus_rule_group_interval_seconds":
+                groups[group].interval = value
+        if tick % 3 == 0:
+            for group in json.loads(get(f"{prom_url}/api/v1/rules"))["data"]["groups"]:
+                for rule in group["rules"]:
+                    key = (group["name"], rule["name"])
+                    slowest[key] = max(slowest[key], rule.get("evaluationTime", 0.0))
+    elapsed = time.monotonic() - t0
+    cpu_share = (cpu_seconds(prom) - cpu0) / elapsed
+    after = self_metrics(prom_url)
+    for group, figures in groups.items():
+        for metric, attribute in (("prometheus_rule_group_iterations_missed_total", "missed"),
+                                  ("prometheus_rule_evaluation_failures_total", "failures")):
+            setattr(figures, attribute, after[(metric, group)] - before[(metric, group)])
+    window = f"{int(duration)}s"
+    oldest = query(prom_url, 'max(max_over_time((timestamp(gpufleet_collector_last_success_timestamp_seconds'
+                             '{collector="gpu"}) - gpufleet_collector_last_success_timestamp_seconds'
+                             f'{{collector="gpu"}})[{window}:]))')
+    return Run(name, cpu_share, peak_rss_mib(process.pid), after[("prometheus_tsdb_head_series", "")],
+               query(prom_url, "avg(scrape_samples_scraped)") or 0.0, oldest, dict(groups), dict(slowest))
+
+
+def write_config(workdir: Path, targets: Path, rules: Path | None, querylog: Path | None = None) -> Path:
+    """The query log stays off while measuring: it would log, and cost, every rule evaluation."""
+    config = workdir / "prometheus.yml"
+    logged = f", query_log_file: '{querylog}'" if querylog else ""
+    lines = [f"global: {{scrape_interval: {SCRAPE_SECONDS}s, evaluation_interval: {SCRAPE_SECONDS}s, "
+             f"scrape_timeout: 10s{logged}}}"]
+    if rules is not None:
+        lines.append(f"rule_files: ['{rules}']")
+    lines += ["scrape_configs:", f"  - job_name: gpufleet\n    file_sd_configs: [{{files: ['{targets}']}}]"]
+    config.write_text("\n".join(lines) + "\n")
+    return config
+
+
+def start_prometheus(workdir: Path, targets: Path, rules: Path | None) -> tuple[subprocess.Popen, str]:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        raise SystemExit("prometheus not found: apt-get install prometheus")
+    port = free_port()
+    config = write_config(workdir, targets, rules)
+    process = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={workdir}/data",
+                                f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"])
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(f"{url}/-/ready", process, 60)
+    return process, url
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
+def dashboard_targets() -> list[tuple[str, str]]:
+    """(dashboard/panel, expression) of every target, with what Grafana substitutes at All over an hour."""
+    targets = []
+    for path in sorted((ROOT / "dashboards" / "json").glob("*.json")):
+        model = json.loads(path.read_text())
+        for panel in model["panels"]:
+            for target in panel.get("targets", []):
+                expr = target["expr"]
+                for name, value in (("$__rate_interval", "1m"), ("$__interval_ms", "15000"), ("$__interval", "15s"),
+                                    ("$__range", "1h")):
+                    expr = expr.replace(name, value)
+                expr = re.sub(r"\$\{?(cluster|instance|gpu|job_id)\}?", ".*", expr)
+                targets.append((f"{model['uid']}/{panel['title']}", expr))
+    return targets
+
+
+def timed_queries(querylog: Path, offset: int) -> list[tuple[float, str]]:
+    """(seconds, query) of each query logged after `offset`, as Prometheus timed it."""
+    timings = []
+    with querylog.open() as log:
+        log.seek(offset)
+        for line in log:
+            entry = json.loads(line)
+            if "httpRequest" not in entry:  # A rule evaluation, not a query of ours.
+                continue
+            timings.append((entry["stats"]["timings"]["evalTotalTime"], entry["params"]["query"]))
+    return timings
+
+
+def time_dashboards_and_report(prom_url: str, process: subprocess.Popen, querylog: Path) -> None:
+    process.send_signal(signal.SIGHUP)  # Reload the configuration, now with the query log.
+    for _ in range(100):
+        time.sleep(0.1)
+        if querylog.exists():
+            break
+    end = time.time()
+    offset = querylog.stat().st_size if querylog.exists() else 0
+    targets = dashboard_targets()
+    for _, expr in targets:
+        params = urllib.parse.urlencode({"query": expr, "start": end - 3600, "end": end, "step": SCRAPE_SECONDS})
+        get(f"{prom_url}/api/v1/query_range?{params}", timeout=300)
+    board = timed_queries(querylog, offset)
+    offset = querylog.stat().st_size
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run([sys.executable, "-m", "gpufleet", "report", "capacity", f"--prometheus={prom_url}",
+                        "--range=1h", f"--out={out}"], check=False, stdout=subprocess.DEVNULL, timeout=600)
+    report = timed_queries(querylog, offset)
+    names = {expr: name for name, expr in targets}
+    for title, timings in (("dashboard targets", board), ("capacity report queries", report)):
+        durations = [t for t, _ in timings]
+        print(f"\n{title}: {len(timings)}, p50 {percentile(durations, 0.5) * 1000:.0f} ms, "
+              f"p99 {percentile(durations, 0.99) * 1000:.0f} ms, max {max(durations, default=0) * 1000:.0f} ms; "
+              "slowest ten:")
+        for spent, expr in sorted(timings, reverse=True)[:10]:
+            print(f"  {spent * 1000:8.0f} ms  {names.get(expr, '')} {expr[:150]}")
+
+
+def report_runs(runs: list[Run], nodes: int) -> None:
+    print(f"\n{'':<22}" + "".join(f"{run.name:>18}" for run in runs))
+    rows = (("head series", lambda r: f"{r.head_series:,.0f}"),
+            ("series per node", lambda r: f"{r.series_per_node:,.0f}"),
+            ("Prometheus CPU", lambda r: f"{r.cpu_share * 100:.1f}% of a core"),
+            ("Prometheus peak RSS", lambda r: f"{r.peak_rss_mib / 1024:.2f} GiB"),
+            ("oldest GPU snapshot", lambda r: f"{r.oldest_snapshot or 0:.1f} s"))
+    for label, cell in rows:
+        print(f"{label:<22}" + "".join(f"{cell(run):>18}" for run in runs))
+    if len(runs) == 2:
+        base, ruled = runs
+        print(f"the rules add {100 * (ruled.cpu_share / base.cpu_share - 1):+.0f}% CPU and "
+              f"{100 * (ruled.peak_rss_mib / base.peak_rss_mib - 1):+.0f}% peak RSS")
+    ruled = runs[-1]
+    print(f"\n{'rule group':<24}{'interval':>9}{'p50 s':>9}{'p99 s':>9}{'max s':>9}{'p99/int':>9}{'missed':>8}"
+          f"{'failed':>8}")
+    for name, g in sorted(ruled.groups.items()):
+        p99 = percentile(g.durations, 0.99)
+        print(f"{name:<24}{g.interval:>9g}{percentile(g.durations, 0.5):>9.3f}{p99:>9.3f}"
+              f"{max(g.durations, default=0):>9.3f}{p99 / g.interval:>9.1%}{g.missed:>8.0f}{g.failures:>8.0f}")
+    print("\nten slowest rules (longest evaluation seen):")
+    for (group, rule), spent in sorted(ruled.rules.items(), key=lambda kv: -kv[1])[:10]:
+        print(f"  {spent:8.3f} s  {group} / {rule}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--warm-up", type=seconds, default=seconds("15m"), help="default 15m")
+    parser.add_argument("--seconds", type=float, default=600.0)
+    parser.add_argument("--rules", type=Path, default=ROOT / "alerts" / "gpufleet-rules.yml")
+    parser.add_argument("--skip-baseline", action="store_true", help="only the run with rules")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        targets = Path(tmp) / "targets.json"
+        sim_port = free_port()
+        simulator = subprocess.Popen(
+            [sys.executable, "-m", "gpufleet", "simulate", f"--nodes={args.nodes}", f"--file-sd={targets}",
+             f"--web.listen-address=127.0.0.1:{sim_port}", f"--collect-interval={SCRAPE_SECONDS}s",
+             "--log.level=warn"])
+        try:
+            wait_ready(f"http://127.0.0.1:{sim_port}/healthz", simulator, 300)
+            runs = []
+            for name, rules in ((("without rules", None),) if not args.skip_baseline else ()) + (
+                    ("with rules", args.rules),):
+                workdir = Path(tmp) / name.replace(" ", "-")
+                workdir.mkdir()
+                process, url = start_prometheus(workdir, targets, rules)
+                try:
+                    warm = args.warm_up if rules is not None else min(args.warm_up, 120.0)
+                    run = measure(name, url, process, warm, args.seconds if rules is not None else
+                                  min(args.seconds, 180.0), args.nodes)
+                    runs.append(run)
+                    if rules is not None:
+                        querylog = workdir / "queries.log"
+                        write_config(workdir, targets, rules, querylog)
+                        time_dashboards_and_report(url, process, querylog)
+                finally:
+                    stop(process)
+                    shutil.rmtree(workdir / "data", ignore_errors=True)
+            print(f"\n{args.nodes} nodes x 8 GPUs, scraped and evaluated every {SCRAPE_SECONDS} s; "
+                  f"rules: {args.rules.name}")
+            report_runs(runs, args.nodes)
+        finally:
+            stop(simulator)
+
+
+if __name__ == "__main__":
+    main()
