@@ -37,46 +37,20 @@ import sys
 import tempfile
 import time
 import urllib.parse
-import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
-from support import free_port, wait_ready
+from support import cpu_seconds, free_port, get, peak_rss_mib, query, wait_ready
+
+from gpufleet.duration import parse as parse_duration
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRAPE_SECONDS = 15
 SAMPLE_SECONDS = 5
-
-
-def get(url: str, timeout: float = 60.0) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return response.read()
-
-
-def query(prometheus: str, promql: str) -> float | None:
-    body = json.loads(get(f"{prometheus}/api/v1/query?query={urllib.parse.quote(promql)}"))
-    result = body["data"]["result"]
-    return float(result[0]["value"][1]) if result else None
-
-
-def seconds(text: str) -> float:
-    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)", text)) or float(text)
-
-
-def cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
-
-
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return psutil.Process(pid).memory_info().rss / 2**20
+TIMEOUT = 60.0  # Prometheus answers slowly while it evaluates the rules of a 1,000-node fleet.
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -96,7 +70,7 @@ class GroupFigures:
 def self_metrics(prom_url: str) -> dict[tuple[str, str], float]:
     """(metric, rule group) -> value, from Prometheus's own /metrics, which does not need a self-scrape."""
     values: dict[tuple[str, str], float] = defaultdict(float)
-    for family in text_string_to_metric_families(get(f"{prom_url}/metrics").decode()):
+    for family in text_string_to_metric_families(get(f"{prom_url}/metrics", TIMEOUT).decode()):
         for sample in family.samples:
             group = sample.labels.get("rule_group", "")
             values[(sample.name, group.split(";")[-1])] += sample.value
@@ -132,7 +106,7 @@ def measure(name: str, prom_url: str, process: subprocess.Popen, warm_up: float,
             elif metric == "prometheus_rule_group_interval_seconds":
                 groups[group].interval = value
         if tick % 3 == 0:
-            for group in json.loads(get(f"{prom_url}/api/v1/rules"))["data"]["groups"]:
+            for group in json.loads(get(f"{prom_url}/api/v1/rules", TIMEOUT))["data"]["groups"]:
                 for rule in group["rules"]:
                     key = (group["name"], rule["name"])
                     slowest[key] = max(slowest[key], rule.get("evaluationTime", 0.0))
@@ -146,9 +120,9 @@ def measure(name: str, prom_url: str, process: subprocess.Popen, warm_up: float,
     window = f"{int(duration)}s"
     oldest = query(prom_url, 'max(max_over_time((timestamp(gpufleet_collector_last_success_timestamp_seconds'
                              '{collector="gpu"}) - gpufleet_collector_last_success_timestamp_seconds'
-                             f'{{collector="gpu"}})[{window}:]))')
+                             f'{{collector="gpu"}})[{window}:]))', TIMEOUT)
     return Run(name, cpu_share, peak_rss_mib(process.pid), after[("prometheus_tsdb_head_series", "")],
-               query(prom_url, "avg(scrape_samples_scraped)") or 0.0, oldest, dict(groups), dict(slowest))
+               query(prom_url, "avg(scrape_samples_scraped)", TIMEOUT) or 0.0, oldest, dict(groups), dict(slowest))
 
 
 def write_config(workdir: Path, targets: Path, rules: Path | None, querylog: Path | None = None) -> Path:
@@ -271,7 +245,7 @@ def report_runs(runs: list[Run], nodes: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--warm-up", type=seconds, default=seconds("15m"), help="default 15m")
+    parser.add_argument("--warm-up", type=parse_duration, default=parse_duration("15m"), help="default 15m")
     parser.add_argument("--seconds", type=float, default=600.0)
     parser.add_argument("--rules", type=Path, default=ROOT / "alerts" / "gpufleet-rules.yml")
     parser.add_argument("--skip-baseline", action="store_true", help="only the run with rules")

@@ -18,29 +18,15 @@ Everything listens on 127.0.0.1; loops are bounded by count and time.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 import psutil
-from support import free_port
-
-
-def get(url: str, timeout: float = 10.0) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        return response.read()
-
-
-def query(prometheus: str, promql: str) -> float | None:
-    body = json.loads(get(f"{prometheus}/api/v1/query?query={urllib.parse.quote(promql)}"))
-    result = body["data"]["result"]
-    return float(result[0]["value"][1]) if result else None
+from support import cpu_seconds, free_port, get, peak_rss_mib, query
 
 
 def wait_until(check, seconds: float, what: str) -> None:
@@ -53,18 +39,6 @@ def wait_until(check, seconds: float, what: str) -> None:
             pass
         time.sleep(1)
     raise SystemExit(f"{what} not ready within {seconds:g}s")
-
-
-def peak_rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return psutil.Process(pid).memory_info().rss / 2**20
-
-
-def cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
 
 
 def main() -> None:

@@ -5,10 +5,15 @@ The scripts run as `python bench/NAME.py`, which puts this folder on sys.path.
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
+import urllib.parse
 import urllib.request
+from pathlib import Path
+
+import psutil
 
 
 def free_port() -> int:
@@ -30,3 +35,27 @@ def wait_ready(url: str, process: subprocess.Popen, seconds: float = 20) -> None
         except OSError:
             time.sleep(0.1)
     raise SystemExit(f"{url} did not answer within {seconds}s")
+
+
+def get(url: str, timeout: float = 10.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read()
+
+
+def query(prometheus: str, promql: str, timeout: float = 10.0) -> float | None:
+    """The first value of an instant query, or None when it returns nothing."""
+    body = json.loads(get(f"{prometheus}/api/v1/query?query={urllib.parse.quote(promql)}", timeout))
+    result = body["data"]["result"]
+    return float(result[0]["value"][1]) if result else None
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
