@@ -23,7 +23,7 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.recording import link_utilization
 from gpufleet.alerts.rule import record
 
-INTERVAL = "5m"
+INTERVAL = "5m"  # Scaled with the windows (`Config.d`), so that a time-scaled test still sees two per window.
 WINDOW = "10m"  # Rates and averages span two evaluations, so a late one leaves no gap.
 BUCKETS = 20  # Utilisation buckets 5% wide: quantiles are exact to 5%.
 TIGHT_MEMORY = 0.1  # Free memory share under which an allocated GPU counts as memory-bound.
@@ -119,4 +119,4 @@ def capacity(c: Config) -> dict[str, Any]:
         record(JOB_USED, f"sum by ({job}) ({m('gpufleet_gpu_job_info')} * on ({gpu}, uuid) group_left {util})"),
         *link_utilization(c, LINKS, WINDOW, known_speed=True),
     ]
-    return {"name": "gpufleet-capacity", "interval": INTERVAL, "rules": rules}
+    return {"name": "gpufleet-capacity", "interval": c.d(INTERVAL), "rules": rules}

@@ -10,9 +10,19 @@ from typing import Any
 
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.recording import JOB_XMIT_WAIT, JOB_XMIT_WAIT_MEDIAN, LINK_UTILIZATION, NODE_JOBS, XMIT_WAIT
-from gpufleet.alerts.rule import PORT, alert
+from gpufleet.alerts.rule import PORT, alert, record
 
 _LINK = ("{{ $labels.device }}{{ with $labels.port }} port {{ . }}{{ end }} of {{ $labels.instance }}")
+# Sparse, per port, recorded first in the fabric group so that each pair of alerts reads one window once:
+# the utilisation averaged over the saturation window while it is above the warning threshold, and the
+# link-downs in the link-downed window while there are any.
+SATURATED = "instance_port:gpufleet_link_utilization:saturated"
+LINK_DOWNS = "instance_port:gpufleet_infiniband_link_downed:increase"
+# Sparse, per port, every minute: all InfiniBand error counters' rates together, while there are any.
+# The fabric dashboard draws it; computing it at All from the raw counters costs seconds per refresh.
+IB_ERRORS = "instance_port:gpufleet_infiniband_errors:rate5m"
+IB_ERROR_COUNTERS = ("symbol_error", "port_rcv_errors", "link_error_recovery", "local_link_integrity_errors",
+                     "excessive_buffer_overrun_errors", "port_rcv_remote_physical_errors", "vl15_dropped")
 
 
 def _rate_above(c: Config, name: str, counter: str, per_second: float, summary: str, what: str,
@@ -30,12 +40,14 @@ def fabric(c: Config) -> dict[str, Any]:
     main_job = f"0 * topk by ({node}) (1, {NODE_JOBS})"
     utilization = f"avg_over_time({LINK_UTILIZATION}[{c.d(c.saturation_window)}])"
     rules = [
-        alert(c, "NicSaturated", f"{utilization} > {c.saturation_warning:g}", "warning",
+        record(SATURATED, f"{utilization} > {c.saturation_warning:g}"),
+        record(LINK_DOWNS, f"{downed} > 0"),
+        alert(c, "NicSaturated", SATURATED, "warning",
               "A network link runs near its speed.",
               f"{_LINK} {{{{ $labels.direction }}}}s at {{{{ $value | humanizePercentage }}}} of its link speed "
               f"over {c.saturation_window}.", for_=c.saturation_for),
         alert(c, "NicSaturatedTrainingJob",
-              f"({utilization} > {c.saturation_critical:g}) + on ({node}) "
+              f"({SATURATED} > {c.saturation_critical:g}) + on ({node}) "
               f"group_left (scheduler, job_id, namespace, pod) {main_job}", "critical",
               "A network link of a node running a training job is saturated.",
               f"{_LINK} {{{{ $labels.direction }}}}s at {{{{ $value | humanizePercentage }}}} of its link speed "
@@ -61,10 +73,10 @@ def fabric(c: Config) -> dict[str, Any]:
               "An InfiniBand port runs below the rate of the node's other ports.",
               f"{PORT} runs at {{{{ $value | humanize }}}}B/s, below the node's other ports: the link "
               "trained down.", for_="5m"),
-        alert(c, "NicInfinibandLinkDowned", f"{downed} > 0 <= {c.link_flaps}", "warning",
+        alert(c, "NicInfinibandLinkDowned", f"{LINK_DOWNS} <= {c.link_flaps}", "warning",
               "An InfiniBand link went down and came back.",
               f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}."),
-        alert(c, "NicInfinibandLinkFlapping", f"{downed} > {c.link_flaps}", "critical",
+        alert(c, "NicInfinibandLinkFlapping", f"{LINK_DOWNS} > {c.link_flaps}", "critical",
               "An InfiniBand link keeps going down.",
               f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}."),
         _rate_above(c, "NicInfinibandReceiveErrors", ib + "port_rcv_errors_total", c.receive_errors_per_second,
@@ -93,9 +105,12 @@ def fabric(c: Config) -> dict[str, Any]:
 
 
 def fabric_slow_checks(c: Config) -> list[dict[str, Any]]:
-    """Error counts over 15 minutes or an hour, which need no 15-second evaluation (`slow`)."""
+    """Error counts over 15 minutes or an hour, which need no 15-second evaluation (`slow`), and the error
+    rate per port that the fabric dashboard draws."""
     ib = "gpufleet_infiniband_"
+    errors = " + ".join(f"rate({c.metric(f'{ib}{counter}_total')}[{c.d('5m')}])" for counter in IB_ERROR_COUNTERS)
     return [
+        record(IB_ERRORS, f"({errors}) > 0"),
         alert(c, "NicInfinibandSymbolErrors",
               f"increase({c.metric(ib + 'symbol_error_total')}[{c.d('1h')}]) > {c.symbol_errors_per_hour}",
               "warning", "An InfiniBand port sees many symbol errors: a bad cable or transceiver.",

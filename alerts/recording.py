@@ -20,7 +20,8 @@ from gpufleet.alerts.rule import record
 NODE_JOBS = "instance_job:gpufleet_gpu_job_info:count"
 GPUS_UP = "instance:gpufleet_gpus_up:sum"
 # Sparse, per GPU: 1 while a slowdown reason holds the clocks (label `reason`); the link's width while
-# the PCIe link runs degraded; the uncorrectable ECC errors counted in the last minute, while there are any.
+# the PCIe link runs degraded; the uncorrectable ECC errors counted in the last minute, and the PCIe replays
+# per second, while there are any.
 SLOWDOWN = "instance_gpu:gpufleet_gpu_clock_slowdown:active"
 PCIE_DEGRADED = "instance_gpu:gpufleet_gpu_pcie_link:degraded"
 ECC_NEW = "instance_gpu:gpufleet_gpu_ecc_uncorrected_errors:increase1m"
@@ -81,7 +82,7 @@ def _gpu_health(c: Config) -> list[dict[str, Any]]:
         record(SLOWDOWN, f"{active} == 1"),
         record(PCIE_DEGRADED, f"group by ({gpu}) ({degraded})"),
         record(ECC_NEW, f"increase({uncorrected}[{c.d('1m')}]) > 0"),
-        record(PCIE_REPLAYS, f"rate({c.metric('gpufleet_gpu_pcie_replays_total')}[{c.d('5m')}])"),
+        record(PCIE_REPLAYS, f"rate({c.metric('gpufleet_gpu_pcie_replays_total')}[{c.d('5m')}]) > 0"),
     ]
 
 
