@@ -6,6 +6,7 @@ interval), so a GPU that joined halfway through counts for half the range, not a
 
 from grafanalib.core import Dashboard
 
+from gpufleet.alerts import capacity as recorded
 from gpufleet.alerts.config import Config
 from gpufleet.dashboards.panels import Scope, dashboard, stat, table, timeseries
 
@@ -26,9 +27,6 @@ def build(config: Config) -> Dashboard:
     allocated = f"count by ({gpu_key}) ({jobs})"
     idle = f"{healthy} unless on ({gpu_key}) {jobs}"
     utilization = f"gpufleet_gpu_utilization_ratio{{{s.cluster}}}"
-
-    def by_model(metric: str) -> str:
-        return f"sum by (name) ({metric}{{{s.cluster}}} * on ({gpu_key}) group_left (name) {installed})"
 
     return dashboard(
         s, "gpufleet-capacity", "gpufleet / Capacity",
@@ -68,13 +66,20 @@ def build(config: Config) -> Dashboard:
                  (f"count by (name) (({utilization} < 0.1) * on ({gpu_key}) group_left (name) {installed})",
                   "{{name}}")],
                  "short")],
-            [timeseries("Memory headroom", [
-                (f"{by_model('gpufleet_gpu_memory_free_bytes')} / {by_model('gpufleet_gpu_memory_total_bytes')}",
-                 "{{name}}")], "percentunit", width=8, max_value=1, description="Free GPU memory as a share of total."),
+            [timeseries("Memory headroom of allocated GPUs", [
+                (f"sum by (name) ({recorded.MEMORY_FREE}{{{s.recorded}}}) / "
+                 f"sum by (name) ({recorded.MEMORY_TOTAL}{{{s.recorded}}})", "{{name}}")],
+                "percentunit", width=8, max_value=1,
+                description="Free memory of the GPUs jobs hold, as a share of their total, from the capacity rules "
+                            "(every 5m): what a denser packing of jobs could still use."),
              timeseries("Power against limit", [
-                 (f"{by_model('gpufleet_gpu_power_watts')} / {by_model('gpufleet_gpu_power_limit_watts')}",
-                  "{{name}}")], "percentunit", width=8, max_value=1),
-             timeseries("Power", [(by_model("gpufleet_gpu_power_watts"), "{{name}}")], "watt", width=8)],
+                 (f"sum by (name) ({recorded.POWER_OF_LIMIT}{{{s.recorded}}}) / "
+                  f"sum by (name) ({recorded.POWER_GPUS}{{{s.recorded}}})", "{{name}}")],
+                 "percentunit", width=8, max_value=1,
+                 description="The GPUs' mean power as a share of each one's limit, from the capacity rules "
+                             "(every 5m)."),
+             timeseries("Power", [(f"sum by (name) ({recorded.POWER}{{{s.recorded}}})", "{{name}}")], "watt",
+                        width=8, description="Board power of the GPUs, from the capacity rules (every 5m).")],
         ],
         related=[("gpufleet-fleet", "Fleet overview")],
     )

@@ -1,8 +1,14 @@
-"""GPU health: which GPUs to drain, and why. XIDs by code and class, memory errors, links, slowdowns, lost boards."""
+"""GPU health: which GPUs to drain, and why. XIDs by code and class, memory errors, links, slowdowns, lost boards.
+
+At All this dashboard looks at every GPU of the fleet, so its graphs read series that exist only for GPUs
+with something to show: the XID counters, the recorded new-ECC, PCIe-replay and slowdown series the alerts
+read, and the per-link NVLink error counters, which the exporter adds from a link's first error on.
+"""
 
 from grafanalib.core import Dashboard
 
 from gpufleet.alerts.config import Config
+from gpufleet.alerts.recording import ECC_NEW, PCIE_REPLAYS, SLOWDOWN
 from gpufleet.alerts.xid import CLASSES, matcher
 from gpufleet.dashboards.panels import Scope, dashboard, table, timeseries
 
@@ -10,6 +16,7 @@ from gpufleet.dashboards.panels import Scope, dashboard, table, timeseries
 def build(config: Config) -> Dashboard:
     s = Scope(config)
     gpu = s.gpu
+    recorded_gpu = f'{s.recorded_node}, gpu=~"$gpu"'
     row = s.by("instance", "gpu", "uuid")  # With the cluster, which the link to the node's dashboard carries.
     return dashboard(
         s, "gpufleet-gpu-health", "gpufleet / GPU health",
@@ -22,20 +29,20 @@ def build(config: Config) -> Dashboard:
                  (f"sum(increase(gpufleet_gpu_xid_errors_total{{{gpu}, {matcher(codes)}}}[$__rate_interval]))", name)
                  for name, codes in CLASSES.items()], "short")],
             [timeseries("Uncorrected ECC errors", [
-                (f'sum by (instance, gpu) (increase(gpufleet_gpu_ecc_errors_total{{{gpu}, error="uncorrected", '
-                 'scope="volatile"}[$__rate_interval]))', "{{instance}} GPU {{gpu}}")], "short", width=8),
+                (f"sum by (instance, gpu) ({ECC_NEW}{{{recorded_gpu}}})", "{{instance}} GPU {{gpu}}")], "short",
+                width=8, description="Errors counted in the minute before each point."),
              timeseries("Remapped rows", [(f"sum by (instance, gpu, cause) (gpufleet_gpu_remapped_rows{{{gpu}}})",
                                            "{{instance}} GPU {{gpu}} {{cause}}")], "short", width=8),
-             timeseries("PCIe replays", [(s.rate("gpufleet_gpu_pcie_replays_total", gpu),
-                                          "{{instance}} GPU {{gpu}}")], "ops", width=8)],
+             timeseries("PCIe replays", [(f"{PCIE_REPLAYS}{{{recorded_gpu}}}", "{{instance}} GPU {{gpu}}")], "ops",
+                        width=8, description="Over 5 minutes.")],
             [timeseries("NVLink errors", [
-                (f"sum by (instance, gpu, error) ({s.rate('gpufleet_gpu_nvlink_errors_total', gpu)})",
-                 "{{instance}} GPU {{gpu}} {{error}}")],
-                        "ops"),
-             timeseries("Slowdown time by reason", [
-                 (f"sum by (policy) ({s.rate('gpufleet_gpu_violation_seconds_total', gpu)})",
-                  "{{policy}}")], "percentunit",
-                 description="Share of time the GPUs' clocks were held down, per performance policy.")],
+                (f"sum by (instance, gpu, error) ({s.rate('gpufleet_gpu_nvlink_link_errors_total', gpu)})",
+                 "{{instance}} GPU {{gpu}} {{error}}")], "ops",
+                description="From the links that have erred: a link's error counters appear at its first error, "
+                            "so that first error itself is not drawn. The node's dashboard has every GPU's totals."),
+             timeseries("GPUs held down, by reason", [
+                 (f"count by (reason) ({SLOWDOWN}{{{recorded_gpu}}})", "{{reason}}")], "short", stacked=True,
+                 description="GPUs whose clocks a hardware slowdown, thermal slowdown or power brake holds down.")],
             [table("GPUs to drain", [
                 (f"sum by ({row}) (increase(gpufleet_gpu_xid_errors_total{{{gpu}}}[24h]))", "XIDs 24h"),
                 (f'sum by ({row}) (increase(gpufleet_gpu_ecc_errors_total{{{gpu}, '

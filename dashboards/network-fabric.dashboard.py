@@ -2,17 +2,17 @@
 
 Throughput is shown as a share of the link's own speed, so a 100 GbE port and a 400 Gb/s
 InfiniBand port read on one scale; congestion is `port_xmit_wait`, the time a port had data
-to send and no credits, which rises before throughput falls.
+to send and no credits, which rises before throughput falls. Utilisation, congestion and the
+InfiniBand errors come from the recorded per-port series the alerts read (5-minute rates): at
+All, a rate over every port's raw counters would cost Prometheus seconds per refresh.
 """
 
 from grafanalib.core import Dashboard
 
 from gpufleet.alerts.config import Config
+from gpufleet.alerts.fabric import IB_ERRORS
+from gpufleet.alerts.recording import LINK_UTILIZATION, XMIT_WAIT
 from gpufleet.dashboards.panels import PORT_LEGEND, Scope, dashboard, heatmap, table, timeseries
-
-# Every per-port error counter; their rates add up to one "errors per second" line per port.
-_IB_ERRORS = ("symbol_error", "port_rcv_errors", "link_error_recovery", "local_link_integrity_errors",
-              "excessive_buffer_overrun_errors", "port_rcv_remote_physical_errors", "vl15_dropped")
 
 
 def build(config: Config) -> Dashboard:
@@ -20,12 +20,8 @@ def build(config: Config) -> Dashboard:
     node = s.node
     ib_key = s.by("instance", "device", "port")
 
-    def ib_share(counter: str) -> str:
-        return f"{s.rate(counter, node)} / on ({ib_key}) gpufleet_infiniband_rate_bytes_per_second{{{node}}}"
-
-    def eth_share(counter: str) -> str:
-        return (f"{s.rate(counter, node)} / on ({s.by('instance', 'device')}) "
-                f"gpufleet_network_speed_bytes_per_second{{{node}}}")
+    def share(class_: str, direction: str) -> str:
+        return f'{LINK_UTILIZATION}{{{s.recorded_node}, class="{class_}", direction="{direction}"}}'
 
     return dashboard(
         s, "gpufleet-fabric", "gpufleet / Network fabric",
@@ -33,31 +29,29 @@ def build(config: Config) -> Dashboard:
         ["cluster", "instance"],
         [
             [timeseries("InfiniBand throughput, share of link rate", [
-                (ib_share("gpufleet_infiniband_port_xmit_data_bytes_total"), PORT_LEGEND + " tx"),
-                (ib_share("gpufleet_infiniband_port_rcv_data_bytes_total"), PORT_LEGEND + " rx"),
-            ], "percentunit", max_value=1),
+                (share("infiniband", "transmit"), PORT_LEGEND + " tx"),
+                (share("infiniband", "receive"), PORT_LEGEND + " rx"),
+            ], "percentunit", max_value=1, description="Over 5 minutes, as the saturation alerts see it."),
              timeseries("Ethernet throughput, share of link speed", [
-                 (eth_share("gpufleet_network_transmit_bytes_total"), "{{instance}} {{device}} tx"),
-                 (eth_share("gpufleet_network_receive_bytes_total"), "{{instance}} {{device}} rx"),
-             ], "percentunit", max_value=1)],
-            [heatmap("Busiest direction per InfiniBand port", "max by (instance, device, port) ("
-                     + ib_share("gpufleet_infiniband_port_xmit_data_bytes_total") + " or "
-                     + ib_share("gpufleet_infiniband_port_rcv_data_bytes_total") + ")", PORT_LEGEND, "percentunit")],
+                 (share("net", "transmit"), "{{instance}} {{device}} tx"),
+                 (share("net", "receive"), "{{instance}} {{device}} rx"),
+             ], "percentunit", max_value=1, description="Over 5 minutes, as the saturation alerts see it.")],
+            [heatmap("Busiest direction per InfiniBand port",
+                     f'max by (instance, device, port) ({LINK_UTILIZATION}{{{s.recorded_node}, class="infiniband"}})',
+                     PORT_LEGEND, "percentunit")],
             [timeseries("InfiniBand congestion (port_xmit_wait)", [
-                (s.rate("gpufleet_infiniband_port_xmit_wait_total", node), PORT_LEGEND)], "short",
-                description="Ticks per second a port waited for credits with data to send. The tick length "
-                            "depends on the HCA; compare ports of one fabric, not fabrics."),
+                (f"{XMIT_WAIT}{{{s.recorded_node}}}", PORT_LEGEND)], "short",
+                description="Ticks per second a port waited for credits with data to send, over 5 minutes. The "
+                            "tick length depends on the HCA; compare ports of one fabric, not fabrics."),
              timeseries("Discards", [
                  (s.rate("gpufleet_infiniband_port_xmit_discards_total", node), PORT_LEGEND + " xmit discards"),
                  (s.rate("gpufleet_network_transmit_dropped_total", node), "{{instance}} {{device}} tx dropped"),
                  (s.rate("gpufleet_network_receive_dropped_total", node), "{{instance}} {{device}} rx dropped"),
              ], "pps")],
-            [timeseries("InfiniBand errors", [
-                ("(" + " + ".join(s.rate(f"gpufleet_infiniband_{c}_total", node) for c in _IB_ERRORS) + ") > 0",
-                 PORT_LEGEND)],
-                "ops",
-                description="Symbol, receive, integrity, recovery, overrun, remote physical and VL15 errors "
-                            "together; only ports with errors are drawn. The node's table splits them by counter."),
+            [timeseries("InfiniBand errors", [(f"{IB_ERRORS}{{{s.recorded_node}}}", PORT_LEGEND)], "ops",
+                        description="Symbol, receive, integrity, recovery, overrun, remote physical and VL15 errors "
+                                    "together, over 5 minutes, recorded every minute; only ports with errors are "
+                                    "drawn. The node's table splits them by counter."),
              timeseries("Ethernet errors", [
                  (s.rate("gpufleet_network_transmit_errors_total", node), "{{instance}} {{device}} tx"),
                  (s.rate("gpufleet_network_receive_errors_total", node), "{{instance}} {{device}} rx"),

@@ -94,4 +94,5 @@ def build(config: Config) -> Dashboard:
         ],
         related=[("gpufleet-fleet", "Fleet overview"), ("gpufleet-gpu-health", "GPU health"),
                  ("gpufleet-fabric", "Network fabric")],
+        single=["instance"],
     )

@@ -45,8 +45,10 @@ class Scope:
         """A counter's per-second rate over Grafana's `$__rate_interval`, which follows the zoom."""
         return f"rate({metric}{{{matchers}}}[$__rate_interval])"
 
-    def templating(self, *names: str) -> core.Templating:
-        """The datasource variable, then the named query variables, all multi-select with All."""
+    def templating(self, *names: str, single: Sequence[str] = ()) -> core.Templating:
+        """The datasource variable, then the named query variables: multi-select with All, except those in
+        `single`, which pick one value. A per-GPU panel at All draws every GPU of the fleet (8,000 lines at
+        1,000 nodes) and costs Prometheus seconds to compute; a dashboard about one node asks for one."""
         selector = f"{{{self.config.selector}}}" if self.config.selector else ""
         queries = {
             "cluster": ("Cluster", f"label_values(gpufleet_gpu_devices{selector}, {self.label})"),
@@ -58,9 +60,13 @@ class Scope:
                                    default="gpufleet-prometheus")]
         for name in names:
             label, query = queries[name]
-            variables.append(core.Template(name=name, label=label, query=query, dataSource=DATASOURCE,
-                                           includeAll=True, multi=True, allValue=".*", refresh=2, sort=3,
-                                           default="$__all"))
+            if name in single:
+                variables.append(core.Template(name=name, label=label, query=query, dataSource=DATASOURCE,
+                                               includeAll=False, multi=False, refresh=2, sort=3))
+            else:
+                variables.append(core.Template(name=name, label=label, query=query, dataSource=DATASOURCE,
+                                               includeAll=True, multi=True, allValue=".*", refresh=2, sort=3,
+                                               default="$__all"))
         return core.Templating(list=variables)
 
 
@@ -172,9 +178,10 @@ def links(*uids_titles: tuple[str, str]) -> list[core.DashboardLink]:
 
 
 def dashboard(scope: Scope, uid: str, title: str, description: str, variables: Sequence[str],
-              rows: Sequence[Sequence[Sized]], related: Sequence[tuple[str, str]] = ()) -> core.Dashboard:
+              rows: Sequence[Sequence[Sized]], related: Sequence[tuple[str, str]] = (),
+              single: Sequence[str] = ()) -> core.Dashboard:
     return core.Dashboard(
         uid=uid, title=title, description=description, tags=["gpufleet"], timezone="browser",
         refresh="1m", time=core.Time("now-6h", "now"), graphTooltip=core.GRAPH_TOOLTIP_MODE_SHARED_CROSSHAIR,
-        templating=scope.templating(*variables), panels=layout(rows), links=links(*related),
+        templating=scope.templating(*variables, single=single), panels=layout(rows), links=links(*related),
         editable=False)
