@@ -7,7 +7,8 @@ Starts the simulator with N nodes of 8 GPUs, then, one after the other, two Prom
 (127.0.0.1, fresh storage each) that scrape it every 15 s and evaluate every 15 s: the first without
 rules, the second with the rule file. Each is warmed up (by default 15 minutes: the longest window
 that a group evaluated at the scrape interval reads; the hour- and day-long windows of the
-`gpufleet-slow-checks` group are not filled in any run this short), then measured over --seconds.
+`gpufleet-slow-checks` group are not filled in any run this short), then measured over --seconds;
+both for the same time, so that their heads are as old and their memory compares.
 It prints:
 
 * per rule group: its interval, p50/p99/max of `prometheus_rule_group_last_duration_seconds`
@@ -17,7 +18,8 @@ It prints:
 * for both servers: head series, series per node, CPU as a share of one core over the
   measurement, and peak resident memory; the rules' cost is the difference;
 * whether the simulator kept up: the oldest GPU snapshot Prometheus scraped;
-* every dashboard target as Grafana sends it (variables at All, the last hour, a 15 s step,
+* every dashboard target as Grafana sends it (variables at All or, where a dashboard picks one
+  value, the first node; the last hour, a 15 s step,
   `$__rate_interval` 1m), and every query of `gpufleet report capacity --range 1h`, each timed by
   Prometheus's own query log; the ten slowest of each, and their p99.
 
@@ -39,6 +41,7 @@ import time
 import urllib.parse
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -160,18 +163,28 @@ def stop(process: subprocess.Popen) -> None:
         process.wait(10)
 
 
-def dashboard_targets() -> list[tuple[str, str]]:
-    """(dashboard/panel, expression) of every target, with what Grafana substitutes at All over an hour."""
+def _substitute(values: dict[str, str], variable: re.Match[str]) -> str:
+    return values.get(variable[1], ".*")
+
+
+def dashboard_targets(prom_url: str) -> list[tuple[str, str]]:
+    """(dashboard/panel, expression) of every target, with what Grafana substitutes over an hour: All for a
+    multi-select variable, the first value Prometheus lists for a single-select one (the node dashboard's node)."""
     targets = []
     for path in sorted((ROOT / "dashboards" / "json").glob("*.json")):
         model = json.loads(path.read_text())
+        values = {}
+        for variable in model["templating"]["list"]:
+            if variable["type"] == "query" and not variable["multi"]:
+                listed = json.loads(get(f"{prom_url}/api/v1/label/{variable['name']}/values", TIMEOUT))["data"]
+                values[variable["name"]] = listed[0]  # Grafana escapes no single value.
         for panel in model["panels"]:
             for target in panel.get("targets", []):
                 expr = target["expr"]
                 for name, value in (("$__rate_interval", "1m"), ("$__interval_ms", "15000"), ("$__interval", "15s"),
                                     ("$__range", "1h")):
                     expr = expr.replace(name, value)
-                expr = re.sub(r"\$\{?(cluster|instance|gpu|job_id)\}?", ".*", expr)
+                expr = re.sub(r"\$\{?(cluster|instance|gpu|job_id)\}?", partial(_substitute, values), expr)
                 targets.append((f"{model['uid']}/{panel['title']}", expr))
     return targets
 
@@ -197,7 +210,7 @@ def time_dashboards_and_report(prom_url: str, process: subprocess.Popen, querylo
             break
     end = time.time()
     offset = querylog.stat().st_size if querylog.exists() else 0
-    targets = dashboard_targets()
+    targets = dashboard_targets(prom_url)
     for _, expr in targets:
         params = urllib.parse.urlencode({"query": expr, "start": end - 3600, "end": end, "step": SCRAPE_SECONDS})
         get(f"{prom_url}/api/v1/query_range?{params}", timeout=300)
@@ -267,9 +280,7 @@ def main() -> None:
                 workdir.mkdir()
                 process, url = start_prometheus(workdir, targets, rules)
                 try:
-                    warm = args.warm_up if rules is not None else min(args.warm_up, 120.0)
-                    run = measure(name, url, process, warm, args.seconds if rules is not None else
-                                  min(args.seconds, 180.0), args.nodes)
+                    run = measure(name, url, process, args.warm_up, args.seconds, args.nodes)
                     runs.append(run)
                     if rules is not None:
                         querylog = workdir / "queries.log"
