@@ -17,7 +17,9 @@ It prints:
 * the ten slowest rules, by their longest evaluation seen in `/api/v1/rules`;
 * for both servers: head series, series per node, CPU as a share of one core over the
   measurement, and peak resident memory; the rules' cost is the difference;
-* whether the simulator kept up: the oldest GPU snapshot Prometheus scraped;
+* whether the simulator kept up: the oldest GPU snapshot Prometheus scraped, and its CPU share;
+* with --profiles DIR, each server's heap profile and a 30 s CPU profile at the end of its measurement,
+  saved for `go tool pprof` (Debian's golang-go), to see where the rules' CPU and memory go.
 * every dashboard target as Grafana sends it (variables at All or, where a dashboard picks one
   value, the first node; the last hour, a 15 s step,
   `$__rate_interval` 1m), and every query of `gpufleet report capacity --range 1h`, each timed by
@@ -88,16 +90,26 @@ class Run:
     head_series: float
     series_per_node: float
     oldest_snapshot: float | None
+    simulator_cpu_share: float
     groups: dict[str, GroupFigures]
     rules: dict[tuple[str, str], float]
 
 
-def measure(name: str, prom_url: str, process: subprocess.Popen, warm_up: float, duration: float,
-            nodes: int) -> Run:
+def save_profiles(prom_url: str, directory: Path, name: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    stem = name.replace(" ", "-")
+    (directory / f"{stem}.heap.pb.gz").write_bytes(get(f"{prom_url}/debug/pprof/heap", TIMEOUT))
+    (directory / f"{stem}.cpu.pb.gz").write_bytes(get(f"{prom_url}/debug/pprof/profile?seconds=30", TIMEOUT + 30))
+    print(f"[{name}] profiles in {directory}/{stem}.*.pb.gz", flush=True)
+
+
+def measure(name: str, prom_url: str, process: subprocess.Popen, simulator: psutil.Process, warm_up: float,
+            duration: float, profiles: Path | None) -> Run:
     print(f"[{name}] warming up for {warm_up:g} s", flush=True)
     time.sleep(warm_up)
     prom = psutil.Process(process.pid)
     before, cpu0, t0 = self_metrics(prom_url), cpu_seconds(prom), time.monotonic()
+    simulator_cpu0 = cpu_seconds(simulator)
     groups: dict[str, GroupFigures] = defaultdict(GroupFigures)
     slowest: dict[tuple[str, str], float] = defaultdict(float)
     print(f"[{name}] measuring for {duration:g} s", flush=True)
@@ -115,6 +127,7 @@ def measure(name: str, prom_url: str, process: subprocess.Popen, warm_up: float,
                     slowest[key] = max(slowest[key], rule.get("evaluationTime", 0.0))
     elapsed = time.monotonic() - t0
     cpu_share = (cpu_seconds(prom) - cpu0) / elapsed
+    simulator_cpu_share = (cpu_seconds(simulator) - simulator_cpu0) / elapsed
     after = self_metrics(prom_url)
     for group, figures in groups.items():
         for metric, attribute in (("prometheus_rule_group_iterations_missed_total", "missed"),
@@ -124,8 +137,11 @@ def measure(name: str, prom_url: str, process: subprocess.Popen, warm_up: float,
     oldest = query(prom_url, 'max(max_over_time((timestamp(gpufleet_collector_last_success_timestamp_seconds'
                              '{collector="gpu"}) - gpufleet_collector_last_success_timestamp_seconds'
                              f'{{collector="gpu"}})[{window}:]))', TIMEOUT)
+    if profiles is not None:
+        save_profiles(prom_url, profiles, name)
     return Run(name, cpu_share, peak_rss_mib(process.pid), after[("prometheus_tsdb_head_series", "")],
-               query(prom_url, "avg(scrape_samples_scraped)", TIMEOUT) or 0.0, oldest, dict(groups), dict(slowest))
+               query(prom_url, "avg(scrape_samples_scraped)", TIMEOUT) or 0.0, oldest, simulator_cpu_share,
+               dict(groups), dict(slowest))
 
 
 def write_config(workdir: Path, targets: Path, rules: Path | None, querylog: Path | None = None) -> Path:
@@ -236,7 +252,8 @@ def report_runs(runs: list[Run], nodes: int) -> None:
             ("series per node", lambda r: f"{r.series_per_node:,.0f}"),
             ("Prometheus CPU", lambda r: f"{r.cpu_share * 100:.1f}% of a core"),
             ("Prometheus peak RSS", lambda r: f"{r.peak_rss_mib / 1024:.2f} GiB"),
-            ("oldest GPU snapshot", lambda r: f"{r.oldest_snapshot or 0:.1f} s"))
+            ("oldest GPU snapshot", lambda r: f"{r.oldest_snapshot or 0:.1f} s"),
+            ("simulator CPU", lambda r: f"{r.simulator_cpu_share * 100:.0f}% of a core"))
     for label, cell in rows:
         print(f"{label:<22}" + "".join(f"{cell(run):>18}" for run in runs))
     if len(runs) == 2:
@@ -262,6 +279,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=600.0)
     parser.add_argument("--rules", type=Path, default=ROOT / "alerts" / "gpufleet-rules.yml")
     parser.add_argument("--skip-baseline", action="store_true", help="only the run with rules")
+    parser.add_argument("--profiles", type=Path, help="save each server's heap and CPU profiles here")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -280,7 +298,8 @@ def main() -> None:
                 workdir.mkdir()
                 process, url = start_prometheus(workdir, targets, rules)
                 try:
-                    run = measure(name, url, process, args.warm_up, args.seconds, args.nodes)
+                    run = measure(name, url, process, psutil.Process(simulator.pid), args.warm_up, args.seconds,
+                                  args.profiles)
                     runs.append(run)
                     if rules is not None:
                         querylog = workdir / "queries.log"
