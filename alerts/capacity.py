@@ -8,8 +8,10 @@ of series, so the report's cost follows clusters, jobs and links, not GPUs times
   memory, power and energy;
 - per job (`cluster_job:`) and per link (`instance_port:`): what the top-jobs and busiest-links
   tables rank;
-- per GPU or node, only while something is wrong: ECC errors, row remaps, lost GPUs, GPUs missing
-  from NVML, straggling nodes. Healthy hardware writes nothing here.
+- per GPU, node or port, only while something is wrong: ECC errors, row remaps, lost GPUs, GPUs
+  missing from NVML, straggling nodes, InfiniBand ports with errors. Healthy hardware writes nothing
+  here. The fabric dashboard draws the ports' error rates from here too: at All, rating every
+  port's seven error counters at each refresh would cost Prometheus seconds.
 
 Every per-GPU series carries the GPU's model (`name`), so the report never joins over the range.
 The report's step must not be finer than `INTERVAL`, or its points would miss samples.
@@ -52,6 +54,9 @@ JOB_GPUS = "cluster_job:gpufleet_gpus:count"
 JOB_NODES = "cluster_job:gpufleet_nodes:count"
 JOB_USED = "cluster_job:gpufleet_gpu_utilization_ratio:sum"
 LINKS = "instance_port:gpufleet_link_utilization:ratio_rate10m"
+IB_ERRORS = "instance_port:gpufleet_infiniband_errors:rate10m"  # All error counters' rates together.
+IB_ERROR_COUNTERS = ("symbol_error", "port_rcv_errors", "link_error_recovery", "local_link_integrity_errors",
+                     "excessive_buffer_overrun_errors", "port_rcv_remote_physical_errors", "vl15_dropped")
 
 # Besides the cluster label: the labels that name a GPU, and a job.
 GPU = ("instance", "gpu")
@@ -118,5 +123,7 @@ def capacity(c: Config) -> dict[str, Any]:
         record(JOB_NODES, f"count by ({job}) (group by ({job}, instance) ({m('gpufleet_gpu_job_info')}))"),
         record(JOB_USED, f"sum by ({job}) ({m('gpufleet_gpu_job_info')} * on ({gpu}, uuid) group_left {util})"),
         *link_utilization(c, LINKS, WINDOW, known_speed=True),
+        record(IB_ERRORS, "(" + " + ".join(f"rate({m(f'gpufleet_infiniband_{counter}_total')}[{c.d(WINDOW)}])"
+                                           for counter in IB_ERROR_COUNTERS) + ") > 0"),
     ]
     return {"name": "gpufleet-capacity", "interval": c.d(INTERVAL), "rules": rules}

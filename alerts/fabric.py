@@ -18,11 +18,6 @@ _LINK = ("{{ $labels.device }}{{ with $labels.port }} port {{ . }}{{ end }} of {
 # link-downs in the link-downed window while there are any.
 SATURATED = "instance_port:gpufleet_link_utilization:saturated"
 LINK_DOWNS = "instance_port:gpufleet_infiniband_link_downed:increase"
-# Sparse, per port, every minute: all InfiniBand error counters' rates together, while there are any.
-# The fabric dashboard draws it; computing it at All from the raw counters costs seconds per refresh.
-IB_ERRORS = "instance_port:gpufleet_infiniband_errors:rate5m"
-IB_ERROR_COUNTERS = ("symbol_error", "port_rcv_errors", "link_error_recovery", "local_link_integrity_errors",
-                     "excessive_buffer_overrun_errors", "port_rcv_remote_physical_errors", "vl15_dropped")
 
 
 def _rate_above(c: Config, name: str, counter: str, per_second: float, summary: str, what: str,
@@ -105,12 +100,9 @@ def fabric(c: Config) -> dict[str, Any]:
 
 
 def fabric_slow_checks(c: Config) -> list[dict[str, Any]]:
-    """Error counts over 15 minutes or an hour, which need no 15-second evaluation (`slow`), and the error
-    rate per port that the fabric dashboard draws."""
+    """Error counts over 15 minutes or an hour, which need no 15-second evaluation (`slow`)."""
     ib = "gpufleet_infiniband_"
-    errors = " + ".join(f"rate({c.metric(f'{ib}{counter}_total')}[{c.d('5m')}])" for counter in IB_ERROR_COUNTERS)
     return [
-        record(IB_ERRORS, f"({errors}) > 0"),
         alert(c, "NicInfinibandSymbolErrors",
               f"increase({c.metric(ib + 'symbol_error_total')}[{c.d('1h')}]) > {c.symbol_errors_per_hour}",
               "warning", "An InfiniBand port sees many symbol errors: a bad cable or transceiver.",

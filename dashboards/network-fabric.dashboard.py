@@ -2,15 +2,16 @@
 
 Throughput is shown as a share of the link's own speed, so a 100 GbE port and a 400 Gb/s
 InfiniBand port read on one scale; congestion is `port_xmit_wait`, the time a port had data
-to send and no credits, which rises before throughput falls. Utilisation, congestion and the
-InfiniBand errors come from the recorded per-port series the alerts read (5-minute rates): at
-All, a rate over every port's raw counters would cost Prometheus seconds per refresh.
+to send and no credits, which rises before throughput falls. Utilisation and congestion come from
+the recorded per-port series the alerts read (5-minute rates), the InfiniBand errors from the capacity
+rules' sparse per-port series: at All, a rate over every port's raw counters would cost Prometheus
+seconds per refresh.
 """
 
 from grafanalib.core import Dashboard
 
+from gpufleet.alerts.capacity import IB_ERRORS
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.fabric import IB_ERRORS
 from gpufleet.alerts.recording import LINK_UTILIZATION, XMIT_WAIT
 from gpufleet.dashboards.panels import PORT_LEGEND, Scope, dashboard, heatmap, table, timeseries
 
@@ -50,8 +51,8 @@ def build(config: Config) -> Dashboard:
              ], "pps")],
             [timeseries("InfiniBand errors", [(f"{IB_ERRORS}{{{s.recorded_node}}}", PORT_LEGEND)], "ops",
                         description="Symbol, receive, integrity, recovery, overrun, remote physical and VL15 errors "
-                                    "together, over 5 minutes, recorded every minute; only ports with errors are "
-                                    "drawn. The node's table splits them by counter."),
+                                    "together, over 10 minutes, recorded every 5 minutes by the capacity rules; only "
+                                    "ports with errors are drawn. The node's table splits them by counter."),
              timeseries("Ethernet errors", [
                  (s.rate("gpufleet_network_transmit_errors_total", node), "{{instance}} {{device}} tx"),
                  (s.rate("gpufleet_network_receive_errors_total", node), "{{instance}} {{device}} rx"),
