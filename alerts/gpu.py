@@ -10,7 +10,7 @@ from typing import Any
 
 from gpufleet import duration
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.recording import ECC_NEW, PCIE_DEGRADED, PCIE_REPLAYS, SLOWDOWN, share_of_time
+from gpufleet.alerts.recording import ECC_NEW, PCIE_DEGRADED, PCIE_REPLAYS, SLOWDOWN, pcie_degraded, share_of_time
 from gpufleet.alerts.rule import GPU, alert
 from gpufleet.alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH, matcher
 
@@ -71,9 +71,6 @@ def gpu_failures(c: Config) -> dict[str, Any]:
         alert(c, "GpuPcieReplaysHigh", f"{PCIE_REPLAYS} * 60 > {c.pcie_replays_per_minute:g}", "warning",
               "A GPU's PCIe link retransmits too often.",
               f"{GPU} has {{{{ $value | humanize }}}} PCIe replays per minute.", for_="5m"),
-        alert(c, "GpuPcieLinkDegraded", PCIE_DEGRADED, "warning",
-              "A GPU's PCIe link runs below its maximum width or generation.",
-              f"{GPU} runs its PCIe link below its maximum.", for_="10m"),
         alert(c, "GpuHardwareSlowdown", f"{share_of_time(c, hw_slowdown, c.slowdown_window)} > {c.slowdown_share:g}",
               "warning", "A GPU's clocks are held down by hardware slowdown, thermal slowdown or power brake.",
               f"{GPU} had {{{{ $labels.reason }}}} active {{{{ $value | humanizePercentage }}}} of the last "
@@ -87,8 +84,12 @@ def gpu_failures(c: Config) -> dict[str, Any]:
 
 
 def gpu_slow_checks(c: Config) -> list[dict[str, Any]]:
-    """Checks over an hour or a day, on series that change slowly: evaluated less often (`slow`)."""
+    """Checks over an hour or a day, or on series that change slowly: evaluated less often (`slow`)."""
     return [
+        pcie_degraded(c),
+        alert(c, "GpuPcieLinkDegraded", PCIE_DEGRADED, "warning",
+              "A GPU's PCIe link runs below its maximum width or generation.",
+              f"{GPU} runs its PCIe link below its maximum.", for_="10m"),
         alert(c, "GpuXidApplicationRepeated",
               f"changes({c.metric('gpufleet_gpu_xid_last_timestamp_seconds', matcher(APPLICATION))}"
               f"[{c.d(c.repeat_window)}]) >= 1", "warning",

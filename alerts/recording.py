@@ -4,9 +4,9 @@ At 1,000 nodes a per-GPU metric is 8,000 series and a clock-event reason 72,000.
 them once per evaluation, with instant selectors or windows of at most 5 minutes, and records what
 the alerts, the straggler maths, the dashboards and the capacity report then read: per-node
 aggregates, link utilisation, and, for the checks that look back further, series that exist only
-while something is wrong (a slowdown reason active, a degraded PCIe link, a new uncorrectable ECC
-error). A window of 10 or 15 minutes over those sparse series costs nothing on a healthy fleet,
-where the same window over the raw series would decode every GPU's samples at every evaluation.
+while something is wrong (a slowdown reason active, a new uncorrectable ECC error, PCIe replays).
+A window of 10 or 15 minutes over those sparse series costs nothing on a healthy fleet, where the
+same window over the raw series would decode every GPU's samples at every evaluation.
 Names follow `level:metric:operations`.
 """
 
@@ -19,9 +19,9 @@ from gpufleet.alerts.rule import record
 
 NODE_JOBS = "instance_job:gpufleet_gpu_job_info:count"
 GPUS_UP = "instance:gpufleet_gpus_up:sum"
-# Sparse, per GPU: 1 while a slowdown reason holds the clocks (label `reason`); the link's width while
-# the PCIe link runs degraded; the uncorrectable ECC errors counted in the last minute, and the PCIe replays
-# per second, while there are any.
+# Sparse, per GPU: 1 while a slowdown reason holds the clocks (label `reason`); 1 while the PCIe link runs
+# degraded (recorded by the slow group: `pcie_degraded`); the uncorrectable ECC errors counted in the last
+# minute, and the PCIe replays per second, while there are any.
 SLOWDOWN = "instance_gpu:gpufleet_gpu_clock_slowdown:active"
 PCIE_DEGRADED = "instance_gpu:gpufleet_gpu_pcie_link:degraded"
 ECC_NEW = "instance_gpu:gpufleet_gpu_ecc_uncorrected_errors:increase1m"
@@ -69,18 +69,23 @@ def _node_signals(c: Config) -> list[dict[str, Any]]:
     return rules
 
 
-def _gpu_health(c: Config) -> list[dict[str, Any]]:
+def pcie_degraded(c: Config) -> dict[str, Any]:
+    """The sparse degraded-PCIe series. It reads five per-GPU series, and a link's width and generation
+    change only when it retrains, so it is recorded in the slow group, with the alert that reads it."""
     gpu = c.by(*_GPU_KEY)
-    active = c.metric("gpufleet_gpu_clock_event_active", f'reason=~"{"|".join(SLOWDOWN_REASONS)}"')
     # An idle GPU lowers its PCIe generation to save power: only a busy GPU's lower generation counts.
     degraded = (f"({c.metric('gpufleet_gpu_pcie_link_width')} < {c.metric('gpufleet_gpu_pcie_link_max_width')})"
                 f" or (({c.metric('gpufleet_gpu_pcie_link_generation')} < "
                 f"{c.metric('gpufleet_gpu_pcie_link_max_generation')}) and on ({gpu}) "
                 f"{c.metric('gpufleet_gpu_utilization_ratio')} > {c.busy_utilization:g})")
+    return record(PCIE_DEGRADED, f"group by ({gpu}) ({degraded})")
+
+
+def _gpu_health(c: Config) -> list[dict[str, Any]]:
+    active = c.metric("gpufleet_gpu_clock_event_active", f'reason=~"{"|".join(SLOWDOWN_REASONS)}"')
     uncorrected = c.metric("gpufleet_gpu_ecc_errors_total", 'error="uncorrected"', 'scope="volatile"')
     return [
         record(SLOWDOWN, f"{active} == 1"),
-        record(PCIE_DEGRADED, f"group by ({gpu}) ({degraded})"),
         record(ECC_NEW, f"increase({uncorrected}[{c.d('1m')}]) > 0"),
         record(PCIE_REPLAYS, f"rate({c.metric('gpufleet_gpu_pcie_replays_total')}[{c.d('5m')}]) > 0"),
     ]
