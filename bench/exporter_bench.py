@@ -12,11 +12,13 @@ thermal_zone) and no cap on parallel scrapes, and prints:
 * scrape latency p50/p99 with 1 and with 50 concurrent scrapers, for both
   exporters, asking for gzip as Prometheus does;
 * the exporter's CPU use as a share of one core over --cpu-seconds at its
-  default intervals, scraped every 15 s as a Prometheus would;
+  default intervals, scraped every 15 s as a Prometheus would, and node_exporter's
+  over the same window, so that a slow machine can be told from a slow exporter;
 * sustained load: --load-scrapers scraping without pause for --load-seconds,
   with the scrapes answered, failed and refused, latency p50/p99, and the
   exporter's resident memory and threads before and after;
-* the exporter's peak resident memory (VmHWM).
+* the exporter's resident memory after each phase and its peak (VmHWM), and
+  node_exporter's peak beside it.
 
 Everything listens on 127.0.0.1 only; every loop is bounded by a count.
 """
@@ -172,21 +174,30 @@ def load_row(pid: int, url: str, scrapers: int, seconds: float) -> None:
           f"{rss_after / 2**20:.1f} MiB; threads {threads_before} -> {threads_after}")
 
 
-def cpu_share(pid: int, url: str, seconds: float) -> float:
-    """CPU of the process over `seconds`, scraped every 15 s like a Prometheus would."""
-    process = psutil.Process(pid)
-    before = process.cpu_times()
+def rss_mib(pid: int) -> float:
+    return psutil.Process(pid).memory_info().rss / 2**20
+
+
+def cpu_shares(targets: dict[int, str], seconds: float) -> dict[int, float]:
+    """CPU of each process (pid -> its /metrics URL) over the same `seconds`, each scraped every 15 s like a
+    Prometheus would."""
+    processes = {pid: psutil.Process(pid) for pid in targets}
+    before = {pid: process.cpu_times() for pid, process in processes.items()}
     started = time.monotonic()
     for _ in range(int(seconds // 15) + 1):
-        with urllib.request.urlopen(url, timeout=2) as response:
-            response.read()
+        for url in targets.values():
+            with urllib.request.urlopen(url, timeout=2) as response:
+                response.read()
         remaining = started + seconds - time.monotonic()
         if remaining <= 0:
             break
         time.sleep(min(15.0, remaining))
-    after = process.cpu_times()
     elapsed = time.monotonic() - started
-    return (after.user - before.user + after.system - before.system) / elapsed
+    shares = {}
+    for pid, process in processes.items():
+        after = process.cpu_times()
+        shares[pid] = (after.user - before[pid].user + after.system - before[pid].system) / elapsed
+    return shares
 
 
 def main() -> None:
@@ -217,6 +228,7 @@ def main() -> None:
             wait_ready(ours_url, ours)
             wait_ready(theirs_url, theirs)
             time.sleep(1)  # Let every collector finish its first collection.
+            phases = [("started", rss_mib(ours.pid))]
             with urllib.request.urlopen(ours_url) as response:
                 body = response.read()
             families = series_by_family(body.decode())
@@ -225,11 +237,16 @@ def main() -> None:
             print("series by family: " + ", ".join(f"{name} {count}" for name, count in families.most_common()))
             print(f"{'scrape latency':<16} {'p50 1 ms':>9} {'p99 1 ms':>9} {'p50 50 ms':>10} {'p99 50 ms':>10}")
             ours_row = latency_row("gpufleet", ours_url)
+            phases.append(("1 and 50 scrapers", rss_mib(ours.pid)))
             theirs_row = latency_row("node_exporter", theirs_url)
             print(f"p99 at 50 scrapers, gpufleet / node_exporter: {ours_row['p99_50'] / theirs_row['p99_50']:.2f}")
-            share = cpu_share(ours.pid, ours_url, args.cpu_seconds)
-            print(f"gpufleet CPU over {args.cpu_seconds:g}s at default intervals: {share * 100:.2f}% of one core")
-            print(f"gpufleet peak RSS: {peak_rss_bytes(ours.pid) / 2**20:.1f} MiB")
+            shares = cpu_shares({ours.pid: ours_url, theirs.pid: theirs_url}, args.cpu_seconds)
+            phases.append((f"{args.cpu_seconds:g}s at default intervals", rss_mib(ours.pid)))
+            print(f"CPU over {args.cpu_seconds:g}s, scraped every 15 s: gpufleet (default intervals) "
+                  f"{shares[ours.pid] * 100:.2f}%, node_exporter {shares[theirs.pid] * 100:.2f}% of one core")
+            print("gpufleet RSS after each phase: " + ", ".join(f"{name} {mib:.1f} MiB" for name, mib in phases))
+            print(f"peak RSS (VmHWM): gpufleet {peak_rss_bytes(ours.pid) / 2**20:.1f} MiB, "
+                  f"node_exporter {peak_rss_bytes(theirs.pid) / 2**20:.1f} MiB")
             load_row(ours.pid, ours_url, args.load_scrapers, args.load_seconds)
         finally:
             for process in (ours, theirs):
