@@ -54,7 +54,11 @@ class _GuardedConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.state is _State.IDLE:
+            waiting_since = self.since
             self._enter(_State.READING, timed=self._deadline is None)
+            # Headers trickling in do not make a connection younger: it has waited for a request since it went
+            # idle, so which one the cap closes does not depend on whether its bytes were read yet.
+            self.since = waiting_since
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
