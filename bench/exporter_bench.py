@@ -41,7 +41,7 @@ from pathlib import Path
 import aiohttp
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
-from support import free_port, wait_ready
+from support import free_port, peak_rss_mib, wait_ready
 
 SINGLE_REQUESTS = 2000
 CONCURRENT_SCRAPERS = 50
@@ -127,13 +127,6 @@ def latency_row(name: str, url: str) -> dict[str, float]:
     }
     print(f"{name:<16} {row['p50_1']:>9.2f} {row['p99_1']:>9.2f} {row['p50_50']:>10.2f} {row['p99_50']:>10.2f}")
     return row
-
-
-def peak_rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    return psutil.Process(pid).memory_info().rss
 
 
 async def sustained(url: str, scrapers: int, seconds: float) -> tuple[list[float], dict[int, int], int]:
@@ -245,8 +238,8 @@ def main() -> None:
             print(f"CPU over {args.cpu_seconds:g}s, scraped every 15 s: gpufleet (default intervals) "
                   f"{shares[ours.pid] * 100:.2f}%, node_exporter {shares[theirs.pid] * 100:.2f}% of one core")
             print("gpufleet RSS after each phase: " + ", ".join(f"{name} {mib:.1f} MiB" for name, mib in phases))
-            print(f"peak RSS (VmHWM): gpufleet {peak_rss_bytes(ours.pid) / 2**20:.1f} MiB, "
-                  f"node_exporter {peak_rss_bytes(theirs.pid) / 2**20:.1f} MiB")
+            print(f"peak RSS (VmHWM): gpufleet {peak_rss_mib(ours.pid):.1f} MiB, "
+                  f"node_exporter {peak_rss_mib(theirs.pid):.1f} MiB")
             load_row(ours.pid, ours_url, args.load_scrapers, args.load_seconds)
         finally:
             for process in (ours, theirs):

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
-from support import cpu_seconds, free_port, get, peak_rss_mib, query, wait_ready
+from support import cpu_seconds, free_port, get, peak_rss_mib, query, stop, wait_ready
 
 from gpufleet.duration import parse as parse_duration
 
@@ -170,15 +170,6 @@ def start_prometheus(workdir: Path, targets: Path, rules: Path | None) -> tuple[
     return process, url
 
 
-def stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(10)
-
-
 def _substitute(values: dict[str, str], variable: re.Match[str]) -> str:
     return values.get(variable[1], ".*")
 
@@ -246,7 +237,7 @@ def time_dashboards_and_report(prom_url: str, process: subprocess.Popen, querylo
             print(f"  {spent * 1000:8.0f} ms  {names.get(expr, '')} {expr[:150]}")
 
 
-def report_runs(runs: list[Run], nodes: int) -> None:
+def report_runs(runs: list[Run]) -> None:
     print(f"\n{'':<22}" + "".join(f"{run.name:>18}" for run in runs))
     rows = (("head series", lambda r: f"{r.head_series:,.0f}"),
             ("series per node", lambda r: f"{r.series_per_node:,.0f}"),
@@ -310,7 +301,7 @@ def main() -> None:
                     shutil.rmtree(workdir / "data", ignore_errors=True)
             print(f"\n{args.nodes} nodes x 8 GPUs, scraped and evaluated every {SCRAPE_SECONDS} s; "
                   f"rules: {args.rules.name}")
-            report_runs(runs, args.nodes)
+            report_runs(runs)
         finally:
             stop(simulator)
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import psutil
-from support import cpu_seconds, free_port, get, peak_rss_mib, query
+from support import cpu_seconds, free_port, get, peak_rss_mib, query, stop
 
 
 def wait_until(check, seconds: float, what: str) -> None:
@@ -101,11 +101,7 @@ def main() -> None:
                 print(f"{name}: {value if value is None else round(value, 3)}")
         finally:
             for process in (prometheus, simulator):
-                process.terminate()
-                try:
-                    process.wait(30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+                stop(process, 30)
 
 
 if __name__ == "__main__":

@@ -59,3 +59,13 @@ def peak_rss_mib(pid: int) -> float:
 def cpu_seconds(process: psutil.Process) -> float:
     times = process.cpu_times()
     return times.user + times.system
+
+
+def stop(process: subprocess.Popen, seconds: float = 60) -> None:
+    """SIGTERM, so a server can flush its storage; SIGKILL if it has not ended within `seconds`."""
+    process.terminate()
+    try:
+        process.wait(seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
