@@ -21,6 +21,15 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _HELP_ESCAPES = str.maketrans({"\\": r"\\", "\n": r"\n"})
 _VALUE_ESCAPES = str.maketrans({"\\": r"\\", "\n": r"\n", '"': r"\""})
+
+
+def _escaped(value: str) -> str:
+    """A label value as the format writes it; almost none needs escaping, and testing is ten times cheaper."""
+    if "\\" in value or '"' in value or "\n" in value:
+        return value.translate(_VALUE_ESCAPES)
+    return value
+
+
 _TYPES = {"counter": ("_total", "counter"), "info": ("_info", "gauge"), "unknown": ("", "untyped")}
 
 
@@ -38,7 +47,7 @@ def render(families: Sequence[Metric]) -> bytes:
                 continue
             text = rendered.get(id(labels))
             if text is None:
-                pairs = ",".join(f'{k}="{v.translate(_VALUE_ESCAPES)}"' for k, v in sorted(labels.items()))
+                pairs = ",".join(f'{k}="{_escaped(v)}"' for k, v in sorted(labels.items()))
                 text = rendered[id(labels)] = f"{{{pairs}}}"
             out.append(f"{sample.name}{text} {_go_float(sample.value)}\n")
     return "".join(out).encode()

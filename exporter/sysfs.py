@@ -17,7 +17,6 @@ paths. The tree itself (`exporter.tree`) is the hardware boundary.
 from __future__ import annotations
 
 import errno
-from pathlib import PurePosixPath
 
 from gpufleet.exporter.tree import Tree
 
@@ -34,14 +33,10 @@ class SysfsReader:
         self.tree = tree
         self.problems: list[str] = []
 
-    @staticmethod
-    def path(relative: str) -> PurePosixPath:
-        return PurePosixPath(relative)
-
     def listdir(self, relative: str) -> list[str]:
         """Sorted entries of a directory; an absent directory is an empty one."""
         try:
-            return sorted(self.tree.listdir(PurePosixPath(relative)))
+            return sorted(self.tree.listdir(relative))
         except OSError as err:
             if err.errno not in _ABSENT_ERRNOS:
                 self.problems.append(f"{relative}: cannot list: {err.strerror}")
@@ -49,14 +44,14 @@ class SysfsReader:
 
     def readlink(self, relative: str) -> str | None:
         try:
-            return self.tree.readlink(PurePosixPath(relative))
+            return self.tree.readlink(relative)
         except OSError:
             return None
 
     def is_dir(self, relative: str) -> bool:
-        return self.tree.is_dir(PurePosixPath(relative))
+        return self.tree.is_dir(relative)
 
-    def text(self, path: PurePosixPath) -> str | None:
+    def text(self, path: str) -> str | None:
         """The stripped content of a file, or None when absent or unreadable."""
         try:
             raw = self.tree.read(path)
@@ -70,7 +65,7 @@ class SysfsReader:
             self.problems.append(f"{path}: not ASCII text")
             return None
 
-    def integer(self, path: PurePosixPath) -> int | None:
+    def integer(self, path: str) -> int | None:
         """A file holding one integer (decimal or 0x-prefixed hexadecimal)."""
         text = self.text(path)
         if text is None:
@@ -81,7 +76,7 @@ class SysfsReader:
             self.problems.append(f"{path}: not an integer: {text[:40]!r}")
             return None
 
-    def counter(self, path: PurePosixPath) -> int | None:
+    def counter(self, path: str) -> int | None:
         """A monotonically increasing hardware counter: an integer that is never negative."""
         value = self.integer(path)
         if value is not None and value < 0:

@@ -14,7 +14,6 @@ import errno
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
 from typing import Protocol, TypeAlias
 
 _MAX_READ = 4096  # sysfs attributes are at most a page.
@@ -23,33 +22,33 @@ _MAX_READ = 4096  # sysfs attributes are at most a page.
 class Tree(Protocol):
     """A file tree addressed by root-relative paths; failures raise OSError with the kernel's errno."""
 
-    def read(self, path: PurePosixPath) -> bytes: ...
+    def read(self, path: str) -> bytes: ...
 
-    def listdir(self, path: PurePosixPath) -> list[str]: ...
+    def listdir(self, path: str) -> list[str]: ...
 
-    def readlink(self, path: PurePosixPath) -> str: ...
+    def readlink(self, path: str) -> str: ...
 
-    def is_dir(self, path: PurePosixPath) -> bool: ...
+    def is_dir(self, path: str) -> bool: ...
 
 
 class DiskTree:
     """The real files below a root directory."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
+        self.root = os.fspath(root)
 
-    def read(self, path: PurePosixPath) -> bytes:
-        with open(self.root / path, "rb") as handle:
+    def read(self, path: str) -> bytes:
+        with open(f"{self.root}/{path}", "rb") as handle:
             return handle.read(_MAX_READ)
 
-    def listdir(self, path: PurePosixPath) -> list[str]:
-        return os.listdir(self.root / path)
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(f"{self.root}/{path}")
 
-    def readlink(self, path: PurePosixPath) -> str:
-        return os.readlink(self.root / path)
+    def readlink(self, path: str) -> str:
+        return os.readlink(f"{self.root}/{path}")
 
-    def is_dir(self, path: PurePosixPath) -> bool:
-        return (self.root / path).is_dir()
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(f"{self.root}/{path}")
 
 
 Content: TypeAlias = str | Callable[[], str]
@@ -63,8 +62,8 @@ class _Link:
 _Node: TypeAlias = "dict[str, _Node] | Content | _Link"
 
 
-def _missing(path: PurePosixPath) -> FileNotFoundError:
-    return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+def _missing(path: str) -> FileNotFoundError:
+    return FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
 
 
 class MemoryTree:
@@ -77,16 +76,16 @@ class MemoryTree:
         self._root: dict[str, _Node] = {}
 
     def set(self, path: str, content: Content) -> None:
-        *parents, name = PurePosixPath(path).parts
+        *parents, name = path.split("/")
         self._directory(parents, create=True)[name] = content
 
     def link(self, path: str, target: str) -> None:
-        *parents, name = PurePosixPath(path).parts
+        *parents, name = path.split("/")
         self._directory(parents, create=True)[name] = _Link(target)
 
     def remove(self, path: str) -> None:
         """Drop a file or a whole directory, as a hot-unplug does; nothing happens where there is nothing."""
-        *parents, name = PurePosixPath(path).parts
+        *parents, name = path.split("/")
         try:
             self._directory(parents, create=False).pop(name, None)
         except OSError:
@@ -101,36 +100,36 @@ class MemoryTree:
             directory = child
         return directory
 
-    def _node(self, path: PurePosixPath) -> _Node:
+    def _node(self, path: str) -> _Node:
         node: _Node = self._root
-        for part in path.parts:
+        for part in path.split("/"):
             if not isinstance(node, dict) or part not in node:
                 raise _missing(path)
             node = node[part]
         return node
 
-    def read(self, path: PurePosixPath) -> bytes:
+    def read(self, path: str) -> bytes:
         node = self._node(path)
         if isinstance(node, dict):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
         if isinstance(node, _Link):
             raise _missing(path)  # Links here point at devices outside the tree, as sysfs's do.
         text = node if isinstance(node, str) else node()
         return f"{text}\n".encode()
 
-    def listdir(self, path: PurePosixPath) -> list[str]:
+    def listdir(self, path: str) -> list[str]:
         node = self._node(path)
         if not isinstance(node, dict):
-            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
         return list(node)
 
-    def readlink(self, path: PurePosixPath) -> str:
+    def readlink(self, path: str) -> str:
         node = self._node(path)
         if not isinstance(node, _Link):
-            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), str(path))
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL), path)
         return node.target
 
-    def is_dir(self, path: PurePosixPath) -> bool:
+    def is_dir(self, path: str) -> bool:
         try:
             return isinstance(self._node(path), dict)
         except OSError:

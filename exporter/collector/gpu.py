@@ -108,10 +108,10 @@ def add_pci_devices(families: FamilySet, sysfs: SysfsReader) -> None:
         return
     count = 0
     for device in sysfs.listdir("bus/pci/devices"):
-        base = sysfs.path(f"bus/pci/devices/{device}")
-        if sysfs.text(base / "vendor") != _NVIDIA_VENDOR:
+        base = f"bus/pci/devices/{device}"
+        if sysfs.text(f"{base}/vendor") != _NVIDIA_VENDOR:
             continue
-        device_class = sysfs.integer(base / "class")
+        device_class = sysfs.integer(f"{base}/class")
         if device_class is not None and device_class >> 8 in _DISPLAY_CLASSES:
             count += 1
     families.gauge("gpufleet_gpu_pci_devices", "NVIDIA GPUs on the PCI bus, as the kernel lists them.", ()).add_metric(

@@ -37,27 +37,27 @@ class HwmonCollector(SysfsCollector):
             self._collect_chip(sysfs, families, hwmon)
 
     def _collect_chip(self, sysfs: SysfsReader, families: FamilySet, hwmon: str) -> None:
-        base = sysfs.path(f"class/hwmon/{hwmon}")
-        chip = sysfs.text(base / "name") or hwmon
+        base = f"class/hwmon/{hwmon}"
+        chip = sysfs.text(f"{base}/name") or hwmon
         device = _chip_device(sysfs, hwmon)
         for filename in sysfs.listdir(f"class/hwmon/{hwmon}"):
             if match := _TEMP_INPUT.match(filename):
                 sensor = f"temp{match.group(1)}"
-                value = sysfs.integer(base / filename)
+                value = sysfs.integer(f"{base}/{filename}")
                 if value is None:
                     continue
-                labels = [chip, device, sensor, sysfs.text(base / f"{sensor}_label") or sensor]
+                labels = [chip, device, sensor, sysfs.text(f"{base}/{sensor}_label") or sensor]
                 families.gauge(
                     "gpufleet_hwmon_temperature_celsius", "Temperature reported by a hwmon sensor.", _LABELS
                 ).add_metric(labels, value / _MILLI)
                 for suffix, metric, documentation in _TEMP_LIMITS:
-                    limit = sysfs.integer(base / f"{sensor}_{suffix}")
+                    limit = sysfs.integer(f"{base}/{sensor}_{suffix}")
                     if limit is not None:
                         families.gauge(metric, documentation, _LABELS).add_metric(labels, limit / _MILLI)
             elif match := _FAN_INPUT.match(filename):
                 sensor = f"fan{match.group(1)}"
-                value = sysfs.integer(base / filename)
+                value = sysfs.integer(f"{base}/{filename}")
                 if value is not None:
                     families.gauge(
                         "gpufleet_hwmon_fan_speed_rpm", "Fan speed reported by a hwmon sensor.", _LABELS
-                    ).add_metric([chip, device, sensor, sysfs.text(base / f"{sensor}_label") or sensor], value)
+                    ).add_metric([chip, device, sensor, sysfs.text(f"{base}/{sensor}_label") or sensor], value)

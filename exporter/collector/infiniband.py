@@ -10,7 +10,6 @@ links, so the 64-bit `counters_ext/*_64` file is preferred where it exists.
 from __future__ import annotations
 
 import re
-from pathlib import PurePosixPath
 
 from gpufleet.exporter.collector import FamilySet, SysfsCollector
 from gpufleet.exporter.sysfs import SysfsReader
@@ -39,16 +38,16 @@ _EXTENDED = {
 }
 
 
-def _counter_files(sysfs: SysfsReader, port_dir: str) -> dict[str, PurePosixPath]:
+def _counter_files(sysfs: SysfsReader, port_dir: str) -> dict[str, str]:
     """Counter name -> file, with the 64-bit `counters_ext/` file replacing its 32-bit twin."""
     files = {
-        name: sysfs.path(f"{port_dir}/counters/{name}")
+        name: f"{port_dir}/counters/{name}"
         for name in sysfs.listdir(f"{port_dir}/counters")
         if _COUNTER_NAME.match(name)
     }
     for name in sysfs.listdir(f"{port_dir}/counters_ext"):
         if _COUNTER_NAME.match(name):
-            files[_EXTENDED.get(name, name.removesuffix("_64"))] = sysfs.path(f"{port_dir}/counters_ext/{name}")
+            files[_EXTENDED.get(name, name.removesuffix("_64"))] = f"{port_dir}/counters_ext/{name}"
     return files
 
 
@@ -58,13 +57,13 @@ class InfinibandCollector(SysfsCollector):
 
     def read(self, sysfs: SysfsReader, families: FamilySet) -> None:
         for device in sysfs.listdir("class/infiniband"):
-            base = sysfs.path(f"class/infiniband/{device}")
+            base = f"class/infiniband/{device}"
             families.gauge(
                 "gpufleet_infiniband_info",
                 "HCA metadata; the value is always 1.",
                 ("device", "board_id", "firmware_version", "hca_type", "node_guid"),
             ).add_metric(
-                [device] + [sysfs.text(base / f) or "" for f in ("board_id", "fw_ver", "hca_type", "node_guid")],
+                [device] + [sysfs.text(f"{base}/{f}") or "" for f in ("board_id", "fw_ver", "hca_type", "node_guid")],
                 1.0,
             )
             for port in sysfs.listdir(f"class/infiniband/{device}/ports"):
@@ -72,10 +71,9 @@ class InfinibandCollector(SysfsCollector):
 
     def _collect_port(self, sysfs: SysfsReader, families: FamilySet, device: str, port: str) -> None:
         port_dir = f"class/infiniband/{device}/ports/{port}"
-        base = sysfs.path(port_dir)
         labels = [device, port]
 
-        rate = sysfs.text(base / "rate")
+        rate = sysfs.text(f"{port_dir}/rate")
         if rate is not None:
             match = _RATE.match(rate)
             if match:
@@ -91,7 +89,7 @@ class InfinibandCollector(SysfsCollector):
             ("phys_state", "gpufleet_infiniband_physical_state_id",
              "Physical port state (2 Polling, 3 Disabled, 5 LinkUp, 6 LinkErrorRecovery, 7 PhyTest)."),
         ):
-            text = sysfs.text(base / filename)
+            text = sysfs.text(f"{port_dir}/{filename}")
             if text is None:
                 continue
             match = _STATE.match(text)
@@ -100,7 +98,7 @@ class InfinibandCollector(SysfsCollector):
             else:
                 sysfs.problems.append(f"{port_dir}/{filename}: unrecognised state {text[:40]!r}")
 
-        link_layer = sysfs.text(base / "link_layer")
+        link_layer = sysfs.text(f"{port_dir}/link_layer")
         if link_layer is not None:
             families.gauge(
                 "gpufleet_infiniband_port_info",
@@ -123,7 +121,7 @@ class InfinibandCollector(SysfsCollector):
         for name in sysfs.listdir(f"{port_dir}/hw_counters"):
             if name in _HW_NOT_COUNTERS or not _COUNTER_NAME.match(name):
                 continue
-            value = sysfs.counter(base / "hw_counters" / name)
+            value = sysfs.counter(f"{port_dir}/hw_counters/{name}")
             if value is not None:
                 families.counter(
                     f"gpufleet_infiniband_hw_{name.lower()}_total", f"Port hardware counter {name}.", _PORT_LABELS

@@ -72,12 +72,12 @@ class NetworkCollector(SysfsCollector):
                 self._collect_device(sysfs, families, device)
 
     def _collect_device(self, sysfs: SysfsReader, families: FamilySet, device: str) -> None:
-        base = sysfs.path(f"class/net/{device}")
+        base = f"class/net/{device}"
         labels = [device]
         for filename in sysfs.listdir(f"class/net/{device}/statistics"):
             if not _STATISTIC_NAME.match(filename):
                 continue
-            value = sysfs.counter(base / "statistics" / filename)
+            value = sysfs.counter(f"{base}/statistics/{filename}")
             if value is not None:
                 families.counter(
                     _statistic_metric(filename),
@@ -85,7 +85,7 @@ class NetworkCollector(SysfsCollector):
                     _LABELS,
                 ).add_metric(labels, value)
 
-        operstate = sysfs.text(base / "operstate")
+        operstate = sysfs.text(f"{base}/operstate")
         if operstate is not None:
             families.gauge(
                 "gpufleet_network_up", "1 when the interface's operstate is up, else 0.", _LABELS
@@ -95,22 +95,22 @@ class NetworkCollector(SysfsCollector):
                 "Interface metadata; the value is always 1.",
                 ("device", "address", "operstate", "duplex"),
             ).add_metric(
-                [device, sysfs.text(base / "address") or "", operstate, sysfs.text(base / "duplex") or ""], 1.0
+                [device, sysfs.text(f"{base}/address") or "", operstate, sysfs.text(f"{base}/duplex") or ""], 1.0
             )
 
         # A link that is down, or a virtual device, reports -1 or EINVAL: no speed rather than a negative one.
-        speed = sysfs.integer(base / "speed")
+        speed = sysfs.integer(f"{base}/speed")
         if speed is not None and speed > 0:
             families.gauge(
                 "gpufleet_network_speed_bytes_per_second", "Negotiated link speed.", _LABELS
             ).add_metric(labels, float(speed * _BYTES_PER_MEGABIT))
 
-        carrier_changes = sysfs.counter(base / "carrier_changes")
+        carrier_changes = sysfs.counter(f"{base}/carrier_changes")
         if carrier_changes is not None:
             families.counter(
                 "gpufleet_network_carrier_changes_total", "Times the link carrier went up or down.", _LABELS
             ).add_metric(labels, carrier_changes)
 
-        mtu = sysfs.integer(base / "mtu")
+        mtu = sysfs.integer(f"{base}/mtu")
         if mtu is not None:
             families.gauge("gpufleet_network_mtu_bytes", "Interface MTU.", _LABELS).add_metric(labels, mtu)

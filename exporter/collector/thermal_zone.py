@@ -25,9 +25,9 @@ class ThermalZoneCollector(SysfsCollector):
         for zone in sysfs.listdir("class/thermal"):
             if not _ZONE.match(zone):
                 continue
-            base = sysfs.path(f"class/thermal/{zone}")
-            zone_type = sysfs.text(base / "type") or ""
-            temperature = sysfs.integer(base / "temp")
+            base = f"class/thermal/{zone}"
+            zone_type = sysfs.text(f"{base}/type") or ""
+            temperature = sysfs.integer(f"{base}/temp")
             if temperature is not None:
                 families.gauge(
                     "gpufleet_thermal_zone_temperature_celsius", "Thermal zone temperature.", ("zone", "type")
@@ -36,10 +36,10 @@ class ThermalZoneCollector(SysfsCollector):
                 match = _TRIP_TEMP.match(filename)
                 if not match:
                     continue
-                trip_temperature = sysfs.integer(base / filename)
+                trip_temperature = sysfs.integer(f"{base}/{filename}")
                 if trip_temperature is None:
                     continue
-                trip_type = sysfs.text(base / f"trip_point_{match.group(1)}_type") or ""
+                trip_type = sysfs.text(f"{base}/trip_point_{match.group(1)}_type") or ""
                 families.gauge(
                     "gpufleet_thermal_zone_trip_point_celsius",
                     "Temperature of a thermal zone trip point (passive, active, hot, critical).",

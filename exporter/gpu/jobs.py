@@ -81,7 +81,7 @@ def job_from_cgroup(text: str) -> Job | None:
 
 def mapping_dir_jobs(sysfs: SysfsReader, gpu_index: int) -> list[str]:
     """Job ids listed for one GPU in a dcgm-exporter style mapping directory (file named by GPU index)."""
-    text = sysfs.text(sysfs.path(str(gpu_index)))
+    text = sysfs.text(str(gpu_index))
     if not text:
         return []
     ids = []
@@ -151,7 +151,7 @@ class JobAttribution:
             jobs: dict[tuple[tuple[str, str], ...], Job] = {}
             memory = []
             for process in gpu.processes:
-                cgroup = procfs.text(procfs.path(f"{process.pid}/cgroup"))  # Gone if the process just exited.
+                cgroup = procfs.text(f"{process.pid}/cgroup")  # Gone if the process just exited.
                 job = job_from_cgroup(cgroup) if cgroup is not None else None
                 if job is not None:
                     jobs.setdefault((("scheduler", job.scheduler), *job.labels), job)
