@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gzip
 import platform
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import ProcessCollector
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -45,9 +45,12 @@ def self_metrics(collectors: Sequence[ScheduledCollector]) -> list[Metric]:
 
 
 class Exposition:
-    def __init__(self, collectors: Sequence[ScheduledCollector]) -> None:
+    """`process` yields the process_* families; the simulator gives its nodes one shared, cached reading."""
+
+    def __init__(self, collectors: Sequence[ScheduledCollector],
+                 process: Callable[[], Iterable[Metric]] | None = None) -> None:
         self.collectors = collectors
-        self._process = ProcessCollector(registry=None)
+        self._process = process or ProcessCollector(registry=None).collect
         self._states: tuple[CollectorState, ...] | None = None
         self._body = b""
         self._gzipped: bytes | None = None
@@ -55,7 +58,7 @@ class Exposition:
     def body(self) -> bytes:
         states = tuple(c.state for c in self.collectors)
         if self._states is None or any(a is not b for a, b in zip(states, self._states, strict=True)):
-            own = render(self_metrics(self.collectors) + list(self._process.collect()))
+            own = render(self_metrics(self.collectors) + list(self._process()))
             self._body = b"".join(state.body for state in states) + own
             self._gzipped = None
             self._states = states

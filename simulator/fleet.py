@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import InitVar, dataclass, field
 
 import pynvml
+from prometheus_client import ProcessCollector
+from prometheus_client.metrics_core import Metric
 
 from gpufleet.exporter import node as exporter_node
 from gpufleet.exporter.exposition import Exposition
@@ -109,7 +111,7 @@ class Node:
         self.ports = IB_PORTS + tuple(ETHERNET)
         self.t = 0.0  # The node's frozen clock, in simulated seconds since the fleet started.
         self.job: Job | None = None
-        self.lock = asyncio.Lock()
+        self.lock = threading.Lock()  # One collection at a time: the fleet's thread, or a first scrape.
         self.fired: set[str] = set()  # Faults whose one-off events (XIDs) have been raised.
         self.collected = False
         self._segments: tuple[int, list[Segment]] = (-1, [])
@@ -124,7 +126,7 @@ class Node:
         hardware = exporter_node.Hardware(self.nvml, self.sysfs, self.procfs, nvml_event_wait_ms=30_000)
         self.collectors = exporter_node.build(fleet.exporter_flags, hardware)
         self._last_tick = [-_FOREVER] * len(self.collectors)
-        self.exposition = Exposition(self.collectors)
+        self.exposition = Exposition(self.collectors, fleet.process_metrics)
 
     # Workload -------------------------------------------------------------------------------------
 
@@ -422,13 +424,13 @@ class Node:
 
     # Collection -----------------------------------------------------------------------------------
 
-    async def scrape(self, now: float, wall: Callable[[], float]) -> bytes:
-        """Collect what is due at simulated time `now`, with the exporter's collectors, and return the body.
+    def collect(self, now: float, wall: Callable[[], float]) -> None:
+        """Collect what is due at simulated time `now` with the exporter's collectors, in the calling thread.
 
-        The due collections run one after another in a single worker thread: a thousand nodes cannot each
-        start five threads per collection, and the node's clock is frozen for the whole pass anyway.
+        The collectors run one after another: a thousand nodes cannot each start five threads per
+        collection, and the node's clock is frozen for the whole pass anyway.
         """
-        async with self.lock:
+        with self.lock:
             self.t = now
             self.apply_faults()
             started = wall()
@@ -437,9 +439,13 @@ class Node:
             for position, collector in enumerate(self.collectors):
                 if collector in due:
                     self._last_tick[position] = started
-            await asyncio.to_thread(_collect_each, due)
+            _collect_each(due)
             self.collected = True
-            return self.exposition.body()
+
+    async def scrape(self, now: float, wall: Callable[[], float]) -> bytes:
+        """Collect what is due at `now` in a worker thread, and return the body a scrape would get."""
+        await asyncio.to_thread(self.collect, now, wall)
+        return self.exposition.body()
 
     def start(self) -> None:
         for collector in self.collectors:
@@ -454,6 +460,27 @@ class Node:
     def close(self) -> None:
         self.stop()
         exporter_node.close(self.collectors)
+
+
+class ProcessMetrics:
+    """The simulator's own process_* families, read at most once a second and shared by every node.
+
+    Every simulated node reports the one simulator process; reading /proc for each of a thousand
+    scrapes, with a file descriptor per scrape connection to list, cost more than the scrape itself.
+    """
+
+    def __init__(self, max_age_seconds: float = 1.0) -> None:
+        self._collector = ProcessCollector(registry=None)
+        self._max_age = max_age_seconds
+        self._read_at = -_FOREVER
+        self._families: list[Metric] = []
+
+    def __call__(self) -> list[Metric]:
+        now = time.monotonic()
+        if now - self._read_at >= self._max_age:
+            self._families = list(self._collector.collect())
+            self._read_at = now
+        return self._families
 
 
 @dataclass
@@ -472,6 +499,7 @@ class Fleet:
     # Every node runs the collectors `gpufleet exporter` runs with no flags.
     exporter_flags: argparse.Namespace = field(default_factory=exporter_node.defaults)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    process_metrics: ProcessMetrics = field(default_factory=ProcessMetrics, init=False)
     # The jobs to run; drawn from the seed (with `idle_share` of the nodes idle) where none are given.
     layout: InitVar[Sequence[Job] | None] = None
 
@@ -508,7 +536,10 @@ class Fleet:
 
         Scrapes are then served from each node's latest snapshot, as the exporter serves them: a scrape
         costs almost nothing, and a fleet too large for the CPU is collected less often rather than
-        answering its scrapes too late. Each collection is given the node's collector intervals as met.
+        answering its scrapes too late. Each node is collected in the event loop's own thread, and the
+        loop serves waiting scrapes between nodes. A worker thread would cost more than it saves: handing
+        each node over and back was a fifth of a thousand-node fleet's CPU, and a thread collecting
+        nonstop held the interpreter lock so long that scrapes timed out.
         """
         nodes = list(self.nodes.values())
         loop = asyncio.get_running_loop()
@@ -517,16 +548,20 @@ class Fleet:
         while True:
             for node in nodes:
                 try:
-                    await node.scrape(clock(), time.monotonic)
+                    node.collect(clock(), time.monotonic)
                 except Exception:  # One node's surprise must not stop the fleet; it is logged.
                     log.exception("collecting %s failed", node.name)
                 next_start += gap
                 delay = next_start - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                else:
-                    next_start = loop.time()  # Behind: run on without sleeping, and do not try to catch up.
-                    await asyncio.sleep(0)  # Let scrapes through between nodes.
+                    continue
+                # Behind: run on without sleeping until back on schedule, so that a burst of scrapes does not
+                # push every later node's collection back for good; more than a whole interval behind, the
+                # CPU cannot keep up, and the schedule starts again from now rather than racing.
+                if -delay > interval:
+                    next_start = loop.time()
+                await asyncio.sleep(0)  # Let scrapes through between nodes.
 
     def close(self) -> None:
         """Stop every node before waiting for any: each wait is then for a thread that is already ending."""

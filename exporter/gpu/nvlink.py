@@ -50,37 +50,40 @@ class NvlinkSummary:
 
     def apply(self, uuid: str, readings: Iterable[Reading]) -> list[Reading]:
         kept: list[Reading] = []
-        links: list[Reading] = []
+        states: list[Reading] = []
+        counters: list[Reading] = []
         for reading in readings:
-            (links if reading.metric in PER_LINK else kept).append(reading)
-        if not links:
+            metric = reading.metric
+            if metric is NVLINK_UP:
+                states.append(reading)
+            elif metric in PER_LINK:
+                counters.append(reading)
+            else:
+                kept.append(reading)
+        if not states and not counters:
             return kept
         last = self._last[uuid]
-        for reading in links:
-            if reading.metric is not NVLINK_UP:
-                previous = last.get((reading.metric, reading.label_values))
-                if previous is not None and reading.value < previous:  # The driver reset the counters.
-                    last.clear()
-                    self._erring[uuid].clear()
-                    break
-        states = [reading for reading in links if reading.metric is NVLINK_UP]
+        erring = self._erring[uuid]
+        if any(reading.value < last.get((reading.metric, reading.label_values), reading.value)
+               for reading in counters):  # The driver reset the counters.
+            last.clear()
+            erring.clear()
         kept.append(Reading(LINKS, float(len(states))))
         kept.append(Reading(LINKS_UP, float(sum(reading.value for reading in states))))
-        erring = self._erring[uuid]
-        for reading in links:
-            if reading.metric is not NVLINK_UP:
-                last[(reading.metric, reading.label_values)] = reading.value
-            if reading.metric is NVLINK_ERRORS and reading.value > 0:
-                erring.add(reading.label_values[0])
+        for metric, value, label_values in counters:
+            last[(metric, label_values)] = value
+            if metric is NVLINK_ERRORS and value > 0:
+                erring.add(label_values[0])
         totals: dict[tuple[GpuMetric, tuple[str, ...]], float] = {}
         for (metric, values), value in last.items():
             key = (ERRORS, values[1:]) if metric is NVLINK_ERRORS else (_TOTALS[metric], ())
             totals[key] = totals.get(key, 0.0) + value
         kept.extend(Reading(metric, value, values) for (metric, values), value in totals.items())
         if self.per_link:
-            kept.extend(links)
+            kept.extend(states)
+            kept.extend(counters)
         else:
-            kept.extend(reading for reading in links
-                        if (reading.metric is NVLINK_UP and reading.value == 0)
-                        or (reading.metric is NVLINK_ERRORS and reading.label_values[0] in erring))
+            kept.extend(reading for reading in states if reading.value == 0)
+            kept.extend(reading for reading in counters
+                        if reading.metric is NVLINK_ERRORS and reading.label_values[0] in erring)
         return kept

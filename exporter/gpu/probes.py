@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pynvml
 
@@ -32,8 +33,9 @@ class GpuMetric:
     labels: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class Reading:
+class Reading(NamedTuple):
+    """One value read from a GPU; a tuple because a node makes about a thousand a collection."""
+
     metric: GpuMetric
     value: float
     label_values: tuple[str, ...] = ()
