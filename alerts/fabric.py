@@ -10,12 +10,12 @@ from typing import Any
 
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.recording import JOB_XMIT_WAIT, JOB_XMIT_WAIT_MEDIAN, LINK_UTILIZATION, NODE_JOBS, XMIT_WAIT
-from gpufleet.alerts.rule import PORT, alert, record
+from gpufleet.alerts.rule import PORT, TREND_INTERVAL, alert, record
 
 _LINK = ("{{ $labels.device }}{{ with $labels.port }} port {{ . }}{{ end }} of {{ $labels.instance }}")
-# Sparse, per port, recorded first in the fabric group so that each pair of alerts reads one window once:
-# the utilisation averaged over the saturation window while it is above the warning threshold, and the
-# link-downs in the link-downed window while there are any.
+# Sparse, per port, each recorded first in its group so that each pair of alerts reads one window once:
+# the utilisation averaged over the saturation window while it is above the warning threshold (trends),
+# and the link-downs in the link-downed window while there are any (fabric).
 SATURATED = "instance_port:gpufleet_link_utilization:saturated"
 LINK_DOWNS = "instance_port:gpufleet_infiniband_link_downed:increase"
 
@@ -27,16 +27,46 @@ def _rate_above(c: Config, name: str, counter: str, per_second: float, summary: 
 
 
 def fabric(c: Config) -> dict[str, Any]:
+    """What pages for a port the moment it fails, evaluated at the scrape interval: a port down or trained
+    down, and a link's downs over a window that one sparse series, recorded first, reads once for both."""
     ib = "gpufleet_infiniband_"
     node, port = c.by("instance"), c.by("instance", "device", "port")
     # Rounded: increase() extrapolates to the window's edges, which can make 2 link-downs read 2.1.
     downed = f"round(increase({c.metric(ib + 'link_downed_total')}[{c.d(c.link_downed_window)}]))"
+    rules = [
+        record(LINK_DOWNS, f"{downed} > 0"),
+        alert(c, "NicInfinibandPortDown",
+              f"{c.metric(ib + 'state_id')} != 4 unless on ({port}) "
+              f"{c.metric(ib + 'physical_state_id')} == 3", "critical",
+              "An InfiniBand port is not active.",
+              f"{PORT} is in state {{{{ $value }}}}, not 4 (ACTIVE).", for_="2m"),
+        alert(c, "NicInfinibandRateDegraded",
+              f"({c.metric(ib + 'rate_bytes_per_second')} < on ({node}) group_left max by "
+              f"({node}) ({c.metric(ib + 'rate_bytes_per_second')})) and on ({port}) "
+              f"{c.metric(ib + 'state_id')} == 4", "critical",
+              "An InfiniBand port runs below the rate of the node's other ports.",
+              f"{PORT} runs at {{{{ $value | humanize }}}}B/s, below the node's other ports: the link "
+              "trained down.", for_="5m"),
+        alert(c, "NicInfinibandLinkDowned", f"{LINK_DOWNS} <= {c.link_flaps}", "warning",
+              "An InfiniBand link went down and came back.",
+              f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}."),
+        alert(c, "NicInfinibandLinkFlapping", f"{LINK_DOWNS} > {c.link_flaps}", "critical",
+              "An InfiniBand link keeps going down.",
+              f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}."),
+    ]
+    return {"name": "gpufleet-fabric", "rules": rules}
+
+
+def fabric_trends(c: Config) -> dict[str, Any]:
+    """Saturation and congestion over 5 to 10 minutes, and error rates and counts over 5 minutes to an hour:
+    evaluated every `TREND_INTERVAL`."""
+    ib = "gpufleet_infiniband_"
+    node = c.by("instance")
     # The job with the most GPUs on the node names the training job a saturated port slows down.
     main_job = f"0 * topk by ({node}) (1, {NODE_JOBS})"
     utilization = f"avg_over_time({LINK_UTILIZATION}[{c.d(c.saturation_window)}])"
     rules = [
         record(SATURATED, f"{utilization} > {c.saturation_warning:g}"),
-        record(LINK_DOWNS, f"{downed} > 0"),
         alert(c, "NicSaturated", SATURATED, "warning",
               "A network link runs near its speed.",
               f"{_LINK} {{{{ $labels.direction }}}}s at {{{{ $value | humanizePercentage }}}} of its link speed "
@@ -56,24 +86,6 @@ def fabric(c: Config) -> dict[str, Any]:
               "An InfiniBand port waits for credits: the fabric is congested.",
               f"{PORT} waited {{{{ $value | humanize }}}} ticks per second to send (port_xmit_wait).",
               for_="10m"),
-        alert(c, "NicInfinibandPortDown",
-              f"{c.metric(ib + 'state_id')} != 4 unless on ({port}) "
-              f"{c.metric(ib + 'physical_state_id')} == 3", "critical",
-              "An InfiniBand port is not active.",
-              f"{PORT} is in state {{{{ $value }}}}, not 4 (ACTIVE).", for_="2m"),
-        alert(c, "NicInfinibandRateDegraded",
-              f"({c.metric(ib + 'rate_bytes_per_second')} < on ({node}) group_left max by "
-              f"({node}) ({c.metric(ib + 'rate_bytes_per_second')})) and on ({port}) "
-              f"{c.metric(ib + 'state_id')} == 4", "critical",
-              "An InfiniBand port runs below the rate of the node's other ports.",
-              f"{PORT} runs at {{{{ $value | humanize }}}}B/s, below the node's other ports: the link "
-              "trained down.", for_="5m"),
-        alert(c, "NicInfinibandLinkDowned", f"{LINK_DOWNS} <= {c.link_flaps}", "warning",
-              "An InfiniBand link went down and came back.",
-              f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}."),
-        alert(c, "NicInfinibandLinkFlapping", f"{LINK_DOWNS} > {c.link_flaps}", "critical",
-              "An InfiniBand link keeps going down.",
-              f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}."),
         _rate_above(c, "NicInfinibandReceiveErrors", ib + "port_rcv_errors_total", c.receive_errors_per_second,
                     "An InfiniBand port receives malformed packets.", "receive errors"),
         _rate_above(c, "NicInfinibandTransmitDiscards", ib + "port_xmit_discards_total",
@@ -95,14 +107,6 @@ def fabric(c: Config) -> dict[str, Any]:
               "An Ethernet interface keeps going up and down.",
               "{{ $labels.device }} of {{ $labels.instance }} changed state {{ $value }} times in 2 minutes.",
               for_="2m"),
-    ]
-    return {"name": "gpufleet-fabric", "rules": rules}
-
-
-def fabric_slow_checks(c: Config) -> list[dict[str, Any]]:
-    """Error counts over 15 minutes or an hour, which need no 15-second evaluation (`slow`)."""
-    ib = "gpufleet_infiniband_"
-    return [
         alert(c, "NicInfinibandSymbolErrors",
               f"increase({c.metric(ib + 'symbol_error_total')}[{c.d('1h')}]) > {c.symbol_errors_per_hour}",
               "warning", "An InfiniBand port sees many symbol errors: a bad cable or transceiver.",
@@ -118,3 +122,4 @@ def fabric_slow_checks(c: Config) -> list[dict[str, Any]]:
               "warning", "An InfiniBand link broke its integrity or overran its buffers.",
               f"{PORT} counted link integrity or buffer overrun errors in the last 15m."),
     ]
+    return {"name": "gpufleet-fabric-trends", "interval": c.d(TREND_INTERVAL), "rules": rules}

@@ -10,8 +10,16 @@ from typing import Any
 
 from gpufleet import duration
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.recording import ECC_NEW, PCIE_DEGRADED, PCIE_REPLAYS, SLOWDOWN, pcie_degraded, share_of_time
-from gpufleet.alerts.rule import GPU, alert
+from gpufleet.alerts.recording import (
+    ECC_NEW,
+    PCIE_DEGRADED,
+    PCIE_REPLAYS,
+    SLOWDOWN,
+    ecc_new,
+    pcie_degraded,
+    share_of_time,
+)
+from gpufleet.alerts.rule import GPU, TREND_INTERVAL, alert
 from gpufleet.alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH, matcher
 
 _CRC = 'error=~"crc_flit|crc_data"'
@@ -26,10 +34,10 @@ def _xid_event(c: Config, name: str, codes: tuple[int, ...], severity: str, summ
 
 
 def gpu_failures(c: Config) -> dict[str, Any]:
-    """What must reach the pager or a ticket within a minute: instant selectors over the raw series, and
-    windows only over the first tier's sparse series (see `recording`)."""
-    hw_slowdown = SLOWDOWN + "{" + _HW_SLOWDOWN + "}"
+    """What pages for a GPU the moment it breaks, evaluated at the scrape interval: instant selectors over
+    the raw series, and a window only over the sparse new-ECC-error series it records first."""
     rules = [
+        ecc_new(c),
         _xid_event(c, "GpuXidCritical", RESET_OR_REBOOT, "critical",
                    "A GPU reported an XID that needs a GPU reset or a reboot."),
         _xid_event(c, "GpuXidWarning", WATCH, "warning",
@@ -51,30 +59,8 @@ def gpu_failures(c: Config) -> dict[str, Any]:
         alert(c, "GpuRowRemapFailed", f"{c.metric('gpufleet_gpu_row_remap_failed')} == 1", "critical",
               "A GPU failed to remap a memory row: an RMA candidate.",
               f"{GPU} failed a row remap; it cannot repair its memory any more."),
-        alert(c, "GpuRowRemapPending", f"{c.metric('gpufleet_gpu_row_remap_pending')} == 1", "warning",
-              "A GPU has a row remap waiting for a GPU reset.",
-              f"{GPU} has a row remap pending; reset the GPU when its job allows.", for_="5m"),
-        alert(c, "GpuRetiredPagesPending", f"{c.metric('gpufleet_gpu_retired_pages_pending')} == 1", "warning",
-              "A GPU has a page retirement waiting for a reboot.",
-              f"{GPU} has a retired page pending; reboot the node when its job allows.", for_="5m"),
-        alert(c, "GpuRetiredPagesHigh",
-              f"sum by ({c.by('instance', 'gpu', 'uuid')}) ({c.metric('gpufleet_gpu_retired_pages')}) >= "
-              f"{c.retired_pages_critical}", "critical", "A GPU has retired many memory pages: an RMA candidate.",
-              f"{GPU} has retired {{{{ $value }}}} pages."),
         alert(c, "GpuNvlinkDown", f"{c.metric('gpufleet_gpu_nvlink_up')} == 0", "critical",
               "An NVLink is down.", f"NVLink {{{{ $labels.link }}}} of {GPU} is down.", for_="2m"),
-        alert(c, "GpuNvlinkCrcErrors",
-              f"rate({c.metric('gpufleet_gpu_nvlink_link_errors_total', _CRC)}[{c.d('5m')}]) > "
-              f"{c.nvlink_crc_per_second:g}", "warning", "An NVLink has a high CRC error rate.",
-              f"NVLink {{{{ $labels.link }}}} of {GPU} has {{{{ $value | humanize }}}} {{{{ $labels.error }}}} "
-              "errors per second.", for_="5m"),
-        alert(c, "GpuPcieReplaysHigh", f"{PCIE_REPLAYS} * 60 > {c.pcie_replays_per_minute:g}", "warning",
-              "A GPU's PCIe link retransmits too often.",
-              f"{GPU} has {{{{ $value | humanize }}}} PCIe replays per minute.", for_="5m"),
-        alert(c, "GpuHardwareSlowdown", f"{share_of_time(c, hw_slowdown, c.slowdown_window)} > {c.slowdown_share:g}",
-              "warning", "A GPU's clocks are held down by hardware slowdown, thermal slowdown or power brake.",
-              f"{GPU} had {{{{ $labels.reason }}}} active {{{{ $value | humanizePercentage }}}} of the last "
-              f"{c.slowdown_window}."),
         alert(c, "GpuThermalMarginLow",
               f"{c.metric('gpufleet_gpu_thermal_margin_celsius')} < {c.thermal_margin_celsius:g}", "critical",
               "A GPU is about to slow down for heat.",
@@ -83,9 +69,11 @@ def gpu_failures(c: Config) -> dict[str, Any]:
     return {"name": "gpufleet-gpu-failures", "rules": rules}
 
 
-def gpu_slow_checks(c: Config) -> list[dict[str, Any]]:
-    """Checks over an hour or a day, or on series that change slowly: evaluated less often (`slow`)."""
-    return [
+def gpu_trends(c: Config) -> dict[str, Any]:
+    """What is judged over five minutes or more, or on series that only grow or change slowly, evaluated
+    every `TREND_INTERVAL`: none is the first page for its fault."""
+    hw_slowdown = SLOWDOWN + "{" + _HW_SLOWDOWN + "}"
+    rules = [
         pcie_degraded(c),
         alert(c, "GpuPcieLinkDegraded", PCIE_DEGRADED, "warning",
               "A GPU's PCIe link runs below its maximum width or generation.",
@@ -100,4 +88,27 @@ def gpu_slow_checks(c: Config) -> list[dict[str, Any]]:
               f"[{c.d(c.gpu_count_lookback)}])", "critical", "A node lists fewer GPUs than it did earlier today.",
               "{{ $labels.instance }} lists {{ $value }} GPUs, fewer than in the last "
               f"{c.gpu_count_lookback}.", for_="5m"),
+        alert(c, "GpuRowRemapPending", f"{c.metric('gpufleet_gpu_row_remap_pending')} == 1", "warning",
+              "A GPU has a row remap waiting for a GPU reset.",
+              f"{GPU} has a row remap pending; reset the GPU when its job allows.", for_="5m"),
+        alert(c, "GpuRetiredPagesPending", f"{c.metric('gpufleet_gpu_retired_pages_pending')} == 1", "warning",
+              "A GPU has a page retirement waiting for a reboot.",
+              f"{GPU} has a retired page pending; reboot the node when its job allows.", for_="5m"),
+        alert(c, "GpuRetiredPagesHigh",
+              f"sum by ({c.by('instance', 'gpu', 'uuid')}) ({c.metric('gpufleet_gpu_retired_pages')}) >= "
+              f"{c.retired_pages_critical}", "critical", "A GPU has retired many memory pages: an RMA candidate.",
+              f"{GPU} has retired {{{{ $value }}}} pages."),
+        alert(c, "GpuNvlinkCrcErrors",
+              f"rate({c.metric('gpufleet_gpu_nvlink_link_errors_total', _CRC)}[{c.d('5m')}]) > "
+              f"{c.nvlink_crc_per_second:g}", "warning", "An NVLink has a high CRC error rate.",
+              f"NVLink {{{{ $labels.link }}}} of {GPU} has {{{{ $value | humanize }}}} {{{{ $labels.error }}}} "
+              "errors per second.", for_="5m"),
+        alert(c, "GpuPcieReplaysHigh", f"{PCIE_REPLAYS} * 60 > {c.pcie_replays_per_minute:g}", "warning",
+              "A GPU's PCIe link retransmits too often.",
+              f"{GPU} has {{{{ $value | humanize }}}} PCIe replays per minute.", for_="5m"),
+        alert(c, "GpuHardwareSlowdown", f"{share_of_time(c, hw_slowdown, c.slowdown_window)} > {c.slowdown_share:g}",
+              "warning", "A GPU's clocks are held down by hardware slowdown, thermal slowdown or power brake.",
+              f"{GPU} had {{{{ $labels.reason }}}} active {{{{ $value | humanizePercentage }}}} of the last "
+              f"{c.slowdown_window}."),
     ]
+    return {"name": "gpufleet-gpu-trends", "interval": c.d(TREND_INTERVAL), "rules": rules}

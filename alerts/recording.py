@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.rule import record
+from gpufleet.alerts.rule import TREND_INTERVAL, record
 
 NODE_JOBS = "instance_job:gpufleet_gpu_job_info:count"
 GPUS_UP = "instance:gpufleet_gpus_up:sum"
@@ -50,7 +50,7 @@ def share_of_time(c: Config, sparse: str, window: str) -> str:
             f"count_over_time({GPUS_UP}[{c.d(window)}])")
 
 
-def _node_signals(c: Config) -> list[dict[str, Any]]:
+def node_signals(c: Config) -> list[dict[str, Any]]:
     """Each node's straggler signals now: the mean over its GPUs in each named job, and over its busy GPUs
     that have no job id (compared within their cluster and GPU model)."""
     jobs = c.metric("gpufleet_gpu_job_info", 'job_id!=""')
@@ -81,12 +81,18 @@ def pcie_degraded(c: Config) -> dict[str, Any]:
     return record(PCIE_DEGRADED, f"group by ({gpu}) ({degraded})")
 
 
+def ecc_new(c: Config) -> dict[str, Any]:
+    """The sparse new-ECC-error series. Recorded in the pager's 15-second group, with the alert that reads
+    it: its one-minute windows must overlap from one evaluation to the next, or an error that falls
+    between two windows would be missed."""
+    uncorrected = c.metric("gpufleet_gpu_ecc_errors_total", 'error="uncorrected"', 'scope="volatile"')
+    return record(ECC_NEW, f"increase({uncorrected}[{c.d('1m')}]) > 0")
+
+
 def _gpu_health(c: Config) -> list[dict[str, Any]]:
     active = c.metric("gpufleet_gpu_clock_event_active", f'reason=~"{"|".join(SLOWDOWN_REASONS)}"')
-    uncorrected = c.metric("gpufleet_gpu_ecc_errors_total", 'error="uncorrected"', 'scope="volatile"')
     return [
         record(SLOWDOWN, f"{active} == 1"),
-        record(ECC_NEW, f"increase({uncorrected}[{c.d('1m')}]) > 0"),
         record(PCIE_REPLAYS, f"rate({c.metric('gpufleet_gpu_pcie_replays_total')}[{c.d('5m')}]) > 0"),
     ]
 
@@ -134,6 +140,5 @@ def shared(c: Config) -> dict[str, Any]:
         record(JOB_XMIT_WAIT, _per_job(c, f"sum by ({c.by('instance')}) ({XMIT_WAIT})")),
         record(JOB_XMIT_WAIT_MEDIAN, f"quantile by ({c.by('scheduler', 'job_id')}) (0.5, {JOB_XMIT_WAIT})"),
         *_gpu_health(c),
-        *_node_signals(c),
     ]
-    return {"name": "gpufleet-recording", "rules": rules}
+    return {"name": "gpufleet-recording", "interval": c.d(TREND_INTERVAL), "rules": rules}

@@ -14,26 +14,18 @@ import yaml
 from gpufleet.alerts.capacity import capacity
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.exporter import exporter_health
-from gpufleet.alerts.fabric import fabric, fabric_slow_checks
-from gpufleet.alerts.gpu import gpu_failures, gpu_slow_checks
+from gpufleet.alerts.fabric import fabric, fabric_trends
+from gpufleet.alerts.gpu import gpu_failures, gpu_trends
 from gpufleet.alerts.recording import shared
 from gpufleet.alerts.stragglers import stragglers
 
-SLOW_INTERVAL = "1m"
-
-
-def slow_checks(config: Config) -> dict[str, Any]:
-    """Checks that look back an hour or a day, or count errors over 15 minutes. None pages for an event that
-    another alert does not already page for within seconds (a lost GPU, an XID, a port down), so a minute
-    between evaluations costs no page its timeliness, and each evaluation reads four times less often."""
-    return {"name": "gpufleet-slow-checks", "interval": config.d(SLOW_INTERVAL),
-            "rules": [*gpu_slow_checks(config), *fabric_slow_checks(config)]}
-
 
 def groups(config: Config) -> list[dict[str, Any]]:
-    """Groups without an interval run at Prometheus's `evaluation_interval`, which should be the scrape interval."""
+    """Two speeds (see `rule.TREND_INTERVAL`): the pager's groups run at Prometheus's `evaluation_interval`,
+    which should be the scrape interval; the first tier and every group that judges minutes of data run
+    every minute; capacity every five."""
     return [shared(config), stragglers(config), gpu_failures(config), fabric(config), exporter_health(config),
-            slow_checks(config), capacity(config)]
+            gpu_trends(config), fabric_trends(config), capacity(config)]
 
 
 def render(config: Config | None = None) -> str:

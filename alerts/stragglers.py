@@ -19,8 +19,16 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.recording import NODE_SIGNAL, PCIE_DEGRADED, PCIE_REPLAYS, SLOWDOWN, XMIT_WAIT, share_of_time
-from gpufleet.alerts.rule import alert, record
+from gpufleet.alerts.recording import (
+    NODE_SIGNAL,
+    PCIE_DEGRADED,
+    PCIE_REPLAYS,
+    SLOWDOWN,
+    XMIT_WAIT,
+    node_signals,
+    share_of_time,
+)
+from gpufleet.alerts.rule import TREND_INTERVAL, alert, record
 
 SIGNAL = "job_instance:gpufleet_straggler_signal:avg5m"
 MEDIAN = "job:gpufleet_straggler_signal:median5m"
@@ -57,6 +65,7 @@ def _causes(c: Config) -> list[dict[str, Any]]:
 def stragglers(c: Config) -> dict[str, Any]:
     peers = c.by(*PEERS)
     rules = [
+        *node_signals(c),
         record(SIGNAL, f"avg_over_time({NODE_SIGNAL}[{c.d(c.signal_window)}])"),
         record(MEDIAN, f"quantile by ({peers}) (0.5, {SIGNAL})"),
         record(BEST, f"max by ({peers}) ({SIGNAL})"),
@@ -81,4 +90,4 @@ def stragglers(c: Config) -> dict[str, Any]:
         "its {{ $labels.signal }} is {{ $value | humanizePercentage }} of the best node's. Likely cause: "
         f"{causes}.",
         for_=c.straggler_for))
-    return {"name": "gpufleet-stragglers", "rules": rules}
+    return {"name": "gpufleet-stragglers", "interval": c.d(TREND_INTERVAL), "rules": rules}

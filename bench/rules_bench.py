@@ -6,8 +6,8 @@ Usage: .venv/bin/python bench/rules_bench.py [--nodes 1000] [--warm-up 15m] [--s
 Starts the simulator with N nodes of 8 GPUs, then, one after the other, two Prometheus servers
 (127.0.0.1, fresh storage each) that scrape it every 15 s and evaluate every 15 s: the first without
 rules, the second with the rule file. Each is warmed up (by default 15 minutes: the longest window
-that a group evaluated at the scrape interval reads; the hour- and day-long windows of the
-`gpufleet-slow-checks` group are not filled in any run this short), then measured over --seconds;
+that a group evaluated at the scrape interval reads; the hour- and day-long windows of the trend
+groups are not filled in any run this short), then measured over --seconds;
 both for the same time, so that their heads are as old and their memory compares.
 It prints:
 
