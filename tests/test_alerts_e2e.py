@@ -78,7 +78,10 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
      [expect("GpuNvlinkCrcErrors", 8, "ticket", gpu="1", link="4")]),
     ({"kind": "nic_saturation", "node": node(11), "port": "mlx5_1/1", "direction": "tx"},
      [expect("NicSaturatedTrainingJob", 11, "pager", device="mlx5_1", direction="transmit", job_id="944279"),
-      expect("NicSaturated", 11, None, device="mlx5_1", direction="transmit")]),
+      # The 80% ticket fires first; the page, once its average passes 95%, inhibits it. Whether the ticket
+      # leaves Alertmanager before that depends on where the minute evaluations fall against group_wait.
+      expect("NicSaturated", 11, None, device="mlx5_1", direction="transmit"),
+      expect("NicSaturated", 11, "ticket", required=False, device="mlx5_1", direction="transmit")]),
     ({"kind": "ib_congestion", "node": node(13), "port": "mlx5_2/1"},
      [expect("NicInfinibandCongested", 13, "ticket", device="mlx5_2")]),
     ({"kind": "symbol_errors", "node": node(14), "port": "mlx5_3/1"},
