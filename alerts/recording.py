@@ -1,10 +1,12 @@
 """The first tier of the rules: per-GPU, per-port and per-node reductions, recorded once for everyone.
 
 At 1,000 nodes a per-GPU metric is 8,000 series and a clock-event reason 72,000. This group reads
-them once per evaluation, with instant selectors or windows of at most 5 minutes, and records what
-the alerts, the straggler maths, the dashboards and the capacity report then read: per-node
+them once a minute (`TREND_INTERVAL`), with instant selectors or windows of at most 5 minutes, and
+records what the trend alerts, the straggler maths and the dashboards then read: per-node
 aggregates, link utilisation, and, for the checks that look back further, series that exist only
-while something is wrong (a slowdown reason active, a new uncorrectable ECC error, PCIe replays).
+while something is wrong (a slowdown reason active, PCIe replays). Three sparse series are recorded
+in the group of the alerts that read them instead: new ECC errors, a degraded PCIe link and the
+node straggler signals (`ecc_new`, `pcie_degraded`, `node_signals`).
 A window of 10 or 15 minutes over those sparse series costs nothing on a healthy fleet, where the
 same window over the raw series would decode every GPU's samples at every evaluation.
 Names follow `level:metric:operations`.
@@ -20,8 +22,8 @@ from gpufleet.alerts.rule import TREND_INTERVAL, record
 NODE_JOBS = "instance_job:gpufleet_gpu_job_info:count"
 GPUS_UP = "instance:gpufleet_gpus_up:sum"
 # Sparse, per GPU: 1 while a slowdown reason holds the clocks (label `reason`); 1 while the PCIe link runs
-# degraded (recorded by the slow group: `pcie_degraded`); the uncorrectable ECC errors counted in the last
-# minute, and the PCIe replays per second, while there are any.
+# degraded (`pcie_degraded`, in the GPU trend group); the uncorrectable ECC errors counted in the last
+# minute (`ecc_new`, in the GPU failures group), and the PCIe replays per second, while there are any.
 SLOWDOWN = "instance_gpu:gpufleet_gpu_clock_slowdown:active"
 PCIE_DEGRADED = "instance_gpu:gpufleet_gpu_pcie_link:degraded"
 ECC_NEW = "instance_gpu:gpufleet_gpu_ecc_uncorrected_errors:increase1m"
@@ -71,7 +73,7 @@ def node_signals(c: Config) -> list[dict[str, Any]]:
 
 def pcie_degraded(c: Config) -> dict[str, Any]:
     """The sparse degraded-PCIe series. It reads five per-GPU series, and a link's width and generation
-    change only when it retrains, so it is recorded in the slow group, with the alert that reads it."""
+    change only when it retrains, so it is recorded in the GPU trend group, with the alert that reads it."""
     gpu = c.by(*_GPU_KEY)
     # An idle GPU lowers its PCIe generation to save power: only a busy GPU's lower generation counts.
     degraded = (f"({c.metric('gpufleet_gpu_pcie_link_width')} < {c.metric('gpufleet_gpu_pcie_link_max_width')})"

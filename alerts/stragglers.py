@@ -8,9 +8,9 @@ compute and communication phases of a training step. Lower is worse for every si
 Peers are the nodes of one job where the scheduler names jobs (Slurm, a job mapping file). Nodes
 without a job id (no attribution, or Kubernetes pods, whose per-node pods share no id) are compared
 within their cluster and GPU model, and only while busy: an idle node holds nobody back.
-The first tier (`recording`) reduces each signal to one series per node and job at every evaluation;
-this group averages those over `signal_window`, so its window spans a thousand series, not eight
-thousand. Network throughput is not a signal: in a synchronous job every node moves the same bytes per step,
+This group first reduces each signal to one series per node and job (`recording.node_signals`), then
+averages those over `signal_window`, so its window spans a thousand series, not eight thousand. It
+runs every minute (`TREND_INTERVAL`): its signals are 5-minute averages and its `for` is 10 minutes. Network throughput is not a signal: in a synchronous job every node moves the same bytes per step,
 so the straggler's throughput falls with everyone else's. Congestion is, as a likely cause.
 """
 
