@@ -10,7 +10,8 @@ without a job id (no attribution, or Kubernetes pods, whose per-node pods share 
 within their cluster and GPU model, and only while busy: an idle node holds nobody back.
 This group first reduces each signal to one series per node and job (`recording.node_signals`), then
 averages those over `signal_window`, so its window spans a thousand series, not eight thousand. It
-runs every minute (`TREND_INTERVAL`): its signals are 5-minute averages and its `for` is 10 minutes. Network throughput is not a signal: in a synchronous job every node moves the same bytes per step,
+runs every minute (`TREND_INTERVAL`): its signals are 5-minute averages and its `for` is 10 minutes.
+Network throughput is not a signal: in a synchronous job every node moves the same bytes per step,
 so the straggler's throughput falls with everyone else's. Congestion is, as a likely cause.
 """
 
