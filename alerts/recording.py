@@ -3,7 +3,8 @@
 At 1,000 nodes a per-GPU metric is 8,000 series and a clock-event reason 72,000. This group reads
 them once a minute (`TREND_INTERVAL`), with instant selectors or windows of at most 5 minutes, and
 records what the trend alerts, the straggler maths and the dashboards then read: per-node
-aggregates, link utilisation, and, for the checks that look back further, series that exist only
+aggregates, link utilisation (in a group of its own at the scrape interval: `links`), and, for the
+checks that look back further, series that exist only
 while something is wrong (a slowdown reason active, PCIe replays). Three sparse series are recorded
 in the group of the alerts that read them instead: new ECC errors, a degraded PCIe link and the
 node straggler signals (`ecc_new`, `pcie_degraded`, `node_signals`).
