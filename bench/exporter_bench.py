@@ -41,7 +41,7 @@ from pathlib import Path
 import aiohttp
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
-from support import free_port, peak_rss_mib, wait_ready
+from support import cpu_seconds, free_port, peak_rss_mib, wait_ready
 
 SINGLE_REQUESTS = 2000
 CONCURRENT_SCRAPERS = 50
@@ -175,7 +175,7 @@ def cpu_shares(targets: dict[int, str], seconds: float) -> dict[int, float]:
     """CPU of each process (pid -> its /metrics URL) over the same `seconds`, each scraped every 15 s like a
     Prometheus would."""
     processes = {pid: psutil.Process(pid) for pid in targets}
-    before = {pid: process.cpu_times() for pid, process in processes.items()}
+    before = {pid: cpu_seconds(process) for pid, process in processes.items()}
     started = time.monotonic()
     for _ in range(int(seconds // 15) + 1):
         for url in targets.values():
@@ -186,11 +186,7 @@ def cpu_shares(targets: dict[int, str], seconds: float) -> dict[int, float]:
             break
         time.sleep(min(15.0, remaining))
     elapsed = time.monotonic() - started
-    shares = {}
-    for pid, process in processes.items():
-        after = process.cpu_times()
-        shares[pid] = (after.user - before[pid].user + after.system - before[pid].system) / elapsed
-    return shares
+    return {pid: (cpu_seconds(process) - before[pid]) / elapsed for pid, process in processes.items()}
 
 
 def main() -> None:
