@@ -201,10 +201,12 @@ def main() -> None:
         sysfs = Path(tmp) / "sys"
         build_sysfs(sysfs)
         ours_port, theirs_port = free_port(), free_port()
+        # Room for the latency phase's scrapers as well as the load phase's, whichever is larger.
+        connections = max(args.load_scrapers, CONCURRENT_SCRAPERS)
         ours = subprocess.Popen(
             [sys.executable, "-m", "gpufleet", "exporter", "--gpu.backend=sim", "--sim.gpus=8", f"--path.sysfs={sysfs}",
              f"--web.listen-address=127.0.0.1:{ours_port}", "--log.level=warn",
-             f"--web.max-requests={args.load_scrapers}", f"--web.max-connections={args.load_scrapers}"])
+             f"--web.max-requests={connections}", f"--web.max-connections={connections}"])
         theirs = subprocess.Popen(
             [args.node_exporter, "--collector.disable-defaults", "--collector.netclass", "--collector.infiniband",
              "--collector.hwmon", "--collector.thermal_zone", f"--path.sysfs={sysfs}",
