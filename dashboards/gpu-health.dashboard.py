@@ -31,8 +31,9 @@ def build(config: Config) -> Dashboard:
             [timeseries("Uncorrected ECC errors", [
                 (f"sum by (instance, gpu) ({ECC_NEW}{{{recorded_gpu}}})", "{{instance}} GPU {{gpu}}")], "short",
                 width=8, description="Errors counted in the minute before each point."),
-             timeseries("Remapped rows", [(f"sum by (instance, gpu, cause) (gpufleet_gpu_remapped_rows{{{gpu}}})",
-                                           "{{instance}} GPU {{gpu}} {{cause}}")], "short", width=8),
+             timeseries("Remapped rows", [(f"gpufleet_gpu_remapped_rows{{{gpu}}} > 0",
+                                           "{{instance}} GPU {{gpu}} {{cause}}")], "short", width=8,
+                        description="GPUs that have remapped rows; the node's dashboard draws every GPU's count."),
              timeseries("PCIe replays", [(f"{PCIE_REPLAYS}{{{recorded_gpu}}}", "{{instance}} GPU {{gpu}}")], "ops",
                         width=8, description="Over 5 minutes.")],
             [timeseries("NVLink errors", [
