@@ -92,8 +92,8 @@ def capacity(c: Config) -> dict[str, Any]:
     sm_clock = f"avg_over_time({raw_clock}[{c.d(WINDOW)}])"
     clock = (f"avg by ({c.by('scheduler', 'job_id', 'instance')}) ({named_jobs}"
              f" * on ({c.by('instance', 'gpu', 'uuid')}) group_left {sm_clock})")
-    relative = (f"({clock} / on ({job_key}) group_left max by ({job_key}) ({clock})) "
-                f"and on ({job_key}) (count by ({job_key}) ({clock}) >= 2)")
+    # A job of one node is its own fastest (ratio 1), so it never straggles: no count of peers is needed.
+    relative = f"{clock} / on ({job_key}) group_left max by ({job_key}) ({clock})"
     rules = [
         record(GPUS, f"count by ({by_model_labels}) ({info})", state="installed"),
         record(GPUS, f"count by ({by_model_labels}) ({healthy} and on ({gpu}) {allocated})", state="allocated"),
