@@ -15,6 +15,7 @@ import matplotlib
 matplotlib.use("Agg")  # Before pyplot is imported: no display is needed or used.
 import matplotlib.dates as mdates
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from gpufleet.report.document import Chart
@@ -34,6 +35,37 @@ def _png(figure: Figure) -> bytes:
 def _day(unix_seconds: float) -> float:
     """A Unix time as matplotlib's date number, which its date axes and formatters read."""
     return float(mdates.date2num(datetime.datetime.fromtimestamp(unix_seconds, datetime.UTC)))
+
+
+class UtcTicks(mdates.AutoDateFormatter):
+    """Tick labels in UTC that never repeat: the shortest of a few formats under which every tick on the
+    axis reads differently. A date alone ("%m-%d") repeats on every tick of a day when a two-day range is
+    ticked every few hours; the time alone repeats across days; so the date stays and the time is added."""
+
+    FORMATS = ("%m-%d", "%Y-%m-%d", "%m-%d %H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S")
+
+    def __init__(self, locator: mdates.DateLocator) -> None:
+        super().__init__(locator, tz=datetime.UTC)
+
+    def format_ticks(self, values: Sequence[float]) -> list[str]:
+        days = [mdates.num2date(v, tz=datetime.UTC) for v in values]
+        labels: list[str] = []
+        for pattern in self.FORMATS:
+            labels = [day.strftime(pattern) for day in days]
+            if len(set(labels)) == len(labels):
+                break
+        return labels
+
+
+def time_axis(axes: Axes) -> None:
+    """A date axis in UTC, said so in its label, whose ticks never read the same."""
+    locator = mdates.AutoDateLocator(tz=datetime.UTC, maxticks=8)
+    axes.xaxis.set_major_locator(locator)
+    axes.xaxis.set_major_formatter(UtcTicks(locator))
+    axes.set_xlabel("UTC")
+    axes.tick_params(axis="x", labelrotation=30)
+    for label in axes.get_xticklabels():  # Slanted labels end under their tick.
+        label.set_horizontalalignment("right")
 
 
 def _slug(text: str) -> str:
@@ -74,6 +106,12 @@ def utilisation(histograms: dict[str, list[tuple[float, float, float]]]) -> Char
 def trend(cluster: str, lines: dict[str, list[tuple[float, float]]], projection: Projection | None,
           end: float) -> Chart:
     """Installed, allocated and used GPUs over time, with the fitted allocation line carried forward."""
+    return Chart(f"trend-{_slug(cluster)}", f"Trend, cluster {cluster}",
+                 _png(trend_figure(cluster, lines, projection, end)))
+
+
+def trend_figure(cluster: str, lines: dict[str, list[tuple[float, float]]], projection: Projection | None,
+                 end: float) -> Figure:
     figure, axes = plt.subplots(figsize=(8, 3.6))
     for state in ("installed", "allocated", "used", "lost"):
         points = lines.get(state)
@@ -86,9 +124,9 @@ def trend(cluster: str, lines: dict[str, list[tuple[float, float]]], projection:
                   [projection.fitted_now, projection.fitted_now + projection.slope_per_day * days],
                   linestyle="--", color=_COLOURS["allocated"], label="projected allocation")
         axes.axhline(projection.target, linestyle=":", color="#999999", label="90% of installed")
-    axes.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d"))
+    time_axis(axes)
     axes.set_ylabel("GPUs")
     axes.set_ylim(bottom=0)
     axes.set_title(f"Cluster {cluster}")
     axes.legend(loc="lower left", fontsize="small")
-    return Chart(f"trend-{_slug(cluster)}", f"Trend, cluster {cluster}", _png(figure))
+    return figure
