@@ -499,6 +499,7 @@ class Fleet:
     # Every node runs the collectors `gpufleet exporter` runs with no flags.
     exporter_flags: argparse.Namespace = field(default_factory=exporter_node.defaults)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _by_node: dict[str, list[Fault]] = field(default_factory=dict, init=False)
     process_metrics: ProcessMetrics = field(default_factory=ProcessMetrics, init=False)
     # The jobs to run; drawn from the seed (with `idle_share` of the nodes idle) where none are given.
     layout: InitVar[Sequence[Job] | None] = None
@@ -506,25 +507,34 @@ class Fleet:
     def __post_init__(self, layout: Sequence[Job] | None) -> None:
         names = node_names(self.node_count)
         self.nodes = {name: Node(self, index, name, self.gpus_per_node) for index, name in enumerate(names, 1)}
+        self._set(list(self.faults))
         self.jobs = list(layout) if layout is not None else draw(names, self.seed, self.idle_share)
         for job in self.jobs:
             for name in job.nodes:
                 self.nodes[name].assign(job)
 
     def faults_for(self, node: str) -> list[Fault]:
-        return [f for f in self.faults if f.node == node]
+        return self._by_node.get(node, [])
+
+    def _set(self, faults: list[Fault]) -> None:
+        """Replace the fault list and its index by node: a fleet drawn from fault rates holds thousands of
+        faults, and every node reads its own many times per collection."""
+        by_node: dict[str, list[Fault]] = {}
+        for fault in faults:
+            by_node.setdefault(fault.node, []).append(fault)
+        self.faults, self._by_node = faults, by_node
+        self.fault_version += 1
 
     def add(self, faults: Sequence[Fault]) -> None:
         with self._lock:
-            self.faults = [*self.faults, *faults]
-            self.fault_version += 1
+            self._set([*self.faults, *faults])
 
     def remove(self, fault_id: str | None = None) -> list[Fault]:
         """Remove one fault, or all of them; returns what was removed."""
         with self._lock:
             removed = [f for f in self.faults if fault_id is None or f.id == fault_id]
-            self.faults = [f for f in self.faults if f not in removed]
-            self.fault_version += 1
+            gone = {id(f) for f in removed}
+            self._set([f for f in self.faults if id(f) not in gone])
         return removed
 
     def start(self) -> None:
