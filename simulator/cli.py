@@ -14,6 +14,7 @@ from gpufleet.exporter.server import serve_until_signalled
 from gpufleet.simulator.faults import ScenarioError, load_scenario
 from gpufleet.simulator.fleet import Fleet, node_names
 from gpufleet.simulator.layout import Job, LayoutError, load_layout
+from gpufleet.simulator.rates import draw, load_rates
 from gpufleet.simulator.server import SimClock, build_app, file_sd_targets, write_file_sd
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--speed", type=_speed, default=1.0,
                         help="simulated seconds per wall-clock second (default: %(default)s)")
     parser.add_argument("--scenario", metavar="FILE", help="YAML file of faults to inject")
+    parser.add_argument("--fault-rates", dest="fault_rates", metavar="FILE",
+                        help="YAML file of fault rates per GPU-, port- or node-day to draw faults from, seeded by "
+                             "--seed (simulator/fault-rates/llama3.yml is Llama 3's)")
+    parser.add_argument("--fault-rates.horizon", dest="fault_horizon", type=duration, default=duration("30d"),
+                        metavar="DURATION", help="draw faults from the rates for this much simulated time "
+                                                 "(default: 30d)")
     parser.add_argument("--layout", metavar="FILE",
                         help="YAML file naming each job and its nodes (default: drawn from --seed)")
     parser.add_argument("--collect-interval", type=duration, default=15.0, metavar="DURATION",
@@ -78,6 +85,30 @@ def _layout(path: str, nodes: int) -> list[Job]:
         raise LayoutError(f"cannot read: {err.strerror}") from None
 
 
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError as err:
+        raise ScenarioError(f"cannot read: {err.strerror}") from None
+
+
+def _add_faults(args: argparse.Namespace, fleet: Fleet) -> None:
+    """The scenario's faults and those drawn from fault rates; a ScenarioError names the file at fault."""
+    if args.scenario:
+        try:
+            fleet.add(load_scenario(_read(args.scenario), fleet.nodes, fleet.gpus_per_node, fleet.ids))
+        except ScenarioError as err:
+            raise ScenarioError(f"scenario {args.scenario}: {err}") from None
+    if args.fault_rates:
+        try:
+            rates = load_rates(_read(args.fault_rates))
+        except ScenarioError as err:
+            raise ScenarioError(f"fault rates {args.fault_rates}: {err}") from None
+        ports = {name: node.ports for name, node in fleet.nodes.items()}
+        fleet.add(draw(rates, ports, fleet.gpus_per_node, args.fault_horizon, args.seed, fleet.ids))
+
+
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     # Every node would log the same NVML start-up lines; a thousand copies say nothing more.
@@ -90,18 +121,13 @@ def run(args: argparse.Namespace) -> int:
         return 1
     fleet = Fleet(args.nodes, args.gpus_per_node, seed=args.seed, layout=layout)
     try:
-        if args.scenario:
-            try:
-                with open(args.scenario, encoding="utf-8") as handle:
-                    fleet.add(load_scenario(handle.read(), fleet.nodes, fleet.gpus_per_node, fleet.ids))
-            except OSError as err:
-                raise ScenarioError(f"cannot read: {err.strerror}") from None
+        _add_faults(args, fleet)
         if args.file_sd:
             address = args.file_sd_address or f"{host if host not in (None, '0.0.0.0', '::') else '127.0.0.1'}:{port}"
             labels = {"cluster": args.cluster, **dict(args.labels)}
             write_file_sd(args.file_sd, file_sd_targets(fleet, address, labels))
     except ScenarioError as err:
-        print(f"gpufleet simulate: error: scenario {args.scenario}: {err}", file=sys.stderr)
+        print(f"gpufleet simulate: error: {err}", file=sys.stderr)
         fleet.close()
         return 1
     except OSError as err:

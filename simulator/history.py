@@ -3,7 +3,7 @@
 Capacity reports read weeks of history, and a test cannot wait weeks. The simulator's clock is
 only a number, so each node is collected at every past step as fast as the collectors run, and
 the samples are written with their timestamps, labelled as Prometheus would have labelled them
-when scraping (`cluster`, `instance`, `job`, and `up`).
+when scraping (`cluster`, `instance`, `job`, and `up`, which is 0 while a node's exporter is down).
 
 OpenMetrics wants each family's samples together, so samples are kept per family until the end;
 `metrics` keeps that to the families a report needs.
@@ -41,6 +41,9 @@ async def history(fleet: Fleet, start: float, end: float, step: float, metrics: 
         stamp = f"{start + t:.3f}"
         for name, node in fleet.nodes.items():
             target = ",".join(f'{k}="{v}"' for k, v in {**labels, "instance": name, "job": "gpufleet"}.items())
+            if node.down_at(t):  # As Prometheus records a target that does not answer: up 0, nothing else.
+                families["up"].append(f"up{{{target}}} 0 {stamp}")
+                continue
             body = (await node.scrape(t, wall)).decode()
             families["up"].append(f"up{{{target}}} 1 {stamp}")
             for line in body.splitlines():
