@@ -1,0 +1,105 @@
+"""Recording rules for the reliability report: each interruption of a GPU, port or node, once, by cause.
+
+An interruption is the start of a fault that stops a job on that hardware: an XID that needs a reset,
+an application XID, a memory error, a GPU off the bus, an NVLink or InfiniBand port down, thermal
+slowdown, or the node's exporter gone. Every `INTERVAL` these rules write one series per object and
+class that had an interruption start in the interval just ended, and nothing otherwise, so a month of
+a healthy fleet records nothing and the report counts by summing what is there.
+
+How a start is recognised, so that each one is counted once:
+
+- a counter (XIDs, uncorrectable ECC errors, link downs) that grew in this interval but not in the one
+  before: a burst of errors over several intervals is one interruption. A series born in the interval
+  (an XID counter is created by its first event) counts as grown;
+- a state (GPU lost, row remap failed, NVLink or port down, thermal slowdown, exporter down) seen bad
+  at any sample of the interval but not at its start;
+- and, for everything on a node, only if the node was scraped at the interval's start: a node coming
+  back after a gap shows counters and states that are not new.
+
+The intervals tile the time (`x - x offset INTERVAL`), so a month's sum is exact and needs no extrapolation.
+Signals of one fault on one GPU (XID 48 and the ECC count it comes with) fall in one interval and
+count once; where they straddle an interval's end they count twice. Like the capacity group, this one
+reads raw series only, so `promtool tsdb create-blocks-from rules` can compute it over the past.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpufleet import duration
+from gpufleet.alerts.config import Config
+from gpufleet.alerts.rule import record
+from gpufleet.alerts.xid import APPLICATION, DOUBLE_BIT_ECC, FALLEN_OFF_BUS, RESET_OR_REBOOT, ROW_REMAP_FAILURE, matcher
+
+INTERVAL = "5m"
+GPU_EVENTS = "instance_gpu:gpufleet_interruptions:new5m"
+PORT_EVENTS = "instance_port:gpufleet_interruptions:new5m"
+NODE_EVENTS = "instance:gpufleet_interruptions:new5m"
+
+NVLINK_ERROR = 74
+CONTAINED_ECC, UNCONTAINED_ECC = 94, 95
+MEMORY_XIDS = (DOUBLE_BIT_ECC, ROW_REMAP_FAILURE, CONTAINED_ECC, UNCONTAINED_ECC)
+# A GPU off the bus is counted from NVML's lost state, an NVLink error with its link: not here as well.
+HARDWARE_XIDS = tuple(x for x in RESET_OR_REBOOT if x not in (*MEMORY_XIDS, FALLEN_OFF_BUS, NVLINK_ERROR))
+# 45 is the driver cleaning up after another error, which is already counted.
+APPLICATION_XIDS = tuple(x for x in APPLICATION if x != 45)
+
+# class label -> what the report calls it.
+CLASSES = {
+    "gpu_hardware": "GPU hardware (XID needing a reset)",
+    "gpu_application": "GPU application XID",
+    "gpu_memory": "GPU memory (uncorrectable ECC, row remap failure)",
+    "gpu_lost": "GPU lost (off the bus)",
+    "nvlink": "NVLink",
+    "network": "InfiniBand port or NIC",
+    "thermal": "Thermal slowdown",
+    "node_down": "Node or exporter down",
+}
+
+
+def reliability(c: Config) -> dict[str, Any]:
+    w = c.d(INTERVAL)
+    gpu, port, node = c.by("instance", "gpu", "uuid"), c.by("instance", "device", "port"), c.by("instance")
+    scraped = c.metric("up", f'job="{c.exporter_job}"')
+    was_up = f"on ({node}) ({scraped} offset {w} == 1)"
+    before = duration.render(2 * duration.parse(w))  # The start of the interval before this one.
+
+    def grown(selector: str, by: str) -> str:
+        """Objects whose counter grew in this interval and not in the one before (born counts as grown)."""
+        def grew(later: str, earlier: str) -> str:
+            return (f"max by ({by}) ((({selector}{later} - {selector} offset {earlier}) > 0) "
+                    f"or ({selector}{later} unless {selector} offset {earlier}))")
+        return f"({grew('', w)} unless {grew(f' offset {w}', before)})"
+
+    def turned(selector: str, by: str, bad: str, worst: str) -> str:
+        """Objects seen `bad` (a comparison) at some sample of this interval and not at its start. `worst`
+        (min for a state that is bad when low) picks the sample, and the series of an object, that decide."""
+        return (f"({worst} by ({by}) ({worst}_over_time({selector}[{w}])) {bad} "
+                f"unless {worst} by ({by}) ({selector} offset {w}) {bad})")
+
+    def events(name: str, by: str, klass: str, *signals: str) -> dict[str, Any]:
+        union = " or ".join(f"({signal})" for signal in signals)
+        return record(name, f"max by ({by}) ({union}) * 0 + 1 and {was_up}", **{"class": klass})
+
+    xids = "gpufleet_gpu_xid_errors_total"
+    xid_gpu = c.by("instance", "gpu", "uuid", "xid")
+    ib = "gpufleet_infiniband_"
+    thermal = c.metric("gpufleet_gpu_clock_event_active", 'reason=~"hw_thermal_slowdown|sw_thermal_slowdown"')
+    rules = [
+        events(GPU_EVENTS, xid_gpu, "gpu_hardware", grown(c.metric(xids, matcher(HARDWARE_XIDS)), xid_gpu)),
+        events(GPU_EVENTS, xid_gpu, "gpu_application", grown(c.metric(xids, matcher(APPLICATION_XIDS)), xid_gpu)),
+        events(GPU_EVENTS, gpu, "gpu_memory",
+               grown(c.metric(xids, matcher(MEMORY_XIDS)), gpu),
+               grown(c.metric("gpufleet_gpu_ecc_errors_total", 'error="uncorrected"', 'scope="volatile"'), gpu),
+               turned(c.metric("gpufleet_gpu_row_remap_failed"), gpu, "== 1", "max")),
+        events(GPU_EVENTS, gpu, "gpu_lost", turned(c.metric("gpufleet_gpu_up"), gpu, "== 0", "min")),
+        events(GPU_EVENTS, gpu, "nvlink",
+               grown(c.metric(xids, f'xid="{NVLINK_ERROR}"'), gpu),
+               turned(c.metric("gpufleet_gpu_nvlink_up"), gpu, "== 0", "min")),
+        events(GPU_EVENTS, gpu, "thermal", turned(thermal, gpu, "== 1", "max")),
+        events(PORT_EVENTS, port, "network",
+               grown(c.metric(f"{ib}link_downed_total"), port),
+               turned(c.metric(f"{ib}state_id"), port, "< 4", "min")),
+        record(NODE_EVENTS, f"{turned(scraped, node, '== 0', 'min')} * 0 + 1", **{"class": "node_down"}),
+    ]
+    return {"name": "gpufleet-reliability", "interval": w, "rules": rules}
