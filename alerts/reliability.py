@@ -35,6 +35,9 @@ INTERVAL = "5m"
 GPU_EVENTS = "instance_gpu:gpufleet_interruptions:new5m"
 PORT_EVENTS = "instance_port:gpufleet_interruptions:new5m"
 NODE_EVENTS = "instance:gpufleet_interruptions:new5m"
+# GPUs, InfiniBand ports and nodes observed, per cluster: the exposure rates are per, and the sign that this
+# group ran through a range with no interruption at all.
+OBSERVED = "cluster:gpufleet_observed_units:count"
 
 NVLINK_ERROR = 74
 CONTAINED_ECC, UNCONTAINED_ECC = 94, 95
@@ -101,5 +104,8 @@ def reliability(c: Config) -> dict[str, Any]:
                grown(c.metric(f"{ib}link_downed_total"), port),
                turned(c.metric(f"{ib}state_id"), port, "< 4", "min")),
         record(NODE_EVENTS, f"{turned(scraped, node, '== 0', 'min')} * 0 + 1", **{"class": "node_down"}),
+        record(OBSERVED, f"count by ({c.by()}) ({c.metric('gpufleet_gpu_info')})", unit="gpu"),
+        record(OBSERVED, f"count by ({c.by()}) ({c.metric(f'{ib}state_id')})", unit="port"),
+        record(OBSERVED, f"count by ({c.by()}) ({scraped})", unit="node"),
     ]
     return {"name": "gpufleet-reliability", "interval": w, "rules": rules}
