@@ -13,15 +13,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from gpufleet.alerts import capacity as rec
+from gpufleet.alerts.config import Config
 from gpufleet.report import charts
 from gpufleet.report.document import Section, Table
 from gpufleet.report.figures import project, quantile_from_buckets
 from gpufleet.report.prometheus import Series
 from gpufleet.report.query import Queries, Window
+from gpufleet.report.spec import ReportSpec, SectionError, SectionSpec
 
 UTIL_BOUNDS = tuple(round((i + 1) / rec.BUCKETS, 2) for i in range(rec.BUCKETS))
 LOW_UTIL = 0.1
@@ -32,18 +32,6 @@ TREND_POINTS = 200
 INSTALLED = f'{rec.GPUS}{{state="installed"}}'
 
 Key = tuple[str, str]  # (cluster, GPU model)
-
-
-class SectionError(Exception):
-    """A section cannot say anything true about this range; the message says why."""
-
-
-@dataclass(frozen=True)
-class SectionSpec:
-    key: str
-    title: str
-    requires: tuple[str, ...]  # Metric names; "a|b" is satisfied by either.
-    build: Callable[[Queries], Awaitable[Section]]
 
 
 # Expressions --------------------------------------------------------------------------------------
@@ -413,6 +401,16 @@ async def trend(q: Queries) -> Section:
         charts=drawn)
 
 
+def _method(window: Window, config: Config) -> list[str]:
+    return [f"Figures over the range are sampled every {window.step // 60} minutes (a Prometheus subquery at that "
+            "step) from the series that the gpufleet-capacity rules record every 5 minutes; GPU-hours are samples "
+            "times the step.",
+            "A GPU is allocated while gpufleet_gpu_job_info attributes a job to it, idle while it is healthy and "
+            "has none, and lost while gpufleet_gpu_up is 0.",
+            f"Clusters are the `{config.cluster_label}` label of the scraped series; \u2014 means the series have "
+            "none."]
+
+
 SECTIONS = (
     SectionSpec("inventory", "Inventory", (rec.GPUS,), inventory),
     SectionSpec("allocation", "Allocated and idle GPU-hours", (rec.GPUS,), allocation),
@@ -427,3 +425,4 @@ SECTIONS = (
     SectionSpec("jobs", "Top jobs by GPU-hours", (rec.JOB_GPUS,), jobs),
     SectionSpec("trend", "Trend and projection", (rec.GPUS, rec.USED), trend),
 )
+CAPACITY = ReportSpec("capacity", "GPU fleet capacity report", ("gpufleet-capacity",), SECTIONS, _method)

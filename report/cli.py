@@ -1,4 +1,4 @@
-"""`gpufleet report capacity`: flags, and turning the report's outcome into files and an exit code.
+"""`gpufleet report capacity|reliability`: flags, and turning a report's outcome into files and an exit code.
 
 Exit 0 when any section was computed (the failures are listed in the report and on stderr), 1 when
 none could be, 2 for bad flags or a Prometheus that cannot be used.
@@ -46,47 +46,61 @@ def _secret(path: str) -> str:
         raise argparse.ArgumentTypeError(f"cannot read {path}: {error.strerror}") from None
 
 
+_REPORTS = {
+    "capacity": "what the fleet has, what it uses, and when it runs out",
+    "reliability": "how often the fleet interrupts jobs, why, and how that grows with job size",
+}
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("report", help="write reports from Prometheus data",
-                                   description="Reports for capacity planning, from the data Prometheus holds.")
+                                   description="Reports for capacity and reliability planning, from the data "
+                                               "Prometheus holds.")
     commands = parser.add_subparsers(dest="report_command", metavar="REPORT", required=True)
-    cap = commands.add_parser(
-        "capacity", help="what the fleet has, what it uses, and when it runs out",
-        description="Query Prometheus over a range and write capacity-report.html (self-contained) and "
-                    "capacity-report.md with charts/*.png into --out.")
-    cap.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus base URL, e.g. http://prom:9090")
-    cap.add_argument("--range", dest="length", type=duration, default=duration("30d"), metavar="DURATION",
+    for name, about in _REPORTS.items():
+        _flags(commands.add_parser(
+            name, help=about,
+            description=f"Query Prometheus over a range and write {name}-report.html (self-contained) and "
+                        f"{name}-report.md with charts/*.png into --out: {about}."), name)
+
+
+def _flags(command: argparse.ArgumentParser, name: str) -> None:
+    command.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus base URL, e.g. http://prom:9090")
+    command.add_argument("--range", dest="length", type=duration, default=duration("30d"), metavar="DURATION",
                      help="length of the period, e.g. 7d, 30d, 12w (default: 30d)")
-    cap.add_argument("--end", type=_instant, metavar="TIME", help="end of the period (default: now)")
-    cap.add_argument("--step", type=duration, metavar="DURATION",
+    command.add_argument("--end", type=_instant, metavar="TIME", help="end of the period (default: now)")
+    command.add_argument("--step", type=duration, metavar="DURATION",
                      help="sampling step inside the range (default: range/1440, at least 5m)")
-    cap.add_argument("--out", type=Path, default=Path("capacity-report"), metavar="DIR",
+    command.add_argument("--out", type=Path, default=Path(f"{name}-report"), metavar="DIR",
                      help="folder to write into (default: %(default)s)")
-    auth = cap.add_mutually_exclusive_group()
+    auth = command.add_mutually_exclusive_group()
     auth.add_argument("--prometheus.bearer-token-file", dest="token", type=_secret, metavar="PATH",
                       help="send the token in this file as a bearer token")
     auth.add_argument("--prometheus.username", dest="username", metavar="USER", help="basic auth user")
-    cap.add_argument("--prometheus.password-file", dest="password", type=_secret, metavar="PATH",
+    command.add_argument("--prometheus.password-file", dest="password", type=_secret, metavar="PATH",
                      help="basic auth password, read from this file")
-    cap.add_argument("--tls.ca-file", dest="ca_file", metavar="PATH", help="CA bundle to verify Prometheus with")
-    cap.add_argument("--tls.insecure-skip-verify", dest="verify_tls", action="store_false",
+    command.add_argument("--tls.ca-file", dest="ca_file", metavar="PATH", help="CA bundle to verify Prometheus with")
+    command.add_argument("--tls.insecure-skip-verify", dest="verify_tls", action="store_false",
                      help="do not verify Prometheus's TLS certificate")
-    cap.add_argument("--query.timeout", dest="timeout", type=duration, default=120.0, metavar="DURATION",
+    command.add_argument("--query.timeout", dest="timeout", type=duration, default=120.0, metavar="DURATION",
                      help="per query (default: 2m)")
-    cap.add_argument("--query.concurrency", dest="concurrency", type=int, choices=range(1, 33), default=4,
+    command.add_argument("--query.concurrency", dest="concurrency", type=int, choices=range(1, 33), default=4,
                      metavar="N", help="queries in flight at once, 1 to 32 (default: %(default)s)")
-    mixin.add_argument(cap)
-    cap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+    mixin.add_argument(command)
+    command.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                      help="draw a progress bar (default: when stderr is a terminal)")
-    cap.set_defaults(handler=run_capacity)
+    command.set_defaults(handler=run_report)
 
 
-def run_capacity(args: argparse.Namespace) -> int:
+def run_report(args: argparse.Namespace) -> int:
     # Here, not at the top: matplotlib takes half a second to import, which every other gpufleet command,
     # the exporter first, would otherwise pay at start and keep in memory.
-    from gpufleet.report.capacity import SECTIONS
+    from gpufleet.report.capacity import CAPACITY
+    from gpufleet.report.reliability import RELIABILITY
     from gpufleet.report.render import write
-    from gpufleet.report.run import NothingToReport, capacity
+    from gpufleet.report.run import NothingToReport, build
+
+    spec = {"capacity": CAPACITY, "reliability": RELIABILITY}[args.report_command]
 
     if args.password is not None and args.username is None:
         print("gpufleet report: --prometheus.password-file needs --prometheus.username", file=sys.stderr)
@@ -97,14 +111,14 @@ def run_capacity(args: argparse.Namespace) -> int:
         return 2
     window = Window.ending(args.end if args.end is not None else time.time(), args.length, step)
     show = sys.stderr.isatty() if args.progress is None else args.progress
-    progress = Progress(len(SECTIONS), sys.stderr, show)
+    progress = Progress(len(spec.sections), sys.stderr, show)
     client = Prometheus(args.prometheus, Auth(args.token, args.username, args.password), ca_file=args.ca_file,
                         verify_tls=args.verify_tls, timeout=args.timeout, concurrency=args.concurrency)
     started = time.monotonic()
 
     async def go() -> Report:
         async with client:
-            return await capacity(client, window, progress, args.config)
+            return await build(spec, client, window, progress, args.config)
 
     try:
         report = asyncio.run(go())
@@ -118,7 +132,7 @@ def run_capacity(args: argparse.Namespace) -> int:
     if not report.sections:
         print("gpufleet report: no section could be computed; nothing written", file=sys.stderr)
         return 1
-    written = write(report, args.out)
-    print(f"gpufleet report: wrote {written[-2]} and {written[-1]}: {len(report.sections)} of {len(SECTIONS)} "
+    written = write(report, args.out, f"{spec.name}-report")
+    print(f"gpufleet report: wrote {written[-2]} and {written[-1]}: {len(report.sections)} of {len(spec.sections)} "
           f"sections from {progress.queries} queries in {time.monotonic() - started:.1f}s", file=sys.stderr)
     return 0

@@ -88,7 +88,7 @@ def to_markdown(report: Report, chart_dir: str) -> str:
     return "\n".join(lines)
 
 
-def write(report: Report, out: Path, stem: str = "capacity-report") -> list[Path]:
+def write(report: Report, out: Path, stem: str) -> list[Path]:
     """The HTML, the Markdown, and the Markdown's PNGs under `charts/`; returns the paths written."""
     charts = out / "charts"
     charts.mkdir(parents=True, exist_ok=True)

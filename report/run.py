@@ -1,4 +1,4 @@
-"""Running the capacity report: which sections can be computed, computing them, and saying what failed.
+"""Running a report: which sections can be computed, computing them, and saying what failed.
 
 A section fails alone. Missing metrics are named before any query is sent (from the label index, which
 is cheap for any range); a query Prometheus rejects fails only the sections that asked it.
@@ -11,11 +11,11 @@ import logging
 import time
 
 from gpufleet.alerts.config import Config
-from gpufleet.report.capacity import SECTIONS, SectionError, SectionSpec
 from gpufleet.report.document import Failure, Report, Section
 from gpufleet.report.progress import Progress
 from gpufleet.report.prometheus import Prometheus, QueryFailed, Unreachable
 from gpufleet.report.query import Queries, Window
+from gpufleet.report.spec import ReportSpec, SectionError, SectionSpec
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +32,12 @@ def _missing(spec: SectionSpec, names: set[str]) -> list[str]:
     return [need.replace("|", " or ") for need in spec.requires if not any(n in names for n in need.split("|"))]
 
 
-def _hint(missing: list[str]) -> str:
+def _hint(missing: list[str], report: ReportSpec) -> str:
     if not any(":" in name for name in missing):
         return ""
-    return (" (recorded by the rule group gpufleet-capacity in alerts/gpufleet-rules.yml: load it into this "
-            "Prometheus; the report covers the time since)")
+    groups = " and ".join(report.groups)
+    return (f" (recorded by the rule group{'s' if len(report.groups) > 1 else ''} {groups} in "
+            "alerts/gpufleet-rules.yml: load it into this Prometheus; the report covers the time since)")
 
 
 async def _section(spec: SectionSpec, queries: Queries, progress: Progress) -> Section | Failure:
@@ -55,7 +56,8 @@ async def _section(spec: SectionSpec, queries: Queries, progress: Progress) -> S
         progress.section_done()
 
 
-async def capacity(prometheus: Prometheus, window: Window, progress: Progress, config: Config | None = None) -> Report:
+async def build(report_spec: ReportSpec, prometheus: Prometheus, window: Window, progress: Progress,
+                config: Config | None = None) -> Report:
     """The report, with its queries counted on `progress`; raises Unreachable or NothingToReport."""
     version = await prometheus.check()
     names = await prometheus.metric_names(window.start, window.end)
@@ -65,20 +67,13 @@ async def capacity(prometheus: Prometheus, window: Window, progress: Progress, c
                               "(and the server's retention) and that this Prometheus scrapes the gpufleet exporters")
     config = config or Config()
     queries = Queries(prometheus, window, progress.query_done, config)
-    report = Report("GPU fleet capacity report", period, f"{prometheus.url} (Prometheus {version})",
-                    _stamp(time.time()),
-                    [f"Figures over the range are sampled every {window.step // 60} minutes "
-                     "(a Prometheus subquery at that step) from the series that the gpufleet-capacity rules "
-                     "record every 5 minutes; GPU-hours are samples times the step.",
-                     "A GPU is allocated while gpufleet_gpu_job_info attributes a job to it, idle while it is "
-                     "healthy and has none, and lost while gpufleet_gpu_up is 0.",
-                     f"Clusters are the `{config.cluster_label}` label of the scraped series; \u2014 means the "
-                     "series have none."])
+    report = Report(report_spec.title, period, f"{prometheus.url} (Prometheus {version})", _stamp(time.time()),
+                    report_spec.method(window, config))
     runnable = []
-    for spec in SECTIONS:
+    for spec in report_spec.sections:
         missing = _missing(spec, names)
         if missing:
-            why = f"no samples of {', '.join(missing)} in the range{_hint(missing)}"
+            why = f"no samples of {', '.join(missing)} in the range{_hint(missing, report_spec)}"
             report.failures.append(Failure(spec.title, why))
             progress.section_done()
         else:
@@ -88,6 +83,6 @@ async def capacity(prometheus: Prometheus, window: Window, progress: Progress, c
             report.failures.append(outcome)
         else:
             report.sections.append(outcome)
-    order = [spec.key for spec in SECTIONS]
+    order = [spec.key for spec in report_spec.sections]
     report.sections.sort(key=lambda s: order.index(s.key))
     return report

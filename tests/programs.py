@@ -136,8 +136,9 @@ def prometheus(config: Path, data: Path, port: int | None = None, web_config: Pa
     With `web_config` (users and passwords), it is ready when it refuses an anonymous request.
     """
     port = port or free_port()
+    # A year's retention: the report tests import months of history, which the default of 15 days would delete.
     argv = [binary("prometheus", "prometheus"), f"--config.file={config}", f"--storage.tsdb.path={data}",
-            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", "--storage.tsdb.retention.time=1y"]
     if web_config is not None:
         argv.append(f"--web.config.file={web_config}")
     with _serving(argv, port, "/-/ready", "prometheus start", 60, 401 if web_config else 200) as url:

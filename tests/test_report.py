@@ -9,16 +9,12 @@ throughout (25% of GPU-hours), and a known list of faults.
 
 from __future__ import annotations
 
-import asyncio
-import html.parser
 import json
 import math
 import re
-import subprocess
 import time
 import urllib.parse
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import bcrypt
@@ -26,20 +22,19 @@ import pytest
 import yaml
 
 from gpufleet import cli as gpufleet_cli
-from gpufleet.alerts.capacity import INTERVAL
-from gpufleet.alerts.cli import RULES_FILE
 from gpufleet.report.figures import project, quantile_from_buckets
 from gpufleet.simulator.faults import Fault
 from gpufleet.simulator.fleet import Fleet
-from gpufleet.simulator.history import history, write_openmetrics
 from gpufleet.simulator.layout import Job
 
 from helpers import free_port
 from layouts import nodes
-from programs import binary, http, prometheus
+from programs import http
+from reports import HtmlTables, backfill, drawn, markdown_tables, number, opened_in_chromium, recorded, rows
 
 H = 3600
 STEP = 300  # The capacity rules' interval: the history holds a sample at every evaluation.
+GROUPS = ("gpufleet-capacity",)
 DAYS = 2
 METRICS = re.compile(
     r"gpufleet_gpu_(info|up|job_info|utilization_ratio|memory_(free|total)_bytes|power_watts|power_limit_watts"
@@ -60,66 +55,20 @@ FAULTS = [
 ]
 
 
-def _backfill(tmp: Path, fleet: Fleet, start: float, end: float, metrics: re.Pattern[str]) -> Path:
-    fleet.start()
-    try:
-        families = asyncio.run(history(fleet, start, end, STEP, metrics, {"cluster": "test"}))
-    finally:
-        for node in fleet.nodes.values():
-            node.close()
-    dump = tmp / "history.om"
-    with dump.open("w") as out:
-        write_openmetrics(families, out)
-    data = tmp / "data"
-    subprocess.run([binary("promtool", "prometheus"), "tsdb", "create-blocks-from", "openmetrics", str(dump),
-                    str(data)], check=True, capture_output=True, timeout=120)
-    dump.unlink()
-    return data
-
-
-def _config(tmp: Path) -> Path:
-    path = tmp / "prometheus.yml"
-    path.write_text("global:\n  scrape_interval: 1m\n")  # Nothing to scrape: the data is all imported.
-    return path
-
-
-@contextmanager
-def _recorded(tmp: Path, data: Path, start: float, end: float, **web: Path) -> Iterator[str]:
-    """Prometheus on `data` after the capacity rules were evaluated from `start` to `end` into it."""
-    groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
-    rules = tmp / "capacity-rules.yml"
-    rules.write_text(yaml.safe_dump({"groups": [g for g in groups if g["name"] == "gpufleet-capacity"]}))
-    assert f"interval: {INTERVAL}" in rules.read_text()
-    recorded = tmp / "recorded"
-    with prometheus(_config(tmp), data) as url:
-        subprocess.run([binary("promtool", "prometheus"), "tsdb", "create-blocks-from", "rules", f"--url={url}",
-                        f"--start={int(start)}", f"--end={int(end) + 1}", f"--output-dir={recorded}", str(rules)],
-                       check=True, capture_output=True, timeout=300)
-    for block in recorded.iterdir():
-        block.rename(data / block.name)
-    with prometheus(_config(tmp), data, **web) as url:
-        yield url
-
-
 @pytest.fixture(scope="module")
 def fleet_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, float]]:
     tmp = tmp_path_factory.mktemp("history")
     end = math.floor(time.time() / STEP) * STEP - STEP
     fleet = Fleet(8, seed=0, layout=LAYOUT)
     fleet.add(FAULTS)
-    data = _backfill(tmp, fleet, end - DAYS * 86400, end, METRICS)
-    with _recorded(tmp, data, end - DAYS * 86400, end) as url:
+    data = backfill(tmp, fleet, end - DAYS * 86400, end, STEP, METRICS)
+    with recorded(tmp, data, end - DAYS * 86400, end, GROUPS) as url:
         yield url, end
 
 
 def _report(capsys: pytest.CaptureFixture[str], out: Path, *args: str) -> tuple[int, str]:
     code = gpufleet_cli.main(["report", "capacity", "--out", str(out), *args])
     return code, capsys.readouterr().err
-
-
-@pytest.fixture(scope="module")
-def markdown_tables() -> dict:
-    return {}
 
 
 @pytest.fixture
@@ -135,100 +84,51 @@ def report(fleet_prometheus, tmp_path_factory, capsys) -> tuple[Path, str]:
     return out, (out / "stderr.txt").read_text()
 
 
-def _markdown_tables(text: str) -> dict[str, list[list[str]]]:
-    """Caption (the bold line above a table) -> rows of cells, header first."""
-    tables, caption = {}, None
-    for line in text.splitlines():
-        if line.startswith("**") and line.endswith("**"):
-            caption = line.strip("*")
-        elif line.startswith("| ") and caption is not None:
-            cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
-            tables.setdefault(caption, []).append(cells)
-    return tables
-
-
-class _HtmlTables(html.parser.HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.tables: dict[str, list[list[str]]] = {}
-        self._caption: str | None = None
-        self._text: list[str] | None = None
-        self._row: list[str] | None = None
-
-    def handle_starttag(self, tag: str, attrs: list) -> None:
-        if tag in ("caption", "td", "th"):
-            self._text = []
-        elif tag == "tr":
-            self._row = []
-
-    def handle_data(self, data: str) -> None:
-        if self._text is not None:
-            self._text.append(data)
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "caption":
-            self._caption, self._text = "".join(self._text or []), None
-        elif tag in ("td", "th") and self._row is not None:
-            self._row.append("".join(self._text or []).strip())
-            self._text = None
-        elif tag == "tr" and self._caption is not None:
-            self.tables.setdefault(self._caption, []).append(self._row or [])
-
-
-def _rows(tables: dict, caption: str) -> list[dict[str, str]]:
-    header, *rows = tables[caption]
-    return [dict(zip(header, row, strict=True)) for row in rows]
-
-
-def _number(cell: str) -> float:
-    return float(cell.replace(",", "").removesuffix("%").removesuffix(" W").removesuffix(" kW"))
-
-
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_figures_match_what_the_simulator_was_told(report: tuple[Path, str]) -> None:
     out, err = report
-    tables = _markdown_tables((out / "capacity-report.md").read_text())
+    tables = markdown_tables((out / "capacity-report.md").read_text())
     assert "Sections not computed" not in (out / "capacity-report.md").read_text()
     hours = DAYS * 24
 
-    [inventory] = _rows(tables, "GPUs by cluster and model")
+    [inventory] = rows(tables, "GPUs by cluster and model")
     assert (inventory["Cluster"], inventory["Model"]) == ("test", "NVIDIA H100 80GB HBM3")
     assert (inventory["Installed"], inventory["Healthy"], inventory["Lost"]) == ("64", "64", "0")
-    assert _number(inventory["GPU-hours installed"]) == pytest.approx(64 * hours, rel=0.01)
-    assert _number(inventory["GPU-hours lost"]) == pytest.approx(2.0, abs=STEP / H)
+    assert number(inventory["GPU-hours installed"]) == pytest.approx(64 * hours, rel=0.01)
+    assert number(inventory["GPU-hours lost"]) == pytest.approx(2.0, abs=STEP / H)
 
-    [allocation] = _rows(tables, "GPU-hours by cluster and model")
-    assert _number(allocation["Idle share"]) == pytest.approx(25.0, abs=1.0)
-    assert _number(allocation["Idle"]) == pytest.approx(16 * hours, rel=0.01)
-    assert _number(allocation["Allocated"]) == pytest.approx(48 * hours - 2, rel=0.01)
+    [allocation] = rows(tables, "GPU-hours by cluster and model")
+    assert number(allocation["Idle share"]) == pytest.approx(25.0, abs=1.0)
+    assert number(allocation["Idle"]) == pytest.approx(16 * hours, rel=0.01)
+    assert number(allocation["Allocated"]) == pytest.approx(48 * hours - 2, rel=0.01)
 
-    [power] = _rows(tables, "Energy and power by cluster and model")
+    [power] = rows(tables, "Energy and power by cluster and model")
     # The energy counter and the power gauge are separate series: they must tell the same story.
-    assert _number(power["Energy (kWh)"]) == pytest.approx(
-        _number(power["Mean power per GPU"]) * 64 * hours / 1000, rel=0.02)
+    assert number(power["Energy (kWh)"]) == pytest.approx(
+        number(power["Mean power per GPU"]) * 64 * hours / 1000, rel=0.02)
 
-    problems = {(r["Node"], r["GPU"]): r for r in _rows(tables, "GPUs with health problems")}
+    problems = {(r["Node"], r["GPU"]): r for r in rows(tables, "GPUs with health problems")}
     assert set(problems) == {("gpu-node-0006", "0"), ("gpu-node-0002", "3"), ("gpu-node-0007", "1"),
                              ("gpu-node-0008", "2")}
     assert problems[("gpu-node-0006", "0")]["XIDs (code ×count)"] == "31 ×1"
     assert problems[("gpu-node-0007", "1")]["Uncorrectable ECC"] == "1"
     assert problems[("gpu-node-0008", "2")]["Row remap"] == "pending"
-    assert _number(problems[("gpu-node-0002", "3")]["Hours lost"]) == pytest.approx(2.0, abs=STEP / H)
+    assert number(problems[("gpu-node-0002", "3")]["Hours lost"]) == pytest.approx(2.0, abs=STEP / H)
 
-    [straggler] = _rows(tables, "Straggling nodes")
+    [straggler] = rows(tables, "Straggling nodes")
     assert straggler["Node"] == "gpu-node-0001"
-    assert _number(straggler["Hours straggling"]) == pytest.approx(6.0, abs=2 * STEP / H)
+    assert number(straggler["Hours straggling"]) == pytest.approx(6.0, abs=2 * STEP / H)
 
-    [busiest, *_] = _rows(tables, "Busiest links")
+    [busiest, *_] = rows(tables, "Busiest links")
     assert (busiest["Node"], busiest["Port"], busiest["Direction"]) == ("gpu-node-0005", "mlx5_0/1", "transmit")
-    assert _number(busiest["Peak"]) >= 90  # 97% of line rate, averaged over 10-minute windows.
+    assert number(busiest["Peak"]) >= 90  # 97% of line rate, averaged over 10-minute windows.
 
-    jobs = _rows(tables, "Top 20 jobs")
+    jobs = rows(tables, "Top 20 jobs")
     assert [(j["Most GPUs"], j["Most nodes"]) for j in jobs] == [("32", "4"), ("8", "1"), ("8", "1")]
-    assert _number(jobs[0]["GPU-hours"]) == pytest.approx(32 * hours - 2, rel=0.01)
+    assert number(jobs[0]["GPU-hours"]) == pytest.approx(32 * hours - 2, rel=0.01)
 
-    [trend] = _rows(tables, "Projection by cluster")
+    [trend] = rows(tables, "Projection by cluster")
     assert trend["Reaches it"] == "not at the current growth"  # The layout does not change over the history.
     # The progress bar, redrawn as queries finish (capsys reads its carriage returns as newlines).
     assert re.search(r"^\[-{30}\] 0/10 sections, 1 queries$", err, re.M), err
@@ -246,20 +146,20 @@ def test_utilisation_agrees_with_the_raw_samples(fleet_prometheus, report) -> No
     assert status == 200, body
     values = sorted(float(v) for s in json.loads(body)["data"]["result"] for _, v in s["values"])
     assert len(values) == pytest.approx(48 * DAYS * 86400 / STEP, rel=0.01)
-    [row] = _rows(_markdown_tables((report[0] / "capacity-report.md").read_text()), "Utilisation by cluster and model")
-    assert _number(row["Mean"]) == pytest.approx(100 * sum(values) / len(values), abs=0.1)
+    [row] = rows(markdown_tables((report[0] / "capacity-report.md").read_text()), "Utilisation by cluster and model")
+    assert number(row["Mean"]) == pytest.approx(100 * sum(values) / len(values), abs=0.1)
     for column, q in (("p50", 0.5), ("p95", 0.95)):
-        assert _number(row[column]) == pytest.approx(100 * values[int(q * (len(values) - 1))], abs=5.0)
-    assert _number(row["Below 10%"]) == pytest.approx(100 * sum(v < 0.1 for v in values) / len(values), abs=0.1)
+        assert number(row[column]) == pytest.approx(100 * values[int(q * (len(values) - 1))], abs=5.0)
+    assert number(row["Below 10%"]) == pytest.approx(100 * sum(v < 0.1 for v in values) / len(values), abs=0.1)
 
 
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_markdown_and_html_hold_the_same_tables(report) -> None:
     out, _ = report
-    parser = _HtmlTables()
+    parser = HtmlTables()
     parser.feed((out / "capacity-report.html").read_text())
-    markdown = _markdown_tables((out / "capacity-report.md").read_text())
+    markdown = markdown_tables((out / "capacity-report.md").read_text())
     assert len(parser.tables) >= 10
     assert parser.tables == markdown
     empty = "Nodes where NVML missed GPUs on the PCI bus:"  # No such node in the history: a line, not a table.
@@ -267,38 +167,18 @@ def test_markdown_and_html_hold_the_same_tables(report) -> None:
     assert f"**{empty}** None in this period." in (out / "capacity-report.md").read_text()
 
 
-_PROBE = """<script>
-window.__errors = [];
-window.addEventListener("error", e => window.__errors.push(String(e.message || (e.target && e.target.src))), true);
-window.addEventListener("load", () => {
-  const p = document.createElement("pre"); p.id = "probe";
-  p.textContent = JSON.stringify({errors: window.__errors, tables: document.querySelectorAll("table").length,
-    images: [...document.images].map(i => [i.complete, i.naturalWidth, i.naturalHeight])});
-  document.body.appendChild(p);
-});
-</script>"""
-
-
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_html_opens_in_headless_chromium_with_real_charts(report, tmp_path: Path) -> None:
     out, _ = report
-    page = tmp_path / "probed.html"
-    page.write_text((out / "capacity-report.html").read_text().replace("<head>", "<head>" + _PROBE, 1))
-    dom = subprocess.run([binary("chromium", "chromium"), "--headless", "--no-sandbox", "--disable-gpu",
-                          "--virtual-time-budget=5000", f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
-                          page.as_uri()], capture_output=True, text=True, timeout=120, check=True).stdout
-    probe = json.loads(html.unescape(re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)[1]))
+    probe = opened_in_chromium(out / "capacity-report.html", tmp_path)
     assert probe["errors"] == []
     assert probe["tables"] >= 10
     assert len(probe["images"]) == 3  # GPU-hours, utilisation, and the one cluster's trend.
     for complete, width, height in probe["images"]:
         assert complete and width >= 600 and height >= 250
-    from matplotlib import image
     for png in (out / "charts").glob("*.png"):
-        pixels = image.imread(png)
-        colours = {tuple(p) for p in pixels.reshape(-1, pixels.shape[-1])[::7].tolist()}
-        assert png.stat().st_size > 10_000 and len(colours) > 20, png
+        assert drawn(png), png
 
 
 @pytest.fixture(scope="module")
@@ -307,13 +187,13 @@ def partial_prometheus(tmp_path_factory) -> Iterator[tuple[str, float, Path]]:
     rules were loaded three hours in: the hours before have raw series and nothing recorded."""
     tmp = tmp_path_factory.mktemp("partial")
     end = math.floor(time.time() / STEP) * STEP - STEP
-    data = _backfill(tmp, Fleet(2, seed=1), end - 6 * H, end, re.compile(r"gpufleet_gpu_(info|up)"))
+    data = backfill(tmp, Fleet(2, seed=1), end - 6 * H, end, STEP, re.compile(r"gpufleet_gpu_(info|up)"))
     web = tmp / "web.yml"
     web.write_text(yaml.safe_dump({"basic_auth_users": {
         "planner": bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()}}))
     (tmp / "password").write_text("s3cret\n")
     (tmp / "wrong").write_text("guess\n")
-    with _recorded(tmp, data, end - 3 * H, end, web_config=web) as url:
+    with recorded(tmp, data, end - 3 * H, end, GROUPS, web_config=web) as url:
         yield url, end, tmp
 
 
@@ -325,9 +205,9 @@ def test_missing_metrics_name_the_sections_that_failed(partial_prometheus, tmp_p
     code, err = _report(capsys, tmp_path, "--prometheus", url, "--range", "6h", "--end", str(end), *login)
     assert code == 0, err
     text = (tmp_path / "capacity-report.md").read_text()
-    [inventory] = _rows(_markdown_tables(text), "GPUs by cluster and model")
+    [inventory] = rows(markdown_tables(text), "GPUs by cluster and model")
     assert inventory["Installed"] == "16"
-    assert _number(inventory["GPU-hours installed"]) == pytest.approx(16 * 3, abs=16 * STEP / H)  # Recorded hours.
+    assert number(inventory["GPU-hours installed"]) == pytest.approx(16 * 3, abs=16 * STEP / H)  # Recorded hours.
     assert ("not computed: Network links: no samples of instance_port:gpufleet_link_utilization:ratio_rate10m in "
             "the range (recorded by the rule group gpufleet-capacity in alerts/gpufleet-rules.yml") in err
     assert "- Top jobs by GPU-hours: no samples of cluster_job:gpufleet_gpus:count in the range" in text

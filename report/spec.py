@@ -1,0 +1,36 @@
+"""What a report is made of, shared by every report: its sections, what each needs, and how it is described.
+
+`gpufleet report capacity` and `gpufleet report reliability` differ only in these specs; running them,
+handling a Prometheus that fails, and writing HTML and Markdown are one code path (run.py, cli.py,
+render.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from gpufleet.alerts.config import Config
+from gpufleet.report.document import Section
+from gpufleet.report.query import Queries, Window
+
+
+class SectionError(Exception):
+    """A section cannot say anything true about this range; the message says why."""
+
+
+@dataclass(frozen=True)
+class SectionSpec:
+    key: str
+    title: str
+    requires: tuple[str, ...]  # Metric names; "a|b" is satisfied by either.
+    build: Callable[[Queries], Awaitable[Section]]
+
+
+@dataclass(frozen=True)
+class ReportSpec:
+    name: str  # The subcommand, and the stem of the files written: capacity-report.html.
+    title: str
+    groups: tuple[str, ...]  # The rule groups that record what the sections read, for the missing-series hint.
+    sections: Sequence[SectionSpec]
+    method: Callable[[Window, Config], list[str]]  # How the figures were computed, for the report's end.
