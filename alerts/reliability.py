@@ -6,24 +6,28 @@ slowdown, or the node's exporter gone. Every `INTERVAL` these rules write one se
 class that had an interruption start in the interval just ended, and nothing otherwise, so a month of
 a healthy fleet records nothing and the report counts by summing what is there.
 
-How a start is recognised, so that each one is counted once:
+How a start is recognised, so that each one is counted once: a class counts for an object where one of
+its signals started in this interval and none in the one before, so that a burst of errors over several
+intervals, or two signals of one fault that straddle an interval's end (an ECC count and its XID, seen
+one collection apart), are one interruption. A signal starts with:
 
-- a counter (XIDs, uncorrectable ECC errors, link downs) that grew in this interval but not in the one
-  before: a burst of errors over several intervals is one interruption. A series born in the interval
+- a counter (XIDs, uncorrectable ECC errors, link downs) that grew. A sparse series born in the interval
   (an XID counter is created by its first event) counts as grown;
 - a state (GPU lost, row remap failed, NVLink or port down, thermal slowdown, exporter down) seen bad
-  at any sample of the interval but not at its start;
+  at some sample of the interval and good at its start (a state whose series exists only while bad, an
+  NVLink's, where it did not exist at the start);
 - and, for everything on a node, only if the node was scraped at the interval's start: a node coming
   back after a gap shows counters and states that are not new.
 
 The intervals tile the time (`x - x offset INTERVAL`), so a month's sum is exact and needs no extrapolation.
-Signals of one fault on one GPU (XID 48 and the ECC count it comes with) fall in one interval and
-count once; where they straddle an interval's end they count twice. Like the capacity group, this one
-reads raw series only, so `promtool tsdb create-blocks-from rules` can compute it over the past.
+Two faults of one class on one object within an interval of each other count once. Like the capacity
+group, this one reads raw series only, so `promtool tsdb create-blocks-from rules` can compute it over
+the past.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from gpufleet import duration
@@ -31,10 +35,13 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.rule import record
 from gpufleet.alerts.xid import APPLICATION, DOUBLE_BIT_ECC, FALLEN_OFF_BUS, RESET_OR_REBOOT, ROW_REMAP_FAILURE, matcher
 
-INTERVAL = "5m"
-GPU_EVENTS = "instance_gpu:gpufleet_interruptions:new5m"
-PORT_EVENTS = "instance_port:gpufleet_interruptions:new5m"
-NODE_EVENTS = "instance:gpufleet_interruptions:new5m"
+# Each interruption is dated to its interval: ten minutes do for a month's count, and cost half of five at
+# a thousand nodes (the dense series are read four times an evaluation).
+INTERVAL = "10m"
+Signal = Callable[[int], str]  # Where a signal started in the interval ending this many intervals back.
+GPU_EVENTS = "instance_gpu:gpufleet_interruptions:new10m"
+PORT_EVENTS = "instance_port:gpufleet_interruptions:new10m"
+NODE_EVENTS = "instance:gpufleet_interruptions:new10m"
 # GPUs, InfiniBand ports and nodes observed, per cluster: the exposure rates are per, and the sign that this
 # group ran through a range with no interruption at all.
 OBSERVED = "cluster:gpufleet_observed_units:count"
@@ -65,45 +72,63 @@ def reliability(c: Config) -> dict[str, Any]:
     gpu, port, node = c.by("instance", "gpu", "uuid"), c.by("instance", "device", "port"), c.by("instance")
     scraped = c.metric("up", f'job="{c.exporter_job}"')
     was_up = f"on ({node}) ({scraped} offset {w} == 1)"
-    before = duration.render(2 * duration.parse(w))  # The start of the interval before this one.
 
-    def grown(selector: str, by: str) -> str:
-        """Objects whose counter grew in this interval and not in the one before (born counts as grown)."""
-        def grew(later: str, earlier: str) -> str:
-            return (f"max by ({by}) ((({selector}{later} - {selector} offset {earlier}) > 0) "
-                    f"or ({selector}{later} unless {selector} offset {earlier}))")
-        return f"({grew('', w)} unless {grew(f' offset {w}', before)})"
+    def back(shift: int) -> str:
+        """`shift` intervals back, as PromQL writes it."""
+        return duration.render(shift * duration.parse(w))
 
-    def turned(selector: str, by: str, bad: str, worst: str) -> str:
-        """Objects seen `bad` (a comparison) at some sample of this interval and not at its start. `worst`
-        (min for a state that is bad when low) picks the sample, and the series of an object, that decide."""
-        return (f"({worst} by ({by}) ({worst}_over_time({selector}[{w}])) {bad} "
-                f"unless {worst} by ({by}) ({selector} offset {w}) {bad})")
+    def grown(selector: str, by: str, sparse: bool = False) -> Signal:
+        """Objects whose counter grew in the interval. A sparse counter (an XID's) is created by its first
+        event, so its birth counts as growth; a dense one exists from the GPU's or port's first collection, and
+        its series returning with a GPU that was lost is no event."""
+        def started(shift: int) -> str:
+            later = f" offset {back(shift)}" if shift else ""
+            earlier = f"{selector} offset {back(shift + 1)}"
+            born = f" or ({selector}{later} unless {earlier})" if sparse else ""
+            return f"max by ({by}) ((({selector}{later} - {earlier}) > 0){born})"
+        return started
 
-    def events(name: str, by: str, klass: str, *signals: str) -> dict[str, Any]:
-        union = " or ".join(f"({signal})" for signal in signals)
-        return record(name, f"max by ({by}) ({union}) * 0 + 1 and {was_up}", **{"class": klass})
+    def turned(selector: str, by: str, bad: str, worst: str, good: str | None) -> Signal:
+        """Objects seen `bad` (a comparison) at some sample of the interval and `good` at its start. `worst`
+        (min for a state that is bad when low) picks the sample, and the series of an object, that decide. A
+        sparse state (good: None), whose series exists only while bad, counts where it did not exist at the
+        start; a dense one must have been there and good, so that a GPU coming back does not count again."""
+        def started(shift: int) -> str:
+            later = f" offset {back(shift)}" if shift else ""
+            now = f"{worst} by ({by}) ({worst}_over_time({selector}[{w}]{later})) {bad}"
+            then = f"{worst} by ({by}) ({selector} offset {back(shift + 1)})"
+            return f"({now} unless {then} {bad})" if good is None else f"({now} and {then} {good})"
+        return started
+
+    def events(name: str, by: str, klass: str, *signals: Signal) -> dict[str, Any]:
+        """Objects where a signal of the class started in this interval and none in the one before: a burst
+        of errors, or two signals of one fault that straddle an interval's end, are one interruption."""
+        def any_started(shift: int) -> str:
+            return f"max by ({by}) (" + " or ".join(f"({signal(shift)})" for signal in signals) + ")"
+        return record(name, f"({any_started(0)} unless {any_started(1)}) * 0 + 1 and {was_up}", **{"class": klass})
 
     xids = "gpufleet_gpu_xid_errors_total"
     xid_gpu = c.by("instance", "gpu", "uuid", "xid")
     ib = "gpufleet_infiniband_"
     thermal = c.metric("gpufleet_gpu_clock_event_active", 'reason=~"hw_thermal_slowdown|sw_thermal_slowdown"')
     rules = [
-        events(GPU_EVENTS, xid_gpu, "gpu_hardware", grown(c.metric(xids, matcher(HARDWARE_XIDS)), xid_gpu)),
-        events(GPU_EVENTS, xid_gpu, "gpu_application", grown(c.metric(xids, matcher(APPLICATION_XIDS)), xid_gpu)),
+        events(GPU_EVENTS, xid_gpu, "gpu_hardware",
+               grown(c.metric(xids, matcher(HARDWARE_XIDS)), xid_gpu, sparse=True)),
+        events(GPU_EVENTS, xid_gpu, "gpu_application",
+               grown(c.metric(xids, matcher(APPLICATION_XIDS)), xid_gpu, sparse=True)),
         events(GPU_EVENTS, gpu, "gpu_memory",
-               grown(c.metric(xids, matcher(MEMORY_XIDS)), gpu),
+               grown(c.metric(xids, matcher(MEMORY_XIDS)), gpu, sparse=True),
                grown(c.metric("gpufleet_gpu_ecc_errors_total", 'error="uncorrected"', 'scope="volatile"'), gpu),
-               turned(c.metric("gpufleet_gpu_row_remap_failed"), gpu, "== 1", "max")),
-        events(GPU_EVENTS, gpu, "gpu_lost", turned(c.metric("gpufleet_gpu_up"), gpu, "== 0", "min")),
+               turned(c.metric("gpufleet_gpu_row_remap_failed"), gpu, "== 1", "max", "== 0")),
+        events(GPU_EVENTS, gpu, "gpu_lost", turned(c.metric("gpufleet_gpu_up"), gpu, "== 0", "min", "== 1")),
         events(GPU_EVENTS, gpu, "nvlink",
-               grown(c.metric(xids, f'xid="{NVLINK_ERROR}"'), gpu),
-               turned(c.metric("gpufleet_gpu_nvlink_up"), gpu, "== 0", "min")),
-        events(GPU_EVENTS, gpu, "thermal", turned(thermal, gpu, "== 1", "max")),
+               grown(c.metric(xids, f'xid="{NVLINK_ERROR}"'), gpu, sparse=True),
+               turned(c.metric("gpufleet_gpu_nvlink_up"), gpu, "== 0", "min", None)),
+        events(GPU_EVENTS, gpu, "thermal", turned(thermal, gpu, "== 1", "max", "== 0")),
         events(PORT_EVENTS, port, "network",
                grown(c.metric(f"{ib}link_downed_total"), port),
-               turned(c.metric(f"{ib}state_id"), port, "< 4", "min")),
-        record(NODE_EVENTS, f"{turned(scraped, node, '== 0', 'min')} * 0 + 1", **{"class": "node_down"}),
+               turned(c.metric(f"{ib}state_id"), port, "< 4", "min", ">= 4")),
+        events(NODE_EVENTS, node, "node_down", turned(scraped, node, "== 0", "min", "== 1")),
         record(OBSERVED, f"count by ({c.by()}) ({c.metric('gpufleet_gpu_info')})", unit="gpu"),
         record(OBSERVED, f"count by ({c.by()}) ({c.metric(f'{ib}state_id')})", unit="port"),
         record(OBSERVED, f"count by ({c.by()}) ({scraped})", unit="node"),

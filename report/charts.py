@@ -130,3 +130,32 @@ def trend_figure(cluster: str, lines: dict[str, list[tuple[float, float]]], proj
     axes.set_title(f"Cluster {cluster}")
     axes.legend(loc="lower left", fontsize="small")
     return figure
+
+
+def mtti(sizes: Sequence[int], hours: Sequence[float | None], low: Sequence[float], high: Sequence[float | None],
+         published: Sequence[tuple[str, Sequence[tuple[int, float]]]]) -> Chart:
+    """Mean time to interruption against job size, on log axes, with its 95% band and published points.
+
+    `hours` is None where no interruption was seen (the mean is unbounded); the band's `high` then too,
+    and only the lower edge, what the fleet's record still guarantees, is drawn.
+    """
+    figure, axes = plt.subplots(figsize=(8, 4.2))
+    seen = [(n, h) for n, h in zip(sizes, hours, strict=True) if h is not None]
+    if seen:
+        axes.plot([n for n, _ in seen], [h for _, h in seen], marker="o", color=_COLOURS["allocated"],
+                  label="this fleet")
+    bounded = [(n, lo, hi) for n, lo, hi in zip(sizes, low, high, strict=True) if hi is not None]
+    if bounded:
+        axes.fill_between([n for n, _, _ in bounded], [lo for _, lo, _ in bounded], [hi for _, _, hi in bounded],
+                          color=_COLOURS["allocated"], alpha=0.15, label="95% interval")
+    else:
+        axes.plot(sizes, low, linestyle="--", color=_COLOURS["allocated"], label="at least (95%)")
+    for (name, points), marker, colour in zip(published, "sD^v", ("#d62728", "#9467bd", "#8c564b"), strict=False):
+        axes.scatter([n for n, _ in points], [h for _, h in points], marker=marker, color=colour, zorder=3, label=name)
+    axes.set_xscale("log", base=2)
+    axes.set_yscale("log")
+    axes.set_xlabel("GPUs in the job")
+    axes.set_ylabel("hours between interruptions")
+    axes.grid(True, which="major", alpha=0.3)
+    axes.legend(fontsize="small")
+    return Chart("mtti", "Mean time to interruption by job size", _png(figure))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -59,3 +60,33 @@ def project(points: Sequence[tuple[float, float]], installed: float, share: floa
     else:
         days = (target - fitted) / per_day
     return Projection(per_day, fitted, target, days)
+
+
+def _poisson_cdf(k: int, mean: float) -> float:
+    """P(X <= k) for X ~ Poisson(mean), summed in log space so that large means do not underflow."""
+    if mean <= 0:
+        return 1.0
+    term = -mean  # log P(X = 0)
+    total = math.exp(term)
+    for i in range(1, k + 1):
+        term += math.log(mean) - math.log(i)
+        total += math.exp(term)
+    return min(1.0, total)
+
+
+def poisson_interval(count: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The exact (Garwood) interval for the mean of a Poisson count: the means under which seeing `count`
+    or more, or `count` or fewer, is still as likely as the tails allow. Found by bisection on the CDF,
+    so no statistics library is needed; zero events give a lower bound of 0."""
+    tail = (1 - confidence) / 2
+
+    def solve(too_low: Callable[[float], bool]) -> float:
+        low, high = 0.0, count + 10 * math.sqrt(count + 1) + 10
+        for _ in range(100):
+            middle = (low + high) / 2
+            low, high = (middle, high) if too_low(middle) else (low, middle)
+        return (low + high) / 2
+
+    lower = 0.0 if count == 0 else solve(lambda mean: 1 - _poisson_cdf(count - 1, mean) < tail)
+    upper = solve(lambda mean: _poisson_cdf(count, mean) > tail)
+    return lower, upper

@@ -127,6 +127,14 @@ class Prometheus:
         return [Series(item["metric"], [(float(item["value"][0]), float(item["value"][1]))])
                 for item in data["result"]]
 
+    async def samples(self, selector: str, at: float) -> list[Series]:
+        """Every sample of `selector` (a range vector such as `x[30d]`) at its own timestamp: for sparse series,
+        where the times of a few events matter and a range query's steps would skip them."""
+        data = await self._call("/api/v1/query", {"query": selector, "time": f"{at:.3f}"}, post=True)
+        if data["resultType"] != "matrix":
+            raise QueryFailed(f"expected a range vector from {selector!r}, got {data['resultType']}")
+        return [Series(item["metric"], [(float(t), float(v)) for t, v in item["values"]]) for item in data["result"]]
+
     async def range(self, query: str, start: float, end: float, step: float) -> list[Series]:
         data = await self._call("/api/v1/query_range", {"query": query, "start": f"{start:.3f}",
                                                         "end": f"{end:.3f}", "step": f"{step:g}"}, post=True)

@@ -96,6 +96,11 @@ class Queries:
     async def at_end(self, expr: str) -> list[Series]:
         return await self._once(("instant", expr, 0), lambda: self.prometheus.instant(expr, self.window.end))
 
+    async def samples(self, selector: str) -> list[Series]:
+        """Every sample of a (sparse) series in the range, at its own time."""
+        return await self._once(("samples", selector, 0),
+                                lambda: self.prometheus.samples(f"{selector}[{self.window.r}]", self.window.end))
+
     async def over_range(self, expr: str, step: int) -> list[Series]:
         w = self.window
         return await self._once(("range", expr, step), lambda: self.prometheus.range(expr, w.start + step, w.end, step))

@@ -178,7 +178,7 @@ def test_a_config_file_changes_what_is_built_and_nothing_else():
     site = load_config_text("cluster_label: site\nselector: 'job=\"gpu-nodes\"'\nsaturation_warning: 0.85\n"
                             "straggler_for: 1200\n")  # Seconds, as the duration grammar allows: `20m` in PromQL.
     rules = render(site)
-    assert "cluster" not in re.sub(r"cluster_(name|job)(_bucket)?:", "", rules)  # Recorded names keep `cluster_`.
+    assert "cluster" not in re.sub(r"cluster(_(name|job)(_bucket)?)?:", "", rules)  # Recorded names keep `cluster`.
     assert 'gpufleet_gpu_up{job="gpu-nodes"}' in rules and "> 0.85" in rules
     [straggler] = [r for g in yaml.safe_load(rules)["groups"] for r in g["rules"] if r.get("alert") == "NodeStraggler"]
     assert straggler["for"] == "20m"
