@@ -21,7 +21,7 @@ from gpufleet.report.document import Section, Table
 from gpufleet.report.figures import project, quantile_from_buckets
 from gpufleet.report.prometheus import Series
 from gpufleet.report.query import Queries, Window
-from gpufleet.report.spec import ReportSpec, SectionError, SectionSpec
+from gpufleet.report.spec import ReportSpec, SectionError, SectionSpec, cluster_note
 
 UTIL_BOUNDS = tuple(round((i + 1) / rec.BUCKETS, 2) for i in range(rec.BUCKETS))
 LOW_UTIL = 0.1
@@ -407,8 +407,7 @@ def _method(window: Window, config: Config) -> list[str]:
             "times the step.",
             "A GPU is allocated while gpufleet_gpu_job_info attributes a job to it, idle while it is healthy and "
             "has none, and lost while gpufleet_gpu_up is 0.",
-            f"Clusters are the `{config.cluster_label}` label of the scraped series; \u2014 means the series have "
-            "none."]
+            cluster_note(config)]
 
 
 SECTIONS = (

@@ -24,7 +24,7 @@ from gpufleet.report.document import Section, Table
 from gpufleet.report.figures import poisson_interval
 from gpufleet.report.prometheus import Series
 from gpufleet.report.query import Queries, Window
-from gpufleet.report.spec import ReportSpec, SectionError, SectionSpec
+from gpufleet.report.spec import ReportSpec, SectionError, SectionSpec, cluster_note
 
 EVENTS = (rec.GPU_EVENTS, rec.PORT_EVENTS, rec.NODE_EVENTS)
 JOB_SIZES = (8, 64, 512, 1024, 4096, 16384, 131072)
@@ -234,8 +234,7 @@ def _method(window: Window, config: Config) -> list[str]:
             "Intervals are exact (Garwood) Poisson intervals on the count; the observed GPU-days are taken as known.",
             "Causes the node's metrics cannot see (NCCL timeouts, silent data corruption, a software bug that "
             "raises no XID) are not counted: compare with a published table only for the causes both count.",
-            f"Clusters are the `{config.cluster_label}` label of the scraped series; \u2014 means the series have "
-            "none."]
+            cluster_note(config)]
 
 
 SECTIONS = (

@@ -34,3 +34,8 @@ class ReportSpec:
     groups: tuple[str, ...]  # The rule groups that record what the sections read, for the missing-series hint.
     sections: Sequence[SectionSpec]
     method: Callable[[Window, Config], list[str]]  # How the figures were computed, for the report's end.
+
+
+def cluster_note(config: Config) -> str:
+    """The method's line on clusters, which every report's figures are split by."""
+    return f"Clusters are the `{config.cluster_label}` label of the scraped series; \u2014 means the series have none."

@@ -168,6 +168,21 @@ def parse_fault(raw: Any, what: str, fault_id: str, nodes: dict[str, Any], gpus_
     )
 
 
+def listed(text: str, key: str, error: type[ValueError]) -> list[Any]:
+    """The `key` list of a YAML file whose top level holds only that list (a layout's jobs, fault rates),
+    or `error` saying what is wrong with the document."""
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise error(f"not valid YAML: {err}") from None
+    if not isinstance(document, dict) or not isinstance(document.get(key), list):
+        raise error(f"expected a mapping with a '{key}' list")
+    unknown = sorted(set(document) - {key})
+    if unknown:
+        raise error(f"unknown top-level key {unknown[0]!r}")
+    return list(document[key])
+
+
 def load_scenario(text: str, nodes: dict[str, Any], gpus_per_node: int, ids: itertools.count[int]) -> list[Fault]:
     """Faults from a scenario file: `faults: [ {kind: ..., node: ..., start: 2m, ...}, ... ]`."""
     try:

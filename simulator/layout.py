@@ -22,10 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
 from gpufleet import duration
 from gpufleet.exporter.gpu.simulated import kubernetes_cgroup, random_uuid, slurm_cgroup
+from gpufleet.simulator.faults import listed
 
 SCHEDULERS = ("slurm", "kubernetes")
 _POD_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -112,17 +111,9 @@ def _job(raw: Any, what: str, names: set[str], taken: dict[str, str]) -> Job:
 
 def load_layout(text: str, names: Sequence[str]) -> list[Job]:
     """The jobs of a layout file, checked in full against the fleet's node names."""
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise LayoutError(f"not valid YAML: {err}") from None
-    if not isinstance(document, dict) or not isinstance(document.get("jobs"), list):
-        raise LayoutError("expected a mapping with a 'jobs' list")
-    unknown = sorted(set(document) - {"jobs"})
-    if unknown:
-        raise LayoutError(f"unknown top-level key {unknown[0]!r}")
     taken: dict[str, str] = {}
-    jobs = [_job(raw, f"job {index + 1}", set(names), taken) for index, raw in enumerate(document["jobs"])]
+    jobs = [_job(raw, f"job {index + 1}", set(names), taken)
+            for index, raw in enumerate(listed(text, "jobs", LayoutError))]
     ids = [job.id for job in jobs]
     repeated = sorted({job_id for job_id in ids if ids.count(job_id) > 1})
     if repeated:

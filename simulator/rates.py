@@ -20,9 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
-from gpufleet.simulator.faults import KINDS, Fault, FaultKind, ScenarioError, seconds
+from gpufleet.simulator.faults import KINDS, Fault, FaultKind, ScenarioError, listed, seconds
 
 DAY = 86400.0
 _FIELDS = {"cause", "kind", "per", "rate", "duration", "xid"}
@@ -76,16 +74,7 @@ def _rate(raw: Any, what: str) -> Rate:
 
 def load_rates(text: str) -> list[Rate]:
     """The entries of a fault-rates file, each checked, or ScenarioError naming the entry and field."""
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ScenarioError(f"not valid YAML: {err}") from None
-    if not isinstance(document, dict) or not isinstance(document.get("faults"), list):
-        raise ScenarioError("expected a mapping with a 'faults' list")
-    unknown = sorted(set(document) - {"faults"})
-    if unknown:
-        raise ScenarioError(f"unknown top-level key {unknown[0]!r}")
-    return [_rate(raw, f"rate {index + 1}") for index, raw in enumerate(document["faults"])]
+    return [_rate(raw, f"rate {index + 1}") for index, raw in enumerate(listed(text, "faults", ScenarioError))]
 
 
 def _units(per: str, nodes: Mapping[str, Sequence[str]], gpus_per_node: int) -> list[tuple[str, int | str | None]]:
