@@ -65,30 +65,31 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _flags(command: argparse.ArgumentParser, name: str) -> None:
-    command.add_argument("--prometheus", required=True, metavar="URL", help="Prometheus base URL, e.g. http://prom:9090")
+    command.add_argument("--prometheus", required=True, metavar="URL",
+                         help="Prometheus base URL, e.g. http://prom:9090")
     command.add_argument("--range", dest="length", type=duration, default=duration("30d"), metavar="DURATION",
-                     help="length of the period, e.g. 7d, 30d, 12w (default: 30d)")
+                         help="length of the period, e.g. 7d, 30d, 12w (default: 30d)")
     command.add_argument("--end", type=_instant, metavar="TIME", help="end of the period (default: now)")
     command.add_argument("--step", type=duration, metavar="DURATION",
-                     help="sampling step inside the range (default: range/1440, at least 5m)")
+                         help="sampling step inside the range (default: range/1440, at least 5m)")
     command.add_argument("--out", type=Path, default=Path(f"{name}-report"), metavar="DIR",
-                     help="folder to write into (default: %(default)s)")
+                         help="folder to write into (default: %(default)s)")
     auth = command.add_mutually_exclusive_group()
     auth.add_argument("--prometheus.bearer-token-file", dest="token", type=_secret, metavar="PATH",
                       help="send the token in this file as a bearer token")
     auth.add_argument("--prometheus.username", dest="username", metavar="USER", help="basic auth user")
     command.add_argument("--prometheus.password-file", dest="password", type=_secret, metavar="PATH",
-                     help="basic auth password, read from this file")
+                         help="basic auth password, read from this file")
     command.add_argument("--tls.ca-file", dest="ca_file", metavar="PATH", help="CA bundle to verify Prometheus with")
     command.add_argument("--tls.insecure-skip-verify", dest="verify_tls", action="store_false",
-                     help="do not verify Prometheus's TLS certificate")
+                         help="do not verify Prometheus's TLS certificate")
     command.add_argument("--query.timeout", dest="timeout", type=duration, default=120.0, metavar="DURATION",
-                     help="per query (default: 2m)")
+                         help="per query (default: 2m)")
     command.add_argument("--query.concurrency", dest="concurrency", type=int, choices=range(1, 33), default=4,
-                     metavar="N", help="queries in flight at once, 1 to 32 (default: %(default)s)")
+                         metavar="N", help="queries in flight at once, 1 to 32 (default: %(default)s)")
     mixin.add_argument(command)
     command.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                     help="draw a progress bar (default: when stderr is a terminal)")
+                         help="draw a progress bar (default: when stderr is a terminal)")
     command.set_defaults(handler=run_report)
 
 

@@ -76,13 +76,18 @@ async def _counts(q: Queries, by: str) -> list[Series]:
     return [s for result in results for s in result]
 
 
-async def interruptions(q: Queries) -> Section:
-    exposure, per_class, per_cluster = await asyncio.gather(
-        _exposure(q), _counts(q, "class"), _counts(q, q.by("class")))
-    gpu_days = exposure["gpu"]
+def _per_class(per_cluster: list[Series]) -> Counter[str]:
+    """Interruptions per class over all clusters, from the counts per cluster and class."""
     counts: Counter[str] = Counter()
-    for s in per_class:
+    for s in per_cluster:
         counts[s.labels.get("class", "")] += round(s.values[-1][1])
+    return counts
+
+
+async def interruptions(q: Queries) -> Section:
+    exposure, per_cluster = await asyncio.gather(_exposure(q), _counts(q, q.by("class")))
+    gpu_days = exposure["gpu"]
+    counts = _per_class(per_cluster)
     total = sum(counts.values())
     rows = [(title, str(counts[key]), _per_thousand(counts[key], gpu_days), _interval(counts[key], gpu_days),
              f"{100 * counts[key] / total:.1f}%" if total else "—")
@@ -200,8 +205,8 @@ def _jobs_before(placed: list[tuple[float, tuple[str, str]]], t: float, step: in
 
 
 async def mtti(q: Queries) -> Section:
-    exposure, per_class = await asyncio.gather(_exposure(q), _counts(q, "class"))
-    total = sum(round(s.values[-1][1]) for s in per_class)
+    exposure, per_cluster = await asyncio.gather(_exposure(q), _counts(q, q.by("class")))
+    total = sum(_per_class(per_cluster).values())
     gpu_hours = exposure["gpu"] * 24
     low, high = poisson_interval(total)
     rate, rate_low, rate_high = total / gpu_hours, low / gpu_hours, high / gpu_hours

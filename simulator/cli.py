@@ -77,32 +77,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(handler=run)
 
 
-def _layout(path: str, nodes: int) -> list[Job]:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return load_layout(handle.read(), node_names(nodes))
-    except OSError as err:
-        raise LayoutError(f"cannot read: {err.strerror}") from None
-
-
-def _read(path: str) -> str:
+def _read(path: str, error: type[ValueError]) -> str:
+    """A layout, scenario or fault-rates file's text, or `error` saying why it cannot be read."""
     try:
         with open(path, encoding="utf-8") as handle:
             return handle.read()
     except OSError as err:
-        raise ScenarioError(f"cannot read: {err.strerror}") from None
+        raise error(f"cannot read: {err.strerror}") from None
+
+
+def _layout(path: str, nodes: int) -> list[Job]:
+    return load_layout(_read(path, LayoutError), node_names(nodes))
 
 
 def _add_faults(args: argparse.Namespace, fleet: Fleet) -> None:
     """The scenario's faults and those drawn from fault rates; a ScenarioError names the file at fault."""
     if args.scenario:
         try:
-            fleet.add(load_scenario(_read(args.scenario), fleet.nodes, fleet.gpus_per_node, fleet.ids))
+            fleet.add(load_scenario(_read(args.scenario, ScenarioError), fleet.nodes, fleet.gpus_per_node, fleet.ids))
         except ScenarioError as err:
             raise ScenarioError(f"scenario {args.scenario}: {err}") from None
     if args.fault_rates:
         try:
-            rates = load_rates(_read(args.fault_rates))
+            rates = load_rates(_read(args.fault_rates, ScenarioError))
         except ScenarioError as err:
             raise ScenarioError(f"fault rates {args.fault_rates}: {err}") from None
         ports = {name: node.ports for name, node in fleet.nodes.items()}
