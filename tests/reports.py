@@ -17,27 +17,37 @@ import yaml
 
 from gpufleet.alerts.cli import RULES_FILE
 from gpufleet.simulator.fleet import Fleet
-from gpufleet.simulator.history import history, write_openmetrics
+from gpufleet.simulator.history import History, write_openmetrics
 
 from programs import binary, prometheus
 
+DAY = 86400
 
-def backfill(tmp: Path, fleet: Fleet, start: float, end: float, step: float, metrics: re.Pattern[str]) -> Path:
-    """The fleet's history, every `step` from `start` to `end`, imported into `tmp/data` in day-long blocks."""
+
+def backfill(tmp: Path, fleet: Fleet, start: float, end: float, step: float, metrics: re.Pattern[str],
+             hold: float = 0.0) -> tuple[Path, int]:
+    """The fleet's history, every `step` from `start` to `end`, imported into `tmp/data` in day-long blocks,
+    a day at a time (a month of hundreds of nodes does not fit in memory at once); and how many node
+    collections it took (see `History` for `hold`)."""
+    past = History(fleet, start, metrics, {"cluster": "test"}, hold)
+    data, dump = tmp / "data", tmp / "history.om"
     fleet.start()
     try:
-        families = asyncio.run(history(fleet, start, end, step, metrics, {"cluster": "test"}))
+        day = start
+        while day <= end:  # Cut at UTC midnight, where promtool's day-long blocks end.
+            last = min(end, day + ((day // DAY + 1) * DAY - day - 1) // step * step)
+            families = asyncio.run(past.samples(day, last, step))
+            day = last + step
+            with dump.open("w") as out:
+                write_openmetrics(families, out)
+            subprocess.run([binary("promtool", "prometheus"), "tsdb", "create-blocks-from", "openmetrics",
+                            "--max-block-duration=24h", str(dump), str(data)], check=True, capture_output=True,
+                           timeout=600)
     finally:
         for node in fleet.nodes.values():
             node.close()
-    dump = tmp / "history.om"
-    with dump.open("w") as out:
-        write_openmetrics(families, out)
-    data = tmp / "data"
-    subprocess.run([binary("promtool", "prometheus"), "tsdb", "create-blocks-from", "openmetrics",
-                    "--max-block-duration=24h", str(dump), str(data)], check=True, capture_output=True, timeout=300)
     dump.unlink()
-    return data
+    return data, past.collections
 
 
 def _config(tmp: Path) -> Path:

@@ -8,6 +8,7 @@ interruptions the profile maps (419 in the paper, less the 15 no node metric can
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import math
 import re
@@ -20,7 +21,7 @@ import pytest
 
 from gpufleet.simulator.faults import Fault, ScenarioError
 from gpufleet.simulator.fleet import Fleet
-from gpufleet.simulator.history import history
+from gpufleet.simulator.history import History
 from gpufleet.simulator.rates import DAY, draw, load_rates
 
 from helpers import free_port
@@ -127,7 +128,7 @@ def test_history_records_a_down_exporter_as_prometheus_would() -> None:
     fleet = Fleet(2, 2, seed=0)
     fleet.add([Fault("down", "exporter_down", "gpu-node-0001", 300, 3600)])
     try:
-        families = asyncio.run(history(fleet, 0, 7200, 600, re.compile("gpufleet_gpu_up"), {"cluster": "c"}))
+        families = asyncio.run(History(fleet, 0, re.compile("gpufleet_gpu_up"), {"cluster": "c"}).samples(0, 7200, 600))
     finally:
         fleet.close()
     up = {(line.split('instance="')[1].split('"')[0], float(line.split()[-1])): line.split()[1]
@@ -136,3 +137,36 @@ def test_history_records_a_down_exporter_as_prometheus_would() -> None:
     assert up[("gpu-node-0001", 7200)] == "1"
     gpus = [line for line in families["gpufleet_gpu_up"] if 'instance="gpu-node-0001"' in line]
     assert not any(line.endswith(" 600.000") for line in gpus)  # No series while it does not answer.
+
+
+def test_a_held_history_writes_what_collecting_every_step_writes_for_the_reliability_families() -> None:
+    """`hold` repeats a quiet node's last values instead of collecting it: for the families the reliability
+    report reads, two days of a fleet failing often must come out sample for sample the same."""
+    families = re.compile(r"gpufleet_gpu_(up|xid_errors_total|ecc_errors_total|row_remap_failed|clock_event_active)"
+                          r"|gpufleet_infiniband_(state_id|link_downed_total)")
+    rates = [dataclasses.replace(r, per_day=r.per_day * 2000) for r in load_rates(LLAMA3.read_text())]
+    written = []
+    for hold in (0.0, 6 * 3600.0):
+        fleet = Fleet(2, seed=5)
+        fleet.add(draw(rates, {name: node.ports for name, node in fleet.nodes.items()}, fleet.gpus_per_node, 2 * DAY,
+                       5, fleet.ids))
+        past = History(fleet, 0, families, {"cluster": "c"}, hold)
+        fleet.start()
+        try:
+            written.append((asyncio.run(past.samples(0, DAY, 300)), asyncio.run(past.samples(DAY + 300, 2 * DAY, 300)),
+                            past.collections, len(fleet.faults)))
+        finally:
+            fleet.close()
+    (every, every_next, collected, faults), (held, held_next, fewer, _) = written
+    assert faults >= 10  # Enough faults, of enough kinds, for the comparison to mean something.
+    for once, twice in ((every, held), (every_next, held_next)):
+        xids = "gpufleet_gpu_xid_errors_total"
+        assert {k: v for k, v in once.items() if k != xids} == {k: v for k, v in twice.items() if k != xids}
+        # An XID reaches the exposition through the watcher's thread, a collection sooner or later in either
+        # history: the same series, ending at the same counts.
+        assert _last_values(once[xids]) == _last_values(twice[xids])
+    assert fewer < 0.75 * collected  # Faults this frequent keep the nodes collected half of the time.
+
+
+def _last_values(lines: list[str]) -> dict[str, str]:
+    return {series: value for series, value, _ in (line.rsplit(" ", 2) for line in lines)}

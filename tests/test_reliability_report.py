@@ -10,78 +10,31 @@ the profile asked for, and the same for all causes together.
 
 from __future__ import annotations
 
-import math
-import re
-import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gpufleet import cli as gpufleet_cli
-from gpufleet.alerts import capacity
 from gpufleet.alerts import reliability as rules
 from gpufleet.simulator.fleet import Fleet
-from gpufleet.simulator.layout import Job
-from gpufleet.simulator.rates import Rate, draw, load_rates
 
 from helpers import free_port
 from layouts import nodes
-from reports import HtmlTables, backfill, drawn, markdown_tables, number, opened_in_chromium, recorded, rows
+from months import Month, asked_per_gpu_day, jobs, month
+from reports import HtmlTables, drawn, markdown_tables, number, opened_in_chromium, rows
 
 H, DAY = 3600, 86400
-STEP = 300  # As often as Prometheus looks back for an instant: every rule evaluation finds every series.
 DAYS = 30
 SCALE = 400
 SEED = 3  # A month whose draw of every class lies in its Poisson 95% interval, as most seeds' do.
-PROFILE = Path(__file__).resolve().parent.parent / "simulator" / "fault-rates" / "llama3.yml"
-METRICS = re.compile(
-    r"gpufleet_gpu_(info|up|job_info|xid_errors_total|ecc_errors_total|row_remap_failed|nvlink_up|clock_event_active)"
-    r"|gpufleet_infiniband_(state_id|link_downed_total)")
-GROUPS = ("gpufleet-reliability", "gpufleet-capacity")
-# What the report reads: the reliability group's series, and the capacity group's GPUs per job. The rest of
-# the capacity group would be a few hundred more blocks for promtool to write and Prometheus to open.
-RECORDS = frozenset({rules.GPU_EVENTS, rules.PORT_EVENTS, rules.NODE_EVENTS, rules.OBSERVED, capacity.JOB_GPUS})
-PORTS_PER_GPU, NODES_PER_GPU = 1.0, 1 / 8  # The simulated node: 8 GPUs, 8 InfiniBand ports.
-
-
-def cause_class(rate: Rate) -> str:
-    """The report's class for a profile entry, as the profile's header maps it."""
-    if rate.xid is not None:
-        return next(k for k, codes in (("gpu_memory", rules.MEMORY_XIDS), ("gpu_application", rules.APPLICATION_XIDS),
-                                       ("gpu_hardware", rules.HARDWARE_XIDS)) if rate.xid in codes)
-    return {"gpu_lost": "gpu_lost", "ecc_dbe": "gpu_memory", "ib_link_down": "network", "exporter_down": "node_down",
-            "thermal_slowdown": "thermal"}[rate.kind]
-
-
-def asked_per_gpu_day() -> dict[str, float]:
-    """What the scaled profile asks for, per class, in interruptions per GPU-day."""
-    asked = dict.fromkeys(rules.CLASSES, 0.0)
-    for rate in load_rates(PROFILE.read_text()):
-        per_gpu = {"gpu": 1.0, "port": PORTS_PER_GPU, "node": NODES_PER_GPU}[rate.per]
-        asked[cause_class(rate)] += rate.per_day * per_gpu * SCALE
-    return asked
 
 
 @pytest.fixture(scope="module")
-def month(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, float, Counter[str]]]:
-    """A Prometheus with 31 days of raw history and the rules recorded over the last 30 of them, and how many
-    faults of each class started in those 30 days."""
-    tmp = tmp_path_factory.mktemp("month")
-    end = math.floor(time.time() / STEP) * STEP - STEP
-    start = end - (DAYS + 1) * DAY
-    fleet = Fleet(2, seed=SEED, layout=[Job("777", "slurm", tuple(nodes(1, 2)))])
-    scaled = [Rate(r.cause, r.kind, r.per, r.per_day * SCALE, r.duration, r.xid)
-              for r in load_rates(PROFILE.read_text())]
-    ports = {name: node.ports for name, node in fleet.nodes.items()}
-    faults = draw(scaled, ports, fleet.gpus_per_node, (DAYS + 1) * DAY, SEED, fleet.ids)
-    fleet.add(faults)
-    classes = {(r.kind, r.xid, r.duration): cause_class(r) for r in scaled}
-    started = Counter(classes[(f.kind, f.xid, f.duration)] for f in faults if f.start >= DAY)
-    data = backfill(tmp, fleet, start, end, STEP, METRICS)
-    with recorded(tmp, data, end - DAYS * DAY, end, GROUPS, RECORDS) as url:
-        yield url, end, started
+def simulated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Month]:
+    """Two nodes running one job for the month."""
+    with month(tmp_path_factory.mktemp("month"), Fleet(2, seed=SEED, layout=jobs(2, 2)), DAYS, SCALE, SEED) as held:
+        yield held
 
 
 def _report(capsys: pytest.CaptureFixture[str], out: Path, *args: str) -> tuple[int, str]:
@@ -90,8 +43,8 @@ def _report(capsys: pytest.CaptureFixture[str], out: Path, *args: str) -> tuple[
 
 
 @pytest.fixture
-def report(month, tmp_path_factory, capsys) -> Path:
-    url, end, _ = month
+def report(simulated: Month, tmp_path_factory, capsys) -> Path:
+    url, end = simulated.url, simulated.end
     out = tmp_path_factory.getbasetemp() / "reliability-report"
     if not (out / "reliability-report.md").exists():
         code, err = _report(capsys, out, "--prometheus", url, "--range", f"{DAYS}d", "--end", str(end))
@@ -102,11 +55,11 @@ def report(month, tmp_path_factory, capsys) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_each_cause_is_found_at_the_rate_the_profile_asked_for(month, report: Path) -> None:
+def test_each_cause_is_found_at_the_rate_the_profile_asked_for(simulated: Month, report: Path) -> None:
     tables = markdown_tables((report / "reliability-report.md").read_text())
     found = {row["Cause"]: row for row in rows(tables, "Interruptions by cause")}
-    asked = asked_per_gpu_day()
-    _, _, started = month
+    asked = asked_per_gpu_day(SCALE)
+    started = simulated.started
     for key, title in rules.CLASSES.items():
         low, high = _interval(found[title]["95% interval"])
         assert low <= 1000 * asked[key] <= high, (title, found[title], 1000 * asked[key])
@@ -162,8 +115,8 @@ def test_html_holds_the_markdowns_tables_and_opens_in_chromium_with_its_chart(re
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_before_the_rules_were_loaded_the_report_says_what_is_missing(month, tmp_path, capsys) -> None:
-    url, end, _ = month
+def test_before_the_rules_were_loaded_the_report_says_what_is_missing(simulated: Month, tmp_path, capsys) -> None:
+    url, end = simulated.url, simulated.end
     code, err = _report(capsys, tmp_path, "--prometheus", url, "--range", "12h", "--end", str(end - DAYS * DAY - H))
     assert code == 1, err
     assert ("Interruptions by cause: no samples of cluster:gpufleet_observed_units:count in the range (recorded by "
@@ -173,8 +126,8 @@ def test_before_the_rules_were_loaded_the_report_says_what_is_missing(month, tmp
 
 @pytest.mark.slow
 @pytest.mark.e2e
-def test_a_range_without_data_computes_nothing(month, tmp_path, capsys) -> None:
-    url, end, _ = month
+def test_a_range_without_data_computes_nothing(simulated: Month, tmp_path, capsys) -> None:
+    url, end = simulated.url, simulated.end
     code, err = _report(capsys, tmp_path, "--prometheus", url, "--range", "7d", "--end", str(end - 60 * DAY))
     assert code == 1 and "no gpufleet GPU metrics" in err
     assert not list(tmp_path.iterdir())

@@ -61,7 +61,7 @@ def fleet_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple
     end = math.floor(time.time() / STEP) * STEP - STEP
     fleet = Fleet(8, seed=0, layout=LAYOUT)
     fleet.add(FAULTS)
-    data = backfill(tmp, fleet, end - DAYS * 86400, end, STEP, METRICS)
+    data, _ = backfill(tmp, fleet, end - DAYS * 86400, end, STEP, METRICS)
     with recorded(tmp, data, end - DAYS * 86400, end, GROUPS) as url:
         yield url, end
 
@@ -187,7 +187,7 @@ def partial_prometheus(tmp_path_factory) -> Iterator[tuple[str, float, Path]]:
     rules were loaded three hours in: the hours before have raw series and nothing recorded."""
     tmp = tmp_path_factory.mktemp("partial")
     end = math.floor(time.time() / STEP) * STEP - STEP
-    data = backfill(tmp, Fleet(2, seed=1), end - 6 * H, end, STEP, re.compile(r"gpufleet_gpu_(info|up)"))
+    data, _ = backfill(tmp, Fleet(2, seed=1), end - 6 * H, end, STEP, re.compile(r"gpufleet_gpu_(info|up)"))
     web = tmp / "web.yml"
     web.write_text(yaml.safe_dump({"basic_auth_users": {
         "planner": bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()}}))
