@@ -83,6 +83,7 @@ class Config:
     xmit_wait_outlier: float = 4.0
     link_downed_window: Duration = "15m"
     link_flaps: int = 2  # More link-downs than this in the window is a flapping link.
+    link_downed_for: Duration = "5m"  # A flap that goes down thrice within this pages before it tickets.
     symbol_errors_per_hour: int = 120  # NVSentinel.
     link_error_recoveries_per_minute: float = 5.0  # NVSentinel.
     receive_errors_per_second: float = 10.0  # NVSentinel.

@@ -14,7 +14,7 @@ def exporter_health(c: Config) -> dict[str, Any]:
         alert(c, "NodeExporterDown", f"{up} == 0", "critical",
               "A gpufleet exporter cannot be scraped.",
               "Prometheus cannot scrape {{ $labels.instance }}: its GPUs, NICs and sensors are unobserved.",
-              for_="5m"),
+              for_="5m", held=False),
         alert(c, "NodeCollectorFailing", f"{c.metric('gpufleet_collector_success')} == 0", "warning",
               "An exporter collector keeps failing.",
               "The {{ $labels.collector }} collector of {{ $labels.instance }} has failed for 10 minutes; "

@@ -47,9 +47,16 @@ def fabric(c: Config) -> dict[str, Any]:
               "An InfiniBand port runs below the rate of the node's other ports.",
               f"{PORT} runs at {{{{ $value | humanize }}}}B/s, below the node's other ports: the link "
               "trained down.", for_="5m"),
-        alert(c, "NicInfinibandLinkDowned", f"{LINK_DOWNS} <= {c.link_flaps}", "warning",
+        # Only for a port that is back and was not paged for: a port still down is NicInfinibandPortDown's
+        # page, and the link-downs a page already counted would reopen as a ticket once the page resolved.
+        # It waits `link_downed_for`, so that a flap pages before its first link-down opens a ticket.
+        alert(c, "NicInfinibandLinkDowned",
+              f"{LINK_DOWNS} <= {c.link_flaps} unless on ({port}) ({c.metric(ib + 'state_id')} != 4 or "
+              f'max_over_time(ALERTS{{alertname=~"NicInfinibandPortDown|NicInfinibandLinkFlapping",'
+              f'alertstate="firing"}}[{c.d(c.link_downed_window)}]))', "warning",
               "An InfiniBand link went down and came back.",
-              f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}."),
+              f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}.",
+              for_=c.link_downed_for),
         alert(c, "NicInfinibandLinkFlapping", f"{LINK_DOWNS} > {c.link_flaps}", "critical",
               "An InfiniBand link keeps going down.",
               f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}."),
@@ -67,7 +74,12 @@ def fabric_trends(c: Config) -> dict[str, Any]:
     utilization = f"avg_over_time({LINK_UTILIZATION}[{c.d(c.saturation_window)}])"
     rules = [
         record(SATURATED, f"{utilization} > {c.saturation_warning:g}"),
-        alert(c, "NicSaturated", SATURATED, "warning",
+        # Not where NicSaturatedTrainingJob's condition already holds on the latest utilisation: the
+        # 10-minute average of a port that jumps to 97% passes 80% a minute and a half before 95%, and the
+        # ticket would leave Alertmanager before the page that inhibits it exists.
+        alert(c, "NicSaturated",
+              f"{SATURATED} unless on ({c.by('instance', 'device', 'port', 'direction')}) "
+              f"({LINK_UTILIZATION} > {c.saturation_critical:g} and on ({node}) {NODE_JOBS})", "warning",
               "A network link runs near its speed.",
               f"{_LINK} {{{{ $labels.direction }}}}s at {{{{ $value | humanizePercentage }}}} of its link speed "
               f"over {c.saturation_window}.", for_=c.saturation_for),

@@ -16,14 +16,45 @@ TREND_INTERVAL = "1m"
 
 
 def alert(config: Config, name: str, expr: str, severity: str, summary: str, description: str,
-          for_: str | None = None) -> dict[str, Any]:
-    """An alerting rule with the annotations every gpufleet alert carries; `for_` goes through the time scale."""
-    rule: dict[str, Any] = {"alert": name, "expr": expr}
+          for_: str | None = None, held: bool = True) -> dict[str, Any]:
+    """An alerting rule with the annotations every gpufleet alert carries; `for_` goes through the time scale.
+
+    Every alert but the exporter's own reads a node's series, which go stale the moment its exporter stops
+    answering: the alert would resolve and the pager would say so, though nothing was repaired. `held`
+    keeps a firing alert firing while its node's exporter is down (an `up` of 0; a target removed from
+    service discovery lets it go) and says so in its description, where `$value` no longer means anything.
+    `keep_firing_for` would hold it for a fixed time instead: too short for a host down two hours, and it
+    would delay every real resolution as long.
+    """
+    rule: dict[str, Any] = {"alert": name, "expr": _held(config, name, expr) if held else expr}
     if for_:
         rule["for"] = config.d(for_)
     rule["labels"] = {"severity": severity}
+    if held:
+        description = (f'{{{{ with printf {_dark_query(config)} $labels.{config.cluster_label} $labels.instance '
+                       f'| query }}}}{summary} Held firing: the exporter of {{{{ $labels.instance }}}} stopped '
+                       f"answering, so the fault cannot be seen to end.{{{{ else }}}}{description}{{{{ end }}}}")
     rule["annotations"] = {"summary": summary, "description": description, "runbook_url": config.runbook(name)}
     return rule
+
+
+def _up(config: Config) -> str:
+    return config.metric("up", f'job="{config.exporter_job}"')
+
+
+def _held(config: Config, name: str, expr: str) -> str:
+    """`expr`, or the alert's own firing instances on nodes whose exporter is down (ALERTS carries the
+    alert's labels and `alertstate`, dropped here so that the labels match the alert's again)."""
+    node = config.by("instance")
+    firing = f'label_replace(ALERTS{{alertname="{name}",alertstate="firing"}}, "alertstate", "", "", "")'
+    return f"({expr}) or on ({node}) ({firing} and on ({node}) {_up(config)} == 0)"
+
+
+def _dark_query(config: Config) -> str:
+    """A Go-template string of the query that finds the alert's node down, for `printf` to fill in."""
+    up = _up(config)
+    matchers = up[up.index("{") + 1:-1] + f',{config.cluster_label}="%s",instance="%s"'
+    return '"' + f"up{{{matchers}}} == 0".replace('"', '\\"') + '"'
 
 
 def record(name: str, expr: str, **labels: str) -> dict[str, Any]:
