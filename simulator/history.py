@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Callable
 from typing import TextIO
 
 from gpufleet.simulator.fleet import Fleet, Node
@@ -36,8 +35,8 @@ class History:
     `hold` (seconds) trades exactness for speed at fleet sizes a test cannot afford to collect at every
     step (a 2,048-GPU month is 2.3 million collections): a node none of whose faults is active, or ended
     in the last few steps, repeats its last collected values for up to `hold` seconds. It is exact only for
-    families that change with faults alone, as the reliability report's do in a fleet without faults
-    (GPU, XID, ECC and remap state, clock events, InfiniBand state); utilisation, power and traffic vary
+    families that change with faults alone, as the simulator's GPU, XID, ECC and remap state, clock events
+    and InfiniBand state do (what the reliability report reads); utilisation, power and traffic vary
     with the workload, so the capacity report's history is collected at every step (`hold` 0).
     """
 
@@ -70,8 +69,7 @@ class History:
         self._held[node.name] = (t, series)
         return series
 
-    async def samples(self, start: float, end: float, step: float,
-                      progress: Callable[[int, int], None] | None = None) -> dict[str, list[str]]:
+    async def samples(self, start: float, end: float, step: float) -> dict[str, list[str]]:
         """OpenMetrics sample lines per family, for every node at start, start + step, ... up to end (epoch s).
 
         XID events reach the exporter's ledger through each node's watcher thread: start the fleet first
@@ -92,8 +90,6 @@ class History:
                 series = await self._collect(node, t, target) if self._due(node, t, step) else self._held[name][1]
                 for family, line in series:
                     families.setdefault(family, []).append(f"{line} {stamp}")
-            if progress is not None:
-                progress(index + 1, steps)
         return families
 
 
