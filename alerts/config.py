@@ -101,6 +101,10 @@ class Config:
         inner = ",".join(part for part in (self.selector, *matchers) if part)
         return f"{name}{{{inner}}}" if inner else name
 
+    def up(self) -> str:
+        """The exporters' `up`: 0 while Prometheus cannot scrape one, and their series are stale."""
+        return self.metric("up", f'job="{self.exporter_job}"')
+
     def runbook(self, alert: str) -> str:
         return self.runbook_url.format(anchor=alert.lower())
 

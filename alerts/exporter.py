@@ -9,7 +9,7 @@ from gpufleet.alerts.rule import alert
 
 
 def exporter_health(c: Config) -> dict[str, Any]:
-    up = c.metric("up", f'job="{c.exporter_job}"')
+    up = c.up()
     rules = [
         alert(c, "NodeExporterDown", f"{up} == 0", "critical",
               "A gpufleet exporter cannot be scraped.",

@@ -70,7 +70,7 @@ CLASSES = {
 def reliability(c: Config) -> dict[str, Any]:
     w = c.d(INTERVAL)
     gpu, port, node = c.by("instance", "gpu", "uuid"), c.by("instance", "device", "port"), c.by("instance")
-    scraped = c.metric("up", f'job="{c.exporter_job}"')
+    scraped = c.up()
     was_up = f"on ({node}) ({scraped} offset {w} == 1)"
 
     def back(shift: int) -> str:

@@ -38,21 +38,17 @@ def alert(config: Config, name: str, expr: str, severity: str, summary: str, des
     return rule
 
 
-def _up(config: Config) -> str:
-    return config.metric("up", f'job="{config.exporter_job}"')
-
-
 def _held(config: Config, name: str, expr: str) -> str:
     """`expr`, or the alert's own firing instances on nodes whose exporter is down (ALERTS carries the
     alert's labels and `alertstate`, dropped here so that the labels match the alert's again)."""
     node = config.by("instance")
     firing = f'label_replace(ALERTS{{alertname="{name}",alertstate="firing"}}, "alertstate", "", "", "")'
-    return f"({expr}) or on ({node}) ({firing} and on ({node}) {_up(config)} == 0)"
+    return f"({expr}) or on ({node}) ({firing} and on ({node}) {config.up()} == 0)"
 
 
 def _dark_query(config: Config) -> str:
     """A Go-template string of the query that finds the alert's node down, for `printf` to fill in."""
-    up = _up(config)
+    up = config.up()
     matchers = up[up.index("{") + 1:-1] + f',{config.cluster_label}="%s",instance="%s"'
     return '"' + f"up{{{matchers}}} == 0".replace('"', '\\"') + '"'
 
