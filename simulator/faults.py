@@ -168,33 +168,25 @@ def parse_fault(raw: Any, what: str, fault_id: str, nodes: dict[str, Any], gpus_
     )
 
 
-def listed(text: str, key: str, error: type[ValueError]) -> list[Any]:
-    """The `key` list of a YAML file whose top level holds only that list (a layout's jobs, fault rates),
-    or `error` saying what is wrong with the document."""
+def listed(text: str, key: str, error: type[ValueError], optional: bool = False) -> list[Any]:
+    """The `key` list of a YAML file whose top level holds only that list (a layout's jobs, fault rates, a
+    scenario's faults), or `error` saying what is wrong with the document. An `optional` list may be left
+    out, and the document empty: a scenario without faults."""
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise error(f"not valid YAML: {err}") from None
-    if not isinstance(document, dict) or not isinstance(document.get(key), list):
+    if document is None and optional:
+        return []
+    if not isinstance(document, dict) or not isinstance(document.get(key, [] if optional else None), list):
         raise error(f"expected a mapping with a '{key}' list")
     unknown = sorted(set(document) - {key})
     if unknown:
         raise error(f"unknown top-level key {unknown[0]!r}")
-    return list(document[key])
+    return list(document.get(key, []))
 
 
 def load_scenario(text: str, nodes: dict[str, Any], gpus_per_node: int, ids: itertools.count[int]) -> list[Fault]:
     """Faults from a scenario file: `faults: [ {kind: ..., node: ..., start: 2m, ...}, ... ]`."""
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ScenarioError(f"not valid YAML: {err}") from None
-    if document is None:
-        return []
-    if not isinstance(document, dict) or not isinstance(document.get("faults", []), list):
-        raise ScenarioError("expected a mapping with a 'faults' list")
-    unknown = sorted(set(document) - {"faults"})
-    if unknown:
-        raise ScenarioError(f"unknown top-level key {unknown[0]!r}")
     return [parse_fault(raw, f"fault {index + 1}", f"f{next(ids)}", nodes, gpus_per_node)
-            for index, raw in enumerate(document.get("faults") or [])]
+            for index, raw in enumerate(listed(text, "faults", ScenarioError, optional=True))]
