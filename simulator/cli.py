@@ -14,7 +14,7 @@ from gpufleet.exporter.server import serve_until_signalled
 from gpufleet.simulator.faults import ScenarioError, load_scenario
 from gpufleet.simulator.fleet import Fleet, node_names
 from gpufleet.simulator.layout import Job, LayoutError, load_layout
-from gpufleet.simulator.rates import draw, load_rates
+from gpufleet.simulator.rates import load_rates
 from gpufleet.simulator.server import SimClock, build_app, file_sd_targets, write_file_sd
 
 log = logging.getLogger(__name__)
@@ -102,8 +102,7 @@ def _add_faults(args: argparse.Namespace, fleet: Fleet) -> None:
             rates = load_rates(_read(args.fault_rates, ScenarioError))
         except ScenarioError as err:
             raise ScenarioError(f"fault rates {args.fault_rates}: {err}") from None
-        ports = {name: node.ports for name, node in fleet.nodes.items()}
-        fleet.add(draw(rates, ports, fleet.gpus_per_node, args.fault_horizon, args.seed, fleet.ids))
+        fleet.add(fleet.draw_faults(rates, args.fault_horizon, args.seed))
 
 
 def run(args: argparse.Namespace) -> int:

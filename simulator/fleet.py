@@ -38,6 +38,7 @@ from gpufleet.exporter.gpu.simulated import (
 )
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.tree import MemoryTree
+from gpufleet.simulator import rates as fault_rates
 from gpufleet.simulator.faults import XIDS, Fault
 from gpufleet.simulator.faults import FaultKind as Kind
 from gpufleet.simulator.layout import Job, draw
@@ -536,6 +537,11 @@ class Fleet:
             gone = {id(f) for f in removed}
             self._set([f for f in self.faults if id(f) not in gone])
         return removed
+
+    def draw_faults(self, rates: Sequence[fault_rates.Rate], horizon: float, seed: int) -> list[Fault]:
+        """The faults `rates` give this fleet's GPUs, ports and nodes in [0, horizon) simulated seconds."""
+        ports = {name: node.ports for name, node in self.nodes.items()}
+        return fault_rates.draw(rates, ports, self.gpus_per_node, horizon, seed, self.ids)
 
     def start(self) -> None:
         for node in self.nodes.values():

@@ -21,7 +21,7 @@ from gpufleet.alerts import capacity
 from gpufleet.alerts import reliability as rules
 from gpufleet.simulator.fleet import Fleet
 from gpufleet.simulator.layout import Job
-from gpufleet.simulator.rates import Rate, draw, load_rates
+from gpufleet.simulator.rates import Rate, load_rates
 
 from reports import DAY, backfill, recorded
 
@@ -74,9 +74,8 @@ def month(tmp: Path, fleet: Fleet, days: int, scale: float, seed: int, hold: flo
     `days` of them (the first day fills the rules' windows, as a month of a running fleet would)."""
     end = math.floor(time.time() / STEP) * STEP - STEP
     start = end - (days + 1) * DAY
-    ports = {name: node.ports for name, node in fleet.nodes.items()}
     rates = scaled_rates(scale)
-    faults = draw(rates, ports, fleet.gpus_per_node, (days + 1) * DAY, seed, fleet.ids)
+    faults = fleet.draw_faults(rates, (days + 1) * DAY, seed)
     fleet.add(faults)
     classes = {(r.kind, r.xid, r.duration): cause_class(r) for r in rates}
     started = Counter(classes[(f.kind, f.xid, f.duration)] for f in faults if f.start >= DAY)

@@ -149,8 +149,7 @@ def test_a_held_history_writes_what_collecting_every_step_writes_for_the_reliabi
     for hold in (0.0, 6 * 3600.0):
         fleet = Fleet(2, seed=5)
         # Faults start in the first 42 hours, so that each one's XID is written well before the end.
-        fleet.add(draw(rates, {name: node.ports for name, node in fleet.nodes.items()}, fleet.gpus_per_node,
-                       1.75 * DAY, 5, fleet.ids))
+        fleet.add(fleet.draw_faults(rates, 1.75 * DAY, 5))
         past = History(fleet, 0, families, {"cluster": "c"}, hold)
         fleet.start()
         try:
