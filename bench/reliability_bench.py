@@ -32,14 +32,14 @@ from gpufleet.alerts import reliability as rules  # noqa: E402
 from gpufleet.exporter.flags import duration  # noqa: E402
 from gpufleet.simulator.fleet import Fleet  # noqa: E402
 
-from months import asked_per_gpu_day, jobs, month  # noqa: E402
-from reports import markdown_tables, number, rows  # noqa: E402
+from months import STEP, asked_per_gpu_day, jobs, month  # noqa: E402
+from reports import interval, markdown_tables, rows  # noqa: E402
 
 JOB_NODES = 16
 
 
 def _within(cell: str, value: float) -> str:
-    low, high = (number(x) for x in cell.split("\N{EN DASH}"))
+    low, high = interval(cell)
     return "yes" if low <= value <= high else "NO"
 
 
@@ -56,7 +56,7 @@ def main() -> int:
     print(f"{args.nodes} nodes, {gpus:,} GPUs, {args.days} days, Llama 3 profile x {args.scale:g}, seed {args.seed}")
     with (tempfile.TemporaryDirectory(prefix="reliability-bench-") as tmp,
           month(Path(tmp), fleet, args.days, args.scale, args.seed, args.hold) as held):
-        steps = (args.days + 1) * 86400 // 300 + 1
+        steps = (args.days + 1) * 86400 // STEP + 1
         print(f"history: {held.timings['history']:.0f} s, {held.collections:,} node collections "
               f"({held.collections / (steps * args.nodes):.1%} of every node at every step)")
         print(f"rules recorded over {args.days} days: {held.timings['rules']:.0f} s")

@@ -128,6 +128,12 @@ def number(cell: str) -> float:
     return float(cell.replace(",", "").removesuffix("%").removesuffix(" W").removesuffix(" kW"))
 
 
+def interval(cell: str) -> tuple[float, float]:
+    """The bounds of a cell that gives an interval as two numbers joined by an en dash."""
+    low, high = cell.split("\N{EN DASH}")
+    return number(low), number(high)
+
+
 _PROBE = """<script>
 window.__errors = [];
 window.addEventListener("error", e => window.__errors.push(String(e.message || (e.target && e.target.src))), true);

@@ -22,7 +22,7 @@ from gpufleet.simulator.fleet import Fleet
 from helpers import free_port
 from layouts import nodes
 from months import Month, asked_per_gpu_day, jobs, month
-from reports import HtmlTables, drawn, markdown_tables, number, opened_in_chromium, rows
+from reports import HtmlTables, drawn, interval, markdown_tables, number, opened_in_chromium, rows
 
 H, DAY = 3600, 86400
 DAYS = 30
@@ -61,12 +61,12 @@ def test_each_cause_is_found_at_the_rate_the_profile_asked_for(simulated: Month,
     asked = asked_per_gpu_day(SCALE)
     started = simulated.started
     for key, title in rules.CLASSES.items():
-        low, high = _interval(found[title]["95% interval"])
+        low, high = interval(found[title]["95% interval"])
         assert low <= 1000 * asked[key] <= high, (title, found[title], 1000 * asked[key])
         # Every fault the simulator started is counted once, but for the few a down node hid, or a second
         # fault on the same GPU within an interval of the first.
         assert 0.85 * started[key] - 1 <= int(found[title]["Interruptions"]) <= started[key], (title, started)
-    low, high = _interval(found["All causes"]["95% interval"])
+    low, high = interval(found["All causes"]["95% interval"])
     assert low <= 1000 * sum(asked.values()) <= high, (found["All causes"], 1000 * sum(asked.values()))
     assert int(found["All causes"]["Interruptions"]) > 50  # Enough for the intervals to mean something.
     assert found["NVLink"]["Interruptions"] == "0"  # The profile maps nothing to NVLink.
@@ -88,11 +88,6 @@ def test_jobs_repeats_and_the_time_to_interruption_agree_with_the_counts(report:
     assert 1 / (16384 * total / (16 * DAYS * 24)) <= _hours(mtti["16,384"]["Mean time"]) * 1.06
     assert _hours(mtti["8"]["Mean time"]) == pytest.approx(2048 * _hours(mtti["16,384"]["Mean time"]), rel=0.01)
     assert "Meta research clusters (2025): 1.8 h" in mtti["16,384"]["Published"]
-
-
-def _interval(cell: str) -> tuple[float, float]:
-    low, high = cell.split("\N{EN DASH}")
-    return number(low), number(high)
 
 
 def _hours(cell: str) -> float:
