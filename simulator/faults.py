@@ -1,7 +1,10 @@
 """Faults the simulator can inject, and the scenario files and control-API bodies that describe them.
 
 A fault is a kind, a target (node, and the GPU, NVLink or port where the kind
-needs one), a start in simulated seconds and an optional duration. Parsing
+needs one), a start in simulated seconds and an optional duration. Kinds with a
+size take it (a straggler's slowdown and cause, a saturated port's level, an
+error counter's rate, a flap's period); left out, it is the size every test and
+the README have always described. Parsing
 checks everything up front and names the fault and field at fault, because a
 scenario that silently does nothing is worse than one that refuses to load.
 """
@@ -56,21 +59,53 @@ KINDS: dict[FaultKind, tuple[tuple[str, ...], str]] = {
     FaultKind.GPU_LOST: (("gpu",), f"the GPU falls off the bus: XID {xid.FALLEN_OFF_BUS}, then NVML reports it lost"),
     FaultKind.THERMAL_SLOWDOWN: (("gpu",), "SW and HW thermal slowdown: hot, clocks down, thermal violation time"),
     FaultKind.POWER_BRAKE: (("gpu",), "HW power brake: clocks and power halved"),
-    FaultKind.PCIE_REPLAY_STORM: (("gpu",), "PCIe replays at 50 per second"),
+    FaultKind.PCIE_REPLAY_STORM: (("gpu",), "PCIe replays at `rate` per second (50)"),
     FaultKind.NVLINK_DOWN: (("gpu", "link"), "one NVLink down: its traffic stops"),
-    FaultKind.NVLINK_CRC: (("gpu", "link"), "NVLink CRC flit errors at 200 per second"),
-    FaultKind.STRAGGLER: ((), "the node computes 40% slower; the other nodes of its job wait for it"),
-    FaultKind.NIC_SATURATION: (("port",), "a NIC port transmits (or receives) at 97% of link speed"),
-    FaultKind.IB_CONGESTION: (("port",), "port_xmit_wait rises by 5 million ticks per second"),
+    FaultKind.NVLINK_CRC: (("gpu", "link"), "NVLink CRC flit errors at `rate` per second (200)"),
+    FaultKind.STRAGGLER: ((), "each training step of the node takes `slowdown` longer (0.4), for a `cause` (clock); "
+                              "the other nodes of its job wait for it"),
+    FaultKind.NIC_SATURATION: (("port",), "a NIC port transmits (or receives) at `level` of link speed (0.97)"),
+    FaultKind.IB_CONGESTION: (("port",), "port_xmit_wait rises by `rate` ticks per second (5 million)"),
     FaultKind.IB_LINK_DOWN: (("port",), "an InfiniBand port goes down: its traffic stops"),
-    FaultKind.IB_LINK_FLAP: (("port",), "an InfiniBand port goes down and up every 10 s"),
+    FaultKind.IB_LINK_FLAP: (("port",), "an InfiniBand port goes down for the first half of every `period` (20s)"),
     FaultKind.IB_RATE_DEGRADED: (("port",), "an InfiniBand port trains down to 200 Gb/s and stays up"),
-    FaultKind.SYMBOL_ERRORS: (("port",), "symbol errors at 2 per second"),
+    FaultKind.SYMBOL_ERRORS: (("port",), "symbol errors at `rate` per second (2)"),
     FaultKind.EXPORTER_DOWN: ((), "the node's endpoint stops answering"),
 }
 _INFINIBAND = frozenset({FaultKind.IB_CONGESTION, FaultKind.IB_LINK_DOWN, FaultKind.IB_LINK_FLAP,
                          FaultKind.IB_RATE_DEGRADED, FaultKind.SYMBOL_ERRORS})
-_FIELDS = {"kind", "node", "gpu", "link", "port", "xid", "direction", "start", "duration", "id"}
+# kind -> its size: the field that sets it, its default, and the largest value it takes (above 0).
+SIZES: dict[FaultKind, tuple[str, float, float]] = {
+    FaultKind.STRAGGLER: ("slowdown", 0.4, 4.0),
+    FaultKind.NIC_SATURATION: ("level", 0.97, 1.0),
+    FaultKind.PCIE_REPLAY_STORM: ("rate", 50.0, 1e6),
+    FaultKind.NVLINK_CRC: ("rate", 200.0, 1e9),
+    FaultKind.IB_CONGESTION: ("rate", 5e6, 1e9),
+    FaultKind.SYMBOL_ERRORS: ("rate", 2.0, 1e6),
+    FaultKind.IB_LINK_FLAP: ("period", 20.0, 86400.0),
+}
+
+
+class Cause(StrEnum):
+    """Why a straggler is slow, which decides what its node's metrics show.
+
+    `clock`: its clocks are capped with no reason reported (a bad board, clocks set low). `thermal` and
+    `power`: capped by heat (software thermal slowdown, near the slowdown temperature) or by the power
+    brake. `nic`: an InfiniBand port of the node is congested (its `port`, the first by default), so its
+    collectives take longer. `pcie`: a GPU's PCIe link trained down to half width (its `gpu`, the
+    first by default), and `host`: host-side stalls; in both, its GPUs idle between steps.
+    """
+
+    CLOCK = "clock"
+    THERMAL = "thermal"
+    POWER = "power"
+    NIC = "nic"
+    PCIE = "pcie"
+    HOST = "host"
+
+
+_FIELDS = {"kind", "node", "gpu", "link", "port", "xid", "direction", "start", "duration", "id", "cause",
+           *(field for field, _, _ in SIZES.values())}
 
 
 class ScenarioError(ValueError):
@@ -99,10 +134,30 @@ class Fault:
     port: str | None = None  # "mlx5_0/1" for an InfiniBand port, "eth1" for an Ethernet interface.
     xid: int | None = None
     direction: str | None = None  # "tx" or "rx", for nic_saturation.
+    slowdown: float | None = None  # The sizes of SIZES; None is the kind's default (see `size`).
+    level: float | None = None
+    rate: float | None = None
+    period: float | None = None
+    cause: Cause | None = None  # A straggler's; None is `clock`.
 
     def __post_init__(self) -> None:
-        # A kind given as text is checked here, so a misspelt one fails where it is written.
+        # A kind or cause given as text is checked here, so a misspelt one fails where it is written.
         object.__setattr__(self, "kind", FaultKind(self.kind))
+        if self.cause is not None:
+            object.__setattr__(self, "cause", Cause(self.cause))
+
+    @property
+    def size(self) -> float:
+        """The kind's size, as given or by default: 0 for a kind that has none."""
+        if self.kind not in SIZES:
+            return 0.0
+        field, default, _ = SIZES[self.kind]
+        given = getattr(self, field)
+        return default if given is None else float(given)
+
+    @property
+    def straggler_cause(self) -> Cause:
+        return self.cause or Cause.CLOCK
 
     @property
     def end(self) -> float | None:
@@ -112,7 +167,7 @@ class Fault:
         return self.start <= t and (self.end is None or t < self.end)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: str(v) if isinstance(v, FaultKind) else v for k, v in asdict(self).items() if v is not None}
+        return {k: str(v) if isinstance(v, StrEnum) else v for k, v in asdict(self).items() if v is not None}
 
 
 def _integer(raw: dict[str, Any], name: str, what: str, low: int, high: int) -> int | None:
@@ -153,6 +208,14 @@ def parse_fault(raw: Any, what: str, fault_id: str, nodes: dict[str, Any], gpus_
         raise ScenarioError(f"{what}: direction must be tx or rx, not {direction!r}")
     if not saturation and direction is not None:
         raise ScenarioError(f"{what}: kind {kind} takes no direction")
+    sizes = _sizes(raw, what, kind)
+    cause = raw.get("cause")
+    if cause is not None and kind is not FaultKind.STRAGGLER:
+        raise ScenarioError(f"{what}: kind {kind} takes no cause")
+    if cause is not None and cause not in set(Cause):
+        raise ScenarioError(f"{what}: cause must be one of {', '.join(Cause)}, not {cause!r}")
+    if kind is FaultKind.STRAGGLER and port is not None and "/" not in port:
+        raise ScenarioError(f"{what}: a straggler's port is the InfiniBand port (device/port) it congests")
     duration = raw.get("duration")
     return Fault(
         id=str(raw.get("id", fault_id)),
@@ -165,7 +228,25 @@ def parse_fault(raw: Any, what: str, fault_id: str, nodes: dict[str, Any], gpus_
         port=port,
         xid=_integer(raw, "xid", what, 1, 1000),
         direction=direction,
+        cause=None if cause is None else Cause(cause),
+        **sizes,
     )
+
+
+def _sizes(raw: dict[str, Any], what: str, kind: FaultKind) -> dict[str, float]:
+    """The size fields given, checked: only the kind's own, a number above 0 and at most its largest."""
+    own = SIZES.get(kind)
+    sizes = {}
+    for field, _, _ in SIZES.values():
+        if field not in raw:
+            continue
+        if own is None or own[0] != field:
+            raise ScenarioError(f"{what}: kind {kind} takes no {field}")
+        value = seconds(raw[field], f"{what}: {field}") if field == "period" else raw[field]
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= own[2]:
+            raise ScenarioError(f"{what}: {field} must be a number above 0 and at most {own[2]:g}, not {value!r}")
+        sizes[field] = float(value)
+    return sizes
 
 
 def listed(text: str, key: str, error: type[ValueError], optional: bool = False) -> list[Any]:

@@ -17,10 +17,11 @@ import asyncio
 import itertools
 import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import InitVar, dataclass, field
+from dataclasses import InitVar, dataclass, field, replace
 
 import pynvml
 from prometheus_client import ProcessCollector
@@ -39,10 +40,10 @@ from gpufleet.exporter.gpu.simulated import (
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.tree import MemoryTree
 from gpufleet.simulator import rates as fault_rates
-from gpufleet.simulator.faults import XIDS, Fault
+from gpufleet.simulator.faults import XIDS, Cause, Fault
 from gpufleet.simulator.faults import FaultKind as Kind
 from gpufleet.simulator.layout import Job, draw
-from gpufleet.simulator.timeline import Segment, integral, overlap, phase_at
+from gpufleet.simulator.timeline import Levels, Segment, integral, overlap, phase_at
 
 IB_PORTS = tuple(f"mlx5_{i}/1" for i in range(8))
 ETHERNET = {"eth0": 25_000, "eth1": 100_000}  # Mb/s: management and storage networks.
@@ -52,39 +53,30 @@ log = logging.getLogger(__name__)
 _MIB = 1024 * 1024
 
 
-@dataclass(frozen=True)
-class Levels:
-    """What a GPU does in one phase, as shares: of utilisation, power limit, max SM clock, link rate."""
-
-    utilization: float
-    power: float
-    sm_clock: float
-    network: float
-    memory_copy: float
-
-
-PHASES = {
-    "idle": Levels(0.0, 0.1, 0.175, 0.0005, 0.0),
-    "compute": Levels(0.97, 0.92, 0.98, 0.02, 0.45),
-    "comm": Levels(0.86, 0.55, 1.0, 0.65, 0.2),
-    "wait": Levels(0.9, 0.4, 1.0, 0.02, 0.05),  # NCCL spins while a peer is late: busy, but cool.
-    # The straggler itself: its clocks are capped (heat, power, a bad board), in every phase.
-    "slow_compute": Levels(0.97, 0.62, 0.65, 0.02, 0.35),
-    "slow_comm": Levels(0.86, 0.5, 0.65, 0.65, 0.2),
-}
-_STRAGGLER_SLOWDOWN = 1.4
+IDLE = Levels(0.0, 0.1, 0.175, 0.0005, 0.0)
+COMPUTE = Levels(0.97, 0.92, 0.98, 0.02, 0.45)
+COMM = Levels(0.86, 0.55, 1.0, 0.65, 0.2)
+WAIT = Levels(0.9, 0.4, 1.0, 0.02, 0.05)  # NCCL spins while a peer is late: busy, but cool.
+STALL = Levels(0.0, 0.15, 1.0, 0.0005, 0.0)  # The GPUs wait on their host: no kernel runs; too short to clock down.
+# port_xmit_wait ticks per second a port counts while it waits to send: the tick is the HCA's own.
+_WAIT_TICKS_PER_SECOND = 150e6
+_DAY = 86400.0
 
 
 def node_names(count: int) -> list[str]:
     return [f"gpu-node-{index:04d}" for index in range(1, count + 1)]
 
 
-def _network(phase: str) -> float:
-    return PHASES[phase].network
+def _network(levels: Levels) -> float:
+    return levels.network
 
 
-def _power(phase: str) -> float:
-    return PHASES[phase].power
+def _power(levels: Levels) -> float:
+    return levels.power
+
+
+def _blocked(levels: Levels) -> float:
+    return levels.blocked
 
 
 def _collect_each(collectors: Sequence[ScheduledCollector]) -> None:
@@ -100,6 +92,18 @@ def _text(read: Callable[..., object], *args: object) -> Callable[[], str]:
 def _wave(t: float, phase: float) -> float:
     """Small, deterministic noise in [-1, 1]."""
     return math.sin(1.7 * t + phase) * 0.6 + math.sin(0.23 * t + 2 * phase) * 0.4
+
+
+def _spread(key: str) -> tuple[float, float]:
+    """A board's own fixed deviations of power and clock, each in [-1, 1]: no two boards draw or clock alike."""
+    rng = random.Random(key)
+    return rng.uniform(-1.0, 1.0), rng.uniform(-1.0, 1.0)
+
+
+def _daily(t: float) -> float:
+    """The machine room's daily cycle in [0, 1]: 0 at the coolest hour (04:00 on the simulated clock), 1 at
+    the warmest (16:00)."""
+    return 0.5 - 0.5 * math.cos(2 * math.pi * (t / _DAY - 4 / 24))
 
 
 class Node:
@@ -119,6 +123,7 @@ class Node:
         self._telemetry_at: tuple[float, dict[int, GpuTelemetry]] = (-1.0, {})
         self._network_at: tuple[float, float] = (-1.0, 0.0)
         self.boards = [simulated_board(gpu, f"{fleet.seed}:{name}", self._telemetry) for gpu in range(gpus)]
+        self._spreads = [_spread(f"{fleet.seed}:{name}:{gpu}") for gpu in range(gpus)]
         self.nvml = SimulatedNvml(self.boards, clock=lambda: self.t)
         self.sysfs = MemoryTree()
         self.procfs = MemoryTree()
@@ -152,29 +157,50 @@ class Node:
             return self._segments[1]
         job = self.job
         if job is None:
-            segments = [Segment(0.0, _FOREVER, ((1.0, "idle"),))]
+            segments = [Segment(0.0, _FOREVER, ((1.0, IDLE),))]
         else:
             stragglers = [f for f in self.fleet.faults if f.kind is Kind.STRAGGLER and f.node in job.nodes]
             edges = sorted({0.0, *(f.start for f in stragglers), *(f.end for f in stragglers if f.end is not None)})
             segments = []
             for start, end in zip(edges, [*edges[1:], _FOREVER], strict=True):
-                slow = {f.node for f in stragglers if f.start <= start and (f.end is None or start < f.end)}
+                slow: dict[str, Fault] = {}
+                for fault in sorted((f for f in stragglers if f.active(start)), key=lambda f: f.size):
+                    slow[fault.node] = fault  # The largest of one node's slowdowns.
                 segments.append(Segment(start, end, self._cycle(job, slow)))
         self._segments = (version, segments)
         return segments
 
-    def _cycle(self, job: Job, stragglers: set[str]) -> tuple[tuple[float, str], ...]:
+    def _cycle(self, job: Job, stragglers: dict[str, Fault]) -> tuple[tuple[float, Levels], ...]:
+        """One training step of this node: the job moves at its slowest node's pace, and every other node
+        waits out the difference (NCCL spinning) before the step's collectives."""
         compute = job.period * (1 - job.comm_fraction)
         comm = job.period * job.comm_fraction
-        if not stragglers:
-            return ((compute, "compute"), (comm, "comm"))
-        extra = compute * (_STRAGGLER_SLOWDOWN - 1)
-        if self.name in stragglers:
-            return ((compute + extra, "slow_compute"), (comm, "slow_comm"))
-        return ((compute, "compute"), (extra, "wait"), (comm, "comm"))
+        pace = job.period * max((f.size for f in stragglers.values()), default=0.0)
+        mine = stragglers.get(self.name)
+        own = 0.0 if mine is None else job.period * mine.size
+        if mine is None:
+            cycle = [(compute, COMPUTE), (comm, COMM)]
+        elif mine.straggler_cause in (Cause.NIC,):
+            # Its collectives take longer: the same bytes over a longer phase, with its port waiting to send.
+            cycle = [(compute, COMPUTE), (comm + own, replace(COMM, network=COMM.network * comm / (comm + own),
+                                                                 blocked=own / (comm + own)))]
+        elif mine.straggler_cause in (Cause.PCIE, Cause.HOST):
+            cycle = [(compute, COMPUTE), (own, STALL), (comm, COMM)]
+        else:
+            # Clocks capped (heat, power, a bad board) in every phase; only computing takes longer for it.
+            share = compute / (compute + own)
+            cycle = [(compute + own, COMPUTE.capped(share)), (comm, COMM.capped(share))]
+        if pace > own:
+            cycle.insert(len(cycle) - 1, (pace - own, WAIT))
+        return tuple(cycle)
 
     def levels(self) -> Levels:
-        return PHASES[phase_at(self.segments(), self.t)]
+        return phase_at(self.segments(), self.t)
+
+    def straggling(self, cause: Cause) -> Fault | None:
+        """The node's active straggler fault of one cause, if any."""
+        return next((f for f in self._active(Kind.STRAGGLER) if f.active(self.t) and f.straggler_cause is cause),
+                    None)
 
     def _active(self, kind: Kind, gpu: int | None = None, port: str | None = None) -> list[Fault]:
         return [f for f in self.fleet.faults_for(self.name)
@@ -195,11 +221,16 @@ class Node:
         t = self.t
         levels = self.levels()
         noise = 0.015 * _wave(t, board.index + self.index)
-        power_share = max(0.05, levels.power * (1 + noise))
-        sm_share = levels.sm_clock
+        # Healthy boards differ: each draws and clocks a little differently under the same load, and clocks
+        # wander with it; a warm afternoon costs every board some clock and warms it by a few degrees.
+        power_spread, clock_spread = self._spreads[board.index]
+        power_share = max(0.05, levels.power * (1 + noise + 0.02 * power_spread))
+        sm_share = levels.sm_clock * (1 + 0.01 * clock_spread + 0.005 * _wave(0.7 * t, board.index) - 0.004 * _daily(t))
         limit = board.power_limit_watts
         energy = self._energy(board, t)
-        temperature = 28 + 48 * levels.power + 1.5 * _wave(t, board.index)
+        temperature = 28 + 48 * levels.power + 1.5 * _wave(t, board.index) + 4 * _daily(t)
+        if self.straggling(Cause.THERMAL):
+            temperature = board.thresholds_celsius[pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN] + 1
         for fault in self._active(Kind.THERMAL_SLOWDOWN, board.index):
             energy -= 0.2 * limit * self._window_integral(fault, _power)
             if fault.active(t):
@@ -223,14 +254,18 @@ class Node:
             sm_clock_hertz=board.sm_clock_max_hertz * sm_share,
             memory_clock_hertz=board.memory_clock_max_hertz,
             pcie_generation=board.pcie_max_generation,
-            pcie_width=board.pcie_max_width,
+            pcie_width=board.pcie_max_width // (2 if self._pcie_straggler(board.index) else 1),
         )
+
+    def _pcie_straggler(self, gpu: int) -> bool:
+        fault = self.straggling(Cause.PCIE)
+        return fault is not None and (fault.gpu or 0) == gpu
 
     def _energy(self, board: SimulatedGpu, t: float) -> float:
         """Joules the board has drawn by `t`, before any fault's change to its power."""
         return board.power_limit_watts * integral(self.segments(), _power, t)
 
-    def _window_integral(self, fault: Fault, rate: Callable[[str], float]) -> float:
+    def _window_integral(self, fault: Fault, rate: Callable[[Levels], float]) -> float:
         """The integral of `rate(phase)` over the part of `fault` that lies before now."""
         stop = self.t if fault.end is None else min(fault.end, self.t)
         if stop <= fault.start:
@@ -243,6 +278,15 @@ class Node:
         """Seconds the node's faults of one kind on one GPU or port have been active, up to now."""
         return sum(overlap(f.start, f.end, self.t) for f in self._active(kind, gpu, port))
 
+    def _counted(self, kind: Kind, gpu: int | None = None, port: str | None = None) -> int:
+        """Events the node's faults of one kind on one GPU or port have counted, each at its rate, up to now."""
+        return int(sum(f.size * overlap(f.start, f.end, self.t) for f in self._active(kind, gpu, port)))
+
+    def _straggler_seconds(self, cause: Cause) -> float:
+        """Seconds the node has straggled for `cause`, up to now: its GPUs' slowdown reason held that long."""
+        return sum(overlap(f.start, f.end, self.t) for f in self._active(Kind.STRAGGLER)
+                   if f.straggler_cause is cause)
+
     def apply_faults(self) -> None:
         """Bring every board's health state to what the faults say at the node's time."""
         t = self.t
@@ -253,12 +297,16 @@ class Node:
             events = 0
             if any(f.active(t) for f in self._active(Kind.THERMAL_SLOWDOWN, gpu)):
                 events |= pynvml.nvmlClocksEventReasonSwThermalSlowdown | pynvml.nvmlClocksEventReasonHwThermalSlowdown
-            if any(f.active(t) for f in self._active(Kind.POWER_BRAKE, gpu)):
+            if self.straggling(Cause.THERMAL):
+                events |= pynvml.nvmlClocksEventReasonSwThermalSlowdown
+            if any(f.active(t) for f in self._active(Kind.POWER_BRAKE, gpu)) or self.straggling(Cause.POWER):
                 events |= pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown | pynvml.nvmlClocksEventReasonHwSlowdown
             board.clock_events = events
             board.violation_seconds = {
-                pynvml.NVML_PERF_POLICY_THERMAL: self._seconds_active(Kind.THERMAL_SLOWDOWN, gpu),
-                pynvml.NVML_PERF_POLICY_POWER: self._seconds_active(Kind.POWER_BRAKE, gpu),
+                pynvml.NVML_PERF_POLICY_THERMAL: (self._seconds_active(Kind.THERMAL_SLOWDOWN, gpu)
+                                                  + self._straggler_seconds(Cause.THERMAL)),
+                pynvml.NVML_PERF_POLICY_POWER: (self._seconds_active(Kind.POWER_BRAKE, gpu)
+                                                + self._straggler_seconds(Cause.POWER)),
             }
             dbe = sum(1 for f in self._active(Kind.ECC_DBE, gpu) if f.start <= t)
             board.ecc_errors = {("uncorrected", "volatile"): dbe, ("uncorrected", "aggregate"): dbe}
@@ -267,7 +315,7 @@ class Node:
             board.remapped_rows = {"uncorrectable": len(pending) + len(failed)}
             board.row_remap_pending = any(f.active(t) for f in pending)
             board.row_remap_failed = any(f.active(t) for f in failed)
-            board.pcie_replays = int(50 * self._seconds_active(Kind.PCIE_REPLAY_STORM, gpu))
+            board.pcie_replays = self._counted(Kind.PCIE_REPLAY_STORM, gpu)
             down = {f.link: f for f in self._active(Kind.NVLINK_DOWN, gpu) if f.active(t) and f.link is not None}
             board.nvlinks_down = set(down)
             board.nvlink_stopped_kib = {link: nvlink_kib_for(self._energy(board, f.start)) for link, f in down.items()}
@@ -275,7 +323,7 @@ class Node:
             for fault in self._active(Kind.NVLINK_CRC, gpu):
                 if fault.link is not None:
                     key = (fault.link, "crc_flit")
-                    errors = int(200 * overlap(fault.start, fault.end, t))
+                    errors = int(fault.size * overlap(fault.start, fault.end, t))
                     board.nvlink_errors[key] = board.nvlink_errors.get(key, 0) + errors
         self._fire_events()
 
@@ -306,7 +354,7 @@ class Node:
         total = IB_BYTES_PER_SECOND * self._network_integral()
         for fault in self._active(Kind.NIC_SATURATION, port=port):
             if fault.direction == direction:
-                total += IB_BYTES_PER_SECOND * (0.97 * overlap(fault.start, fault.end, self.t)
+                total += IB_BYTES_PER_SECOND * (fault.size * overlap(fault.start, fault.end, self.t)
                                                 - self._window_integral(fault, _network))
         for fault in self._active(Kind.IB_LINK_DOWN, port=port):
             total -= IB_BYTES_PER_SECOND * self._window_integral(fault, _network)
@@ -319,25 +367,32 @@ class Node:
         if any(f.active(t) for f in self._active(Kind.IB_LINK_DOWN, port=port)):
             return True
         flaps = self._active(Kind.IB_LINK_FLAP, port=port)
-        return any(f.active(t) and int((t - f.start) // 10) % 2 == 0 for f in flaps)  # Down for the first 10 s of 20.
+        return any(f.active(t) and (t - f.start) % f.size < f.size / 2 for f in flaps)  # Down the first half.
 
     def _ib_link_downed(self, port: str) -> int:
         t = self.t
         downs = sum(1 for f in self._active(Kind.IB_LINK_DOWN, port=port) if f.start <= t)
         for fault in self._active(Kind.IB_LINK_FLAP, port=port):
             window = overlap(fault.start, fault.end, t)
-            downs += math.ceil(window / 20) if window > 0 else 0
+            downs += math.ceil(window / fault.size) if window > 0 else 0
         return downs
 
-    def _port_rate(self, port: str, kind: Kind, per_second: float) -> int:
-        return int(per_second * self._seconds_active(kind, port=port))
 
     def _ib_rate(self, port: str) -> str:
         degraded = any(f.active(self.t) for f in self._active(Kind.IB_RATE_DEGRADED, port=port))
         return "200 Gb/sec (4X HDR)" if degraded else "400 Gb/sec (4X NDR)"
 
     def _ib_xmit_wait(self, port: str) -> int:
-        return int(20_000 * self._network_integral()) + self._port_rate(port, Kind.IB_CONGESTION, 5e6)
+        ticks = int(20_000 * self._network_integral()) + self._counted(Kind.IB_CONGESTION, port=port)
+        if port == self._congested_port():
+            ticks += int(_WAIT_TICKS_PER_SECOND * integral(self.segments(), _blocked, self.t))
+        return ticks
+
+    def _congested_port(self) -> str | None:
+        """The port a NIC straggler congests: its own, or the node's first InfiniBand port. Only one per node,
+        so the waiting its timeline records is counted once."""
+        stragglers = [f for f in self._active(Kind.STRAGGLER) if f.straggler_cause is Cause.NIC]
+        return (stragglers[0].port or IB_PORTS[0]) if stragglers else None
 
     def _core_temperature(self, offset: int) -> int:
         return int(1000 * (42 + (9 if self.job else 0) + 2 * _wave(self.t, offset)))
@@ -383,7 +438,7 @@ class Node:
             tree.set(f"{ports}/counters_ext/port_{name}_data_64", _text(self._ib_units, port, direction, 4))
             tree.set(f"{ports}/counters_ext/port_{name}_packets_64", _text(self._ib_units, port, direction, 4096))
         tree.set(f"{ports}/counters/port_xmit_wait", _text(self._ib_xmit_wait, port))
-        tree.set(f"{ports}/counters/symbol_error", _text(self._port_rate, port, Kind.SYMBOL_ERRORS, 2))
+        tree.set(f"{ports}/counters/symbol_error", _text(self._counted, Kind.SYMBOL_ERRORS, None, port))
         tree.set(f"{ports}/counters/link_downed", _text(self._ib_link_downed, port))
         for name in ("link_error_recovery", "port_rcv_errors", "port_xmit_discards",
                      "port_rcv_remote_physical_errors", "local_link_integrity_errors",
@@ -406,7 +461,7 @@ class Node:
             total = share * link_bytes * self.t
             for fault in self._active(Kind.NIC_SATURATION, port=interface):
                 if fault.direction == direction:
-                    total += (0.97 - share) * link_bytes * overlap(fault.start, fault.end, self.t)
+                    total += (fault.size - share) * link_bytes * overlap(fault.start, fault.end, self.t)
             return int(total)
 
         self.sysfs.set(f"{base}/statistics/rx_bytes", lambda: str(bytes_moved("rx")))

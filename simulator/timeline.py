@@ -10,7 +10,26 @@ rarely, the node is scraped.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class Levels:
+    """What a GPU does in one phase, as shares: of utilisation, power limit, max SM clock, link rate; and
+    `blocked`, the share of the phase a congested port spends waiting to send."""
+
+    utilization: float
+    power: float
+    sm_clock: float
+    network: float
+    memory_copy: float
+    blocked: float = 0.0
+
+    def capped(self, share: float) -> Levels:
+        """The same phase on a GPU whose clocks are held at `share` of what they would be: power and
+        memory traffic fall with them."""
+        return replace(self, power=self.power * share, sm_clock=self.sm_clock * share,
+                       memory_copy=self.memory_copy * share)
 
 
 @dataclass(frozen=True)
@@ -19,13 +38,13 @@ class Segment:
 
     start: float
     end: float
-    cycle: tuple[tuple[float, str], ...]
+    cycle: tuple[tuple[float, Levels], ...]
 
     @property
     def period(self) -> float:
         return sum(seconds for seconds, _ in self.cycle)
 
-    def phase_at(self, t: float) -> str:
+    def phase_at(self, t: float) -> Levels:
         offset = (t - self.start) % self.period
         for seconds, phase in self.cycle:
             if offset < seconds:
@@ -33,7 +52,7 @@ class Segment:
             offset -= seconds
         return self.cycle[-1][1]
 
-    def integral(self, rate: Callable[[str], float], until: float) -> float:
+    def integral(self, rate: Callable[[Levels], float], until: float) -> float:
         """The integral of `rate(phase)` from the segment's start to `until` (clipped to the segment)."""
         span = min(until, self.end) - self.start
         if span <= 0:
@@ -50,14 +69,14 @@ class Segment:
         return total
 
 
-def phase_at(segments: Sequence[Segment], t: float) -> str:
+def phase_at(segments: Sequence[Segment], t: float) -> Levels:
     for segment in segments:
         if segment.start <= t < segment.end:
             return segment.phase_at(t)
     return segments[-1].phase_at(t)
 
 
-def integral(segments: Sequence[Segment], rate: Callable[[str], float], until: float) -> float:
+def integral(segments: Sequence[Segment], rate: Callable[[Levels], float], until: float) -> float:
     return sum(segment.integral(rate, until) for segment in segments)
 
 
