@@ -65,8 +65,16 @@ class Config:
     signal_window: Duration = "5m"  # Per-node signals are averaged over this, to see through training phases.
     straggler_for: Duration = "10m"
     straggler_min_nodes: int = 4
-    straggler_relative: float = 0.75  # Score against the job's best node (nvidia-resiliency-ext's default).
+    # Score against the job's best node. A node 10 % slow scores about 0.88 on SM clock (clock and power
+    # causes) or 0.91 on utilisation (stalls); healthy nodes of one job, 0.98 or more.
+    straggler_relative: float = 0.95
+    # Nodes compared by GPU model (no job id) run different jobs, whose phases differ by more than 5 %: only
+    # a large slowdown tells them apart (nvidia-resiliency-ext's default).
+    straggler_relative_model: float = 0.75
     straggler_zscore: float = -3.5  # Modified z-score from median and MAD (Iglewicz and Hoaglin).
+    # The MAD is taken as at least this share of the median: in a job of identical nodes the MAD can be
+    # tiny, and a z-score over it would turn a 1 % difference into an outlier.
+    straggler_mad_floor: float = 0.01
     busy_utilization: float = 0.5  # Nodes with no job are compared only while their GPUs are this busy.
 
     # Network and fabric.

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.recording import JOB_XMIT_WAIT, JOB_XMIT_WAIT_MEDIAN, LINK_UTILIZATION, NODE_JOBS, XMIT_WAIT
+from gpufleet.alerts.recording import LINK_UTILIZATION, NODE_JOBS, congested
 from gpufleet.alerts.rule import PORT, TREND_INTERVAL, alert, record
 
 _LINK = ("{{ $labels.device }}{{ with $labels.port }} port {{ . }}{{ end }} of {{ $labels.instance }}")
@@ -91,10 +91,7 @@ def fabric_trends(c: Config) -> dict[str, Any]:
               f"over {c.saturation_window} while it runs a "
               "{{ $labels.scheduler }} job{{ with $labels.job_id }} ({{ . }}){{ end }}"
               "{{ with $labels.pod }} (pod {{ $labels.namespace }}/{{ . }}){{ end }}.", for_=c.saturation_for),
-        alert(c, "NicInfinibandCongested",
-              f"{XMIT_WAIT} > {c.xmit_wait_per_second:g} or ({XMIT_WAIT} > {c.xmit_wait_per_second / 10:g}"
-              f" and on ({node}) ({JOB_XMIT_WAIT} / on ({c.by('scheduler', 'job_id')}) group_left "
-              f"{JOB_XMIT_WAIT_MEDIAN} > {c.xmit_wait_outlier:g}))", "warning",
+        alert(c, "NicInfinibandCongested", congested(c), "warning",
               "An InfiniBand port waits for credits: the fabric is congested.",
               f"{PORT} waited {{{{ $value | humanize }}}} ticks per second to send (port_xmit_wait).",
               for_="10m"),

@@ -29,7 +29,8 @@ SLOWDOWN = "instance_gpu:gpufleet_gpu_clock_slowdown:active"
 PCIE_DEGRADED = "instance_gpu:gpufleet_gpu_pcie_link:degraded"
 ECC_NEW = "instance_gpu:gpufleet_gpu_ecc_uncorrected_errors:increase1m"
 PCIE_REPLAYS = "instance_gpu:gpufleet_gpu_pcie_replays:rate5m"
-# Per node and job: a straggler signal, now (label `signal`: sm_clock or power; `peers`: job or model).
+# Per node and job: a straggler signal, now (label `signal`: sm_clock, power or utilization; `peers`: job or
+# model).
 NODE_SIGNAL = "job_instance:gpufleet_straggler_signal:avg"
 LINK_UTILIZATION = "instance_port:gpufleet_link_utilization:ratio_rate5m"
 XMIT_WAIT = "instance_port:gpufleet_infiniband_xmit_wait:rate5m"
@@ -39,8 +40,11 @@ JOB_XMIT_WAIT_MEDIAN = "job:gpufleet_infiniband_xmit_wait:median_rate5m"
 
 SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
 _GPU_KEY = ("instance", "gpu", "uuid")
-# Where a per-GPU signal is the same for every job of the board: clock and power.
-_GPU_SIGNALS = {"sm_clock": ("gpufleet_gpu_clock_hertz", 'clock="sm"'), "power": ("gpufleet_gpu_power_watts",)}
+# Per-GPU straggler signals, lower is slower: clock and power fall on a node whose clocks are capped;
+# utilisation on one whose GPUs idle between steps (waiting on their host or a slow PCIe link) while its
+# peers spin, busy, waiting for it.
+_GPU_SIGNALS = {"sm_clock": ("gpufleet_gpu_clock_hertz", 'clock="sm"'), "power": ("gpufleet_gpu_power_watts",),
+                "utilization": ("gpufleet_gpu_utilization_ratio",)}
 
 
 def share_of_time(c: Config, sparse: str, window: str) -> str:
@@ -98,6 +102,15 @@ def _gpu_health(c: Config) -> list[dict[str, Any]]:
         record(SLOWDOWN, f"{active} == 1"),
         record(PCIE_REPLAYS, f"rate({c.metric('gpufleet_gpu_pcie_replays_total')}[{c.d('5m')}]) > 0"),
     ]
+
+
+def congested(c: Config) -> str:
+    """InfiniBand ports that wait for credits: above the absolute threshold, or above a tenth of it and on a
+    node that waits `xmit_wait_outlier` times more than its job's median node (ticks differ by HCA)."""
+    node = c.by("instance")
+    return (f"{XMIT_WAIT} > {c.xmit_wait_per_second:g} or ({XMIT_WAIT} > {c.xmit_wait_per_second / 10:g}"
+            f" and on ({node}) ({JOB_XMIT_WAIT} / on ({c.by('scheduler', 'job_id')}) group_left "
+            f"{JOB_XMIT_WAIT_MEDIAN} > {c.xmit_wait_outlier:g}))")
 
 
 def _per_job(c: Config, node_level: str) -> str:

@@ -12,7 +12,9 @@ This group first reduces each signal to one series per node and job (`recording.
 averages those over `signal_window`, so its window spans a thousand series, not eight thousand. It
 runs every minute (`TREND_INTERVAL`): its signals are 5-minute averages and its `for` is 10 minutes.
 Network throughput is not a signal: in a synchronous job every node moves the same bytes per step,
-so the straggler's throughput falls with everyone else's. Congestion is, as a likely cause.
+so the straggler's throughput falls with everyone else's. What its port waits to send is: a node whose
+InfiniBand ports wait `xmit_wait_outlier` times more than its job's median node holds the job's
+collectives back while its GPUs look like everyone else's (signal `infiniband_xmit_wait`).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from typing import Any
 
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.recording import (
+    JOB_XMIT_WAIT,
+    JOB_XMIT_WAIT_MEDIAN,
     NODE_SIGNAL,
     PCIE_DEGRADED,
     PCIE_REPLAYS,
     SLOWDOWN,
-    XMIT_WAIT,
+    congested,
     node_signals,
     share_of_time,
 )
@@ -52,13 +56,16 @@ def _causes(c: Config) -> list[dict[str, Any]]:
 
     pcie = (f"count by ({c.by('instance')}) ({PCIE_DEGRADED}) or max by ({c.by('instance')}) "
             f"({PCIE_REPLAYS} * 60) > {c.pcie_replays_per_minute:g}")
-    nic = (f"max by ({c.by('instance')}) ({XMIT_WAIT}) > "
-           f"{c.xmit_wait_per_second:g}")
+    nic = f"max by ({c.by('instance')}) ({congested(c)})"
+    # Its GPUs ran nothing for part of each step while its peers' spun: they waited on their host (data
+    # loading, the CPU, storage) or on a slow PCIe link, which is named beside it where one is degraded.
+    idle = f'min by ({c.by("instance")}) ({RELATIVE}{{signal="utilization"}}) < {c.straggler_relative:g}'
     causes = {
         "thermal slowdown": event("hw_thermal_slowdown|sw_thermal_slowdown"),
         "power brake": event("hw_power_brake_slowdown"),
         "PCIe degraded": pcie,
         "NIC congestion": nic,
+        "GPUs idle between steps": idle,
     }
     return [record(CAUSE, expr, cause=name) for name, expr in causes.items()]
 
@@ -71,7 +78,8 @@ def stragglers(c: Config) -> dict[str, Any]:
         record(MEDIAN, f"quantile by ({peers}) (0.5, {SIGNAL})"),
         record(BEST, f"max by ({peers}) ({SIGNAL})"),
         record(NODES, f"count by ({peers}) ({SIGNAL})"),
-        record(MAD, f"quantile by ({peers}) (0.5, abs({SIGNAL} - on ({peers}) group_left {MEDIAN}))"),
+        record(MAD, f"quantile by ({peers}) (0.5, abs({SIGNAL} - on ({peers}) group_left {MEDIAN})) >= "
+                    f"{MEDIAN} * {c.straggler_mad_floor:g} or {MEDIAN} * {c.straggler_mad_floor:g}"),
         record(RELATIVE, f"{SIGNAL} / on ({peers}) group_left {BEST}"),
         record(ZSCORE, f"0.6745 * ({SIGNAL} - on ({peers}) group_left {MEDIAN}) / on ({peers}) group_left {MAD}"),
         *_causes(c),
@@ -79,16 +87,25 @@ def stragglers(c: Config) -> dict[str, Any]:
     cluster = c.cluster_label
     causes = (f'{{{{ with printf "{CAUSE}{{{cluster}=%q,instance=%q}}" $labels.{cluster} $labels.instance | query }}}}'
               '{{ range $i, $s := . | sortByLabel "cause" }}{{ if $i }}, {{ end }}{{ $s.Labels.cause }}{{ end }}'
-              "{{ else }}none of thermal slowdown, power brake, PCIe or NIC congestion{{ end }}")
+              "{{ else }}none of thermal slowdown, power brake, PCIe, NIC congestion or idle GPUs{{ end }}")
+    job = c.by("scheduler", "job_id")
+    relative = (f'({RELATIVE}{{peers="job"}} < {c.straggler_relative:g} or '
+                f'{RELATIVE}{{peers="model"}} < {c.straggler_relative_model:g})')
+    waiting = (f'{JOB_XMIT_WAIT}{{job_id!=""}} / on ({job}) group_left {JOB_XMIT_WAIT_MEDIAN} > '
+               f"{c.xmit_wait_outlier:g} and {JOB_XMIT_WAIT} > {c.xmit_wait_per_second / 10:g} and on ({job}) "
+               f'count by ({job}) ({JOB_XMIT_WAIT}{{job_id!=""}}) >= {c.straggler_min_nodes}')
     rules.append(alert(
         c, "NodeStraggler",
-        f"{RELATIVE} < {c.straggler_relative:g}"
-        f" and on ({peers}, instance) {ZSCORE} < {c.straggler_zscore:g}"
-        f" and on ({peers}) {NODES} >= {c.straggler_min_nodes}",
+        f"{relative} and on ({peers}, instance) {ZSCORE} < {c.straggler_zscore:g}"
+        f" and on ({peers}) {NODES} >= {c.straggler_min_nodes}"
+        f' or label_replace(label_replace({waiting}, "signal", "infiniband_xmit_wait", "", ""),'
+        f' "peers", "job", "", "")',
         "warning", "A node holds back the other nodes of its job.",
         "{{ $labels.instance }} straggles among {{ if $labels.job_id }}the nodes of {{ $labels.scheduler }} job "
         "{{ $labels.job_id }}{{ else }}the busy {{ $labels.model }} nodes{{ end }}: "
-        "its {{ $labels.signal }} is {{ $value | humanizePercentage }} of the best node's. Likely cause: "
-        f"{causes}.",
+        '{{ if eq $labels.signal "infiniband_xmit_wait" }}its InfiniBand ports wait to send '
+        "{{ $value | humanize }} times as long as the job's median node's"
+        "{{ else }}its {{ $labels.signal }} is {{ $value | humanizePercentage }} of the best node's{{ end }}. "
+        f"Likely cause: {causes}.",
         for_=c.straggler_for))
     return {"name": "gpufleet-stragglers", "interval": c.d(TREND_INTERVAL), "rules": rules}

@@ -25,11 +25,12 @@ def build(config: Config) -> Dashboard:
         return timeseries(title, [
             (f'{SIGNAL}{{{job}, signal="{signal}"}}', _NODE),
             (f'{MEDIAN}{{{job}, signal="{signal}"}}', _GROUP),
-        ], unit, description=description)
+        ], unit, width=8, description=description)
 
     return dashboard(
         s, "gpufleet-jobs", "gpufleet / Jobs and stragglers",
-        "Per job, every node's SM clock and power against the job's median, the straggler scores and their causes.",
+        "Per job, every node's SM clock, power and utilisation against the job's median, the straggler scores and "
+        "their causes.",
         ["cluster", "job_id"],
         [
             [table("Jobs", [
@@ -40,10 +41,15 @@ def build(config: Config) -> Dashboard:
             [against_median("SM clock against the job median", "sm_clock", "hertz",
                             "A node whose line sits below its job's median computes slower than its peers."),
              against_median("Power against the job median", "power", "watt",
-                            "A straggler draws less power: its GPUs wait, or run at capped clocks.")],
+                            "A straggler draws less power: its GPUs wait, or run at capped clocks."),
+             against_median("Utilisation against the job median", "utilization", "percentunit",
+                            "A node whose GPUs idle between steps (waiting on their host or a slow PCIe link) sits "
+                            "below its peers, which spin busy while they wait for it.")],
             [timeseries("Share of the best node", [(f"{RELATIVE}{{{job}}}", _NODE + " {{signal}}")], "percentunit",
-                        description="Each node's signal over its group's best node; the alert fires below 75% "
-                                    "together with a robust z-score below -3."),
+                        description=f"Each node's signal over its group's best node; the alert fires below "
+                                    f"{config.straggler_relative:.0%} of a job's best node "
+                                    f"({config.straggler_relative_model:.0%} among nodes compared by GPU model) "
+                                    f"together with a robust z-score below {config.straggler_zscore:g}."),
              timeseries("Robust z-score", [(f"{ZSCORE}{{{job}}}", _NODE + " {{signal}}")], "short",
                         description="0.6745 (x - median) / MAD: how many spreads a node sits from its peers.")],
             [timeseries("InfiniBand wait per node against the job median", [
@@ -54,8 +60,8 @@ def build(config: Config) -> Dashboard:
                    node_link=s, width=14, description="Nodes the NodeStraggler alert names now."),
              table("Likely causes on straggling nodes", [
                  (f"{CAUSE}{{{s.recorded}}} and on ({s.by('instance')}) {straggling}", "active")],
-                 node_link=s, width=10, description="Thermal slowdown, power brake, degraded PCIe or NIC congestion "
-                                                    "on a node that straggles.")],
+                 node_link=s, width=10, description="Thermal slowdown, power brake, degraded PCIe, NIC congestion or "
+                                                    "GPUs idle between steps on a node that straggles.")],
         ],
         related=[("gpufleet-fleet", "Fleet overview"), ("gpufleet-node", "Node detail")],
     )
