@@ -64,7 +64,10 @@ def node_signals(c: Config) -> list[dict[str, Any]]:
     gpu = c.by(*_GPU_KEY)
     rules = []
     for signal, (metric, *matchers) in _GPU_SIGNALS.items():
-        value = c.metric(metric, *matchers)
+        # Every sample since the last evaluation, not the latest: a training step moves between phases of
+        # very different power and utilisation, and each node is scraped at its own moment in the step, so
+        # one sample a minute per node would make its 5-minute average depend on where its scrapes fall.
+        value = f"avg_over_time({c.metric(metric, *matchers)}[{c.d(TREND_INTERVAL)}])"
         rules.append(record(NODE_SIGNAL, f"avg by ({c.by('scheduler', 'job_id', 'instance')}) "
                                          f"({jobs} * on ({gpu}) group_left {value})", signal=signal, peers="job"))
         busy = f"{c.metric('gpufleet_gpu_utilization_ratio')} > {c.busy_utilization:g}"

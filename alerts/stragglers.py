@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpufleet import duration
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.recording import (
     JOB_XMIT_WAIT,
@@ -72,9 +73,14 @@ def _causes(c: Config) -> list[dict[str, Any]]:
 
 def stragglers(c: Config) -> dict[str, Any]:
     peers = c.by(*PEERS)
+    window = c.d(c.signal_window)
+    full = max(1, round(duration.parse(c.signal_window) / duration.parse(TREND_INTERVAL)) - 1)
     rules = [
         *node_signals(c),
-        record(SIGNAL, f"avg_over_time({NODE_SIGNAL}[{c.d(c.signal_window)}])"),
+        # Only over a full window, less one evaluation: a node that joined a job, or a Prometheus that just
+        # started, has a few points, and their mean is not yet the mean of several training steps.
+        record(SIGNAL, f"avg_over_time({NODE_SIGNAL}[{window}]) and count_over_time({NODE_SIGNAL}[{window}]) >= "
+                       f"{full}"),
         record(MEDIAN, f"quantile by ({peers}) (0.5, {SIGNAL})"),
         record(BEST, f"max by ({peers}) ({SIGNAL})"),
         record(NODES, f"count by ({peers}) ({SIGNAL})"),

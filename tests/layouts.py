@@ -16,14 +16,16 @@ def nodes(*numbers: int) -> list[str]:
 
 
 # Sixteen nodes: a large Slurm job, a Kubernetes job of four pods, a Slurm job of two (too small to have
-# a straggler), and nodes 5 and 7 idle.
+# a straggler), and nodes 5 and 7 idle. The tests run the rules at a time scale of 8, so the jobs' steps
+# are an eighth of production ones (45, 33 and 20 s): a signal window must hold several steps, as 5
+# minutes do in production, or its average depends on where in a step it begins.
 SIXTEEN_NODES = {"jobs": [
     {"id": "944279", "scheduler": "slurm", "nodes": nodes(1, 2, 3, 6, 8, 11, 13, 14),
-     "period": "45s", "comm_fraction": 0.28, "memory_fraction": 0.67},
+     "period": 5.6, "comm_fraction": 0.28, "memory_fraction": 0.67},
     {"id": "e3666734-1319-4d33-8192-05760e733588", "scheduler": "kubernetes", "nodes": nodes(4, 9, 12, 16),
-     "period": "33s", "comm_fraction": 0.31, "memory_fraction": 0.65},
+     "period": 4.1, "comm_fraction": 0.31, "memory_fraction": 0.65},
     {"id": "432958", "scheduler": "slurm", "nodes": nodes(10, 15),
-     "period": "20s", "comm_fraction": 0.28, "memory_fraction": 0.87},
+     "period": 2.5, "comm_fraction": 0.28, "memory_fraction": 0.87},
 ]}
 
 

@@ -9,13 +9,8 @@ simulator knows is injected, each on its own node, GPU or port.
 
 from __future__ import annotations
 
-import json
-import re
-import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 import yaml
@@ -24,11 +19,10 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.rules import render
 from gpufleet.simulator.faults import KINDS
 
-from helpers import free_port
+from delivery import AlertLog, Receiver, routing
 from layouts import SIXTEEN_NODES, node, write
-from programs import alertmanager, http, prometheus, prometheus_config, simulator
+from programs import alertmanager, prometheus, prometheus_config, simulator
 
-ROUTING = Path(__file__).parent.parent / "compose" / "alertmanager" / "alertmanager.yml"
 TIME_SCALE = 8
 FAULTS_AT = 60  # Simulated (and, at speed 1, wall-clock) seconds of healthy fleet first.
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -68,12 +62,16 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
      [expect("GpuRowRemapFailed", 3, "pager", gpu="0"), expect("GpuXidCritical", 3, "pager", gpu="0", xid="64")]),
     ({"kind": "thermal_slowdown", "node": node(6), "gpu": 1},
      [expect("GpuHardwareSlowdown", 6, "ticket", gpu="1", reason="hw_thermal_slowdown"),
-      expect("GpuThermalMarginLow", 6, "pager", gpu="1")]),
+      expect("GpuThermalMarginLow", 6, "pager", gpu="1"),
+      # One GPU of eight at 60 % clock brings the node's mean clock 5 % below its peers': about the edge.
+      expect("NodeStraggler", 6, "ticket", required=False)]),
     ({"kind": "nvlink_down", "node": node(6), "gpu": 2, "link": 3},
      [expect("GpuNvlinkDown", 6, "pager", gpu="2", link="3")]),
     ({"kind": "power_brake", "node": node(8), "gpu": 0},
      [expect("GpuHardwareSlowdown", 8, "ticket", gpu="0", reason="hw_power_brake_slowdown"),
-      expect("GpuHardwareSlowdown", 8, "ticket", gpu="0", reason="hw_slowdown")]),
+      expect("GpuHardwareSlowdown", 8, "ticket", gpu="0", reason="hw_slowdown"),
+      # One GPU at half clock and power: the node's mean 6 % below its peers', so it may straggle.
+      expect("NodeStraggler", 8, "ticket", required=False)]),
     ({"kind": "nvlink_crc", "node": node(8), "gpu": 1, "link": 4},
      [expect("GpuNvlinkCrcErrors", 8, "ticket", gpu="1", link="4")]),
     ({"kind": "nic_saturation", "node": node(11), "port": "mlx5_1/1", "direction": "tx"},
@@ -82,7 +80,9 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
       # It may go pending where a dip of the 5-minute rate below 95% lets it, and must reach no one.
       expect("NicSaturated", 11, None, required=False, device="mlx5_1", direction="transmit")]),
     ({"kind": "ib_congestion", "node": node(13), "port": "mlx5_2/1"},
-     [expect("NicInfinibandCongested", 13, "ticket", device="mlx5_2")]),
+     [expect("NicInfinibandCongested", 13, "ticket", device="mlx5_2"),
+      # Its port waits far more than its job's median node's: its collectives hold the job back.
+      expect("NodeStraggler", 13, "ticket", signal="infiniband_xmit_wait", job_id="944279")]),
     ({"kind": "symbol_errors", "node": node(14), "port": "mlx5_3/1"},
      [expect("NicInfinibandSymbolErrors", 14, "ticket", device="mlx5_3")]),
     ({"kind": "straggler", "node": node(4)},
@@ -111,89 +111,6 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
 EXPECTED = [e for _, alerts in SCENARIO for e in alerts]
 
 
-class Receiver:
-    """The pager (PagerDuty's Events API v2) and ticket (webhook) endpoints, on 127.0.0.1."""
-
-    def __init__(self) -> None:
-        self.received: list[tuple[str, dict[str, str]]] = []
-        self._lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                receiver.add(self.path.strip("/"), body)
-                self.send_response(202 if self.path == "/pager" else 200)
-                self.end_headers()
-                self.wfile.write(b"{}")
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def add(self, path: str, body: dict) -> None:
-        if path == "pager":
-            if body.get("event_action") != "trigger":
-                return
-            firing = body["payload"]["custom_details"]["firing"]
-            alerts = [dict(re.findall(r"^ - (\w+) = (.*)$", block.split("Annotations:")[0], re.M))
-                      for block in firing.split("Labels:")[1:]]
-        else:
-            alerts = [a["labels"] for a in body["alerts"] if a["status"] == "firing"]
-        with self._lock:
-            self.received.extend((path, labels) for labels in alerts)
-
-    def snapshot(self) -> list[tuple[str, dict[str, str]]]:
-        with self._lock:
-            return list(self.received)
-
-
-class AlertLog:
-    """Every alert Prometheus reports, pending or firing, with when it was first seen, polled each second."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.seen: dict[frozenset, tuple[float, str]] = {}
-        self.fired: dict[frozenset, float] = {}  # When each alert was first seen firing.
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-        self._thread.start()
-
-    def _poll(self) -> None:
-        while not self._stop.wait(1.0):
-            status, body = http("GET", f"{self.url}/api/v1/alerts")
-            if status != 200:
-                continue
-            for alert in json.loads(body)["data"]["alerts"]:
-                key = frozenset(alert["labels"].items())
-                first, state = self.seen.get(key, (time.monotonic(), alert["state"]))
-                self.seen[key] = (first, "firing" if "firing" in (state, alert["state"]) else state)
-                if alert["state"] == "firing":
-                    self.fired.setdefault(key, time.monotonic())
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
-def _routing(workdir: Path, receiver: Receiver) -> Path:
-    """The production routing, with the pager key written to a file here and receivers pointed here."""
-    config = yaml.safe_load(ROUTING.read_text())
-    key = workdir / "pagerduty-routing-key"
-    key.write_text("e2e-test-key\n")
-    for entry in config["receivers"]:
-        for pager in entry.get("pagerduty_configs", []):
-            pager.update(routing_key_file=str(key), url=f"{receiver.url}/pager")
-        for hook in entry.get("webhook_configs", []):
-            hook["url"] = f"{receiver.url}/ticket"
-    path = workdir / "alertmanager.yml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 def test_the_scenario_covers_every_fault_kind():
     assert {fault["kind"] for fault, _ in SCENARIO} == set(KINDS)
 
@@ -208,7 +125,7 @@ def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_no
     layout = write(tmp_path / "layout.yml", SIXTEEN_NODES)
     with simulator(tmp_path, "--nodes=16", "--seed=0", f"--layout={layout}", "--cluster=e2e",
                    "--collect-interval=1s", f"--scenario={scenario}") as (_, targets), \
-            alertmanager(_routing(tmp_path, receiver), tmp_path / "am") as am_url:
+            alertmanager(routing(tmp_path, receiver), tmp_path / "am") as am_url:
         started = time.monotonic()
         config = prometheus_config(tmp_path / "prometheus.yml", targets, "1s", rules, am_url)
         with prometheus(config, tmp_path / "data") as prom_url:

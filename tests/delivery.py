@@ -1,0 +1,119 @@
+"""The receiving end of alerts, for the tests and benchmarks that run the real Prometheus and Alertmanager.
+
+`Receiver` plays the pager (PagerDuty's Events API v2) and the ticket bridge (a webhook) on 127.0.0.1;
+`routing` points the production Alertmanager configuration at it; `AlertLog` polls Prometheus for every
+alert, pending or firing, and keeps when each fired, with its annotations as they first fired.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import yaml
+
+from helpers import free_port
+from programs import http
+
+ROUTING = Path(__file__).parent.parent / "compose" / "alertmanager" / "alertmanager.yml"
+
+
+class Receiver:
+    """The pager (PagerDuty's Events API v2) and ticket (webhook) endpoints, on 127.0.0.1."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[str, dict[str, str]]] = []
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                receiver.add(self.path.strip("/"), body)
+                self.send_response(202 if self.path == "/pager" else 200)
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def add(self, path: str, body: dict) -> None:
+        if path == "pager":
+            if body.get("event_action") != "trigger":
+                return
+            firing = body["payload"]["custom_details"]["firing"]
+            alerts = [dict(re.findall(r"^ - (\w+) = (.*)$", block.split("Annotations:")[0], re.M))
+                      for block in firing.split("Labels:")[1:]]
+        else:
+            alerts = [a["labels"] for a in body["alerts"] if a["status"] == "firing"]
+        with self._lock:
+            self.received.extend((path, labels) for labels in alerts)
+
+    def snapshot(self) -> list[tuple[str, dict[str, str]]]:
+        with self._lock:
+            return list(self.received)
+
+
+class AlertLog:
+    """Every alert Prometheus reports, pending or firing, with when it was first seen, polled each second.
+
+    `episodes` keeps each alert's spells of firing as [first, last] seen (monotonic seconds): an alert
+    missing from more than `gap` seconds of polls had resolved, and a later firing is a new episode.
+    """
+
+    def __init__(self, url: str, gap: float = 3.0) -> None:
+        self.url = url
+        self.gap = gap
+        self.seen: dict[frozenset, tuple[float, str]] = {}
+        self.fired: dict[frozenset, float] = {}  # When each alert was first seen firing.
+        self.episodes: dict[frozenset, list[list[float]]] = {}
+        self.annotations: dict[frozenset, dict[str, str]] = {}  # As each alert's latest episode began.
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(1.0):
+            status, body = http("GET", f"{self.url}/api/v1/alerts")
+            if status != 200:
+                continue
+            for alert in json.loads(body)["data"]["alerts"]:
+                key = frozenset(alert["labels"].items())
+                first, state = self.seen.get(key, (time.monotonic(), alert["state"]))
+                self.seen[key] = (first, "firing" if "firing" in (state, alert["state"]) else state)
+                if alert["state"] == "firing":
+                    now = time.monotonic()
+                    self.fired.setdefault(key, now)
+                    spells = self.episodes.setdefault(key, [])
+                    if spells and now - spells[-1][1] <= self.gap:
+                        spells[-1][1] = now
+                    else:
+                        spells.append([now, now])
+                        self.annotations[key] = alert.get("annotations", {})
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def routing(workdir: Path, receiver: Receiver) -> Path:
+    """The production routing, with the pager key written to a file here and receivers pointed here."""
+    config = yaml.safe_load(ROUTING.read_text())
+    key = workdir / "pagerduty-routing-key"
+    key.write_text("e2e-test-key\n")
+    for entry in config["receivers"]:
+        for pager in entry.get("pagerduty_configs", []):
+            pager.update(routing_key_file=str(key), url=f"{receiver.url}/pager")
+        for hook in entry.get("webhook_configs", []):
+            hook["url"] = f"{receiver.url}/ticket"
+    path = workdir / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
