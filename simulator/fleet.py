@@ -180,7 +180,7 @@ class Node:
         own = 0.0 if mine is None else job.period * mine.size
         if mine is None:
             cycle = [(compute, COMPUTE), (comm, COMM)]
-        elif mine.straggler_cause in (Cause.NIC,):
+        elif mine.straggler_cause is Cause.NIC:
             # Its collectives take longer: the same bytes over a longer phase, with its port waiting to send.
             cycle = [(compute, COMPUTE), (comm + own, replace(COMM, network=COMM.network * comm / (comm + own),
                                                                  blocked=own / (comm + own)))]
