@@ -66,7 +66,7 @@ class Config:
     straggler_for: Duration = "10m"
     straggler_min_nodes: int = 4
     # Score against the job's best node. A node 10 % slow scores about 0.88 on SM clock (clock and power
-    # causes) or 0.91 on utilisation (stalls); healthy nodes of one job, 0.98 or more.
+    # causes); healthy nodes of one job, 0.98 or more.
     straggler_relative: float = 0.95
     # Nodes compared by GPU model (no job id) run different jobs, whose phases differ by more than 5 %: only
     # a large slowdown tells them apart (nvidia-resiliency-ext's default).

@@ -42,7 +42,7 @@ SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdo
 _GPU_KEY = ("instance", "gpu", "uuid")
 # Per-GPU straggler signals, lower is slower: clock and power fall on a node whose clocks are capped;
 # utilisation on one whose GPUs idle between steps (waiting on their host or a slow PCIe link) while its
-# peers spin, busy, waiting for it.
+# peers spin, busy, waiting for it (recorded and named as a cause; `stragglers` says why it is not alerted on).
 _GPU_SIGNALS = {"sm_clock": ("gpufleet_gpu_clock_hertz", 'clock="sm"'), "power": ("gpufleet_gpu_power_watts",),
                 "utilization": ("gpufleet_gpu_utilization_ratio",)}
 
