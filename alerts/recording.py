@@ -107,13 +107,18 @@ def _gpu_health(c: Config) -> list[dict[str, Any]]:
     ]
 
 
+def waits_more_than_peers(c: Config, matchers: str = "") -> str:
+    """Nodes (per job) whose InfiniBand ports wait `xmit_wait_outlier` times more than their job's median
+    node's: the congestion test where ticks differ by HCA, and the straggler test for a node's collectives."""
+    return (f"{JOB_XMIT_WAIT}{matchers} / on ({c.by('scheduler', 'job_id')}) group_left {JOB_XMIT_WAIT_MEDIAN} > "
+            f"{c.xmit_wait_outlier:g}")
+
+
 def congested(c: Config) -> str:
     """InfiniBand ports that wait for credits: above the absolute threshold, or above a tenth of it and on a
-    node that waits `xmit_wait_outlier` times more than its job's median node (ticks differ by HCA)."""
-    node = c.by("instance")
+    node that waits more than its peers (`waits_more_than_peers`)."""
     return (f"{XMIT_WAIT} > {c.xmit_wait_per_second:g} or ({XMIT_WAIT} > {c.xmit_wait_per_second / 10:g}"
-            f" and on ({node}) ({JOB_XMIT_WAIT} / on ({c.by('scheduler', 'job_id')}) group_left "
-            f"{JOB_XMIT_WAIT_MEDIAN} > {c.xmit_wait_outlier:g}))")
+            f" and on ({c.by('instance')}) ({waits_more_than_peers(c)}))")
 
 
 def _per_job(c: Config, node_level: str) -> str:

@@ -25,7 +25,6 @@ from gpufleet import duration
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.recording import (
     JOB_XMIT_WAIT,
-    JOB_XMIT_WAIT_MEDIAN,
     NODE_SIGNAL,
     PCIE_DEGRADED,
     PCIE_REPLAYS,
@@ -33,6 +32,7 @@ from gpufleet.alerts.recording import (
     congested,
     node_signals,
     share_of_time,
+    waits_more_than_peers,
 )
 from gpufleet.alerts.rule import TREND_INTERVAL, alert, record
 
@@ -105,9 +105,9 @@ def stragglers(c: Config) -> dict[str, Any]:
     # drawn, and named as causes; power is judged among nodes compared by model, at 0.75.
     relative = (f'({RELATIVE}{{peers="job",signal="sm_clock"}} < {c.straggler_relative:g} or '
                 f'{RELATIVE}{{peers="model",signal!="utilization"}} < {c.straggler_relative_model:g})')
-    waiting = (f'{JOB_XMIT_WAIT}{{job_id!=""}} / on ({job}) group_left {JOB_XMIT_WAIT_MEDIAN} > '
-               f"{c.xmit_wait_outlier:g} and {JOB_XMIT_WAIT} > {c.xmit_wait_per_second / 10:g} and on ({job}) "
-               f'count by ({job}) ({JOB_XMIT_WAIT}{{job_id!=""}}) >= {c.straggler_min_nodes}')
+    named = '{job_id!=""}'
+    waiting = (f"{waits_more_than_peers(c, named)} and {JOB_XMIT_WAIT} > {c.xmit_wait_per_second / 10:g} "
+               f"and on ({job}) count by ({job}) ({JOB_XMIT_WAIT}{named}) >= {c.straggler_min_nodes}")
     rules.append(alert(
         c, "NodeStraggler",
         f"{relative} and on ({peers}, instance) {ZSCORE} < {c.straggler_zscore:g}"

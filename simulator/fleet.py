@@ -199,12 +199,14 @@ class Node:
 
     def straggling(self, cause: Cause) -> Fault | None:
         """The node's active straggler fault of one cause, if any."""
-        return next((f for f in self._active(Kind.STRAGGLER) if f.active(self.t) and f.straggler_cause is cause),
-                    None)
+        return next((f for f in self._active(Kind.STRAGGLER, cause=cause) if f.active(self.t)), None)
 
-    def _active(self, kind: Kind, gpu: int | None = None, port: str | None = None) -> list[Fault]:
+    def _active(self, kind: Kind, gpu: int | None = None, port: str | None = None,
+                cause: Cause | None = None) -> list[Fault]:
+        """The node's faults of one kind, on one GPU or port, or (stragglers) of one cause."""
         return [f for f in self.fleet.faults_for(self.name)
-                if f.kind == kind and (gpu is None or f.gpu == gpu) and (port is None or f.port == port)]
+                if f.kind == kind and (gpu is None or f.gpu == gpu) and (port is None or f.port == port)
+                and (cause is None or f.straggler_cause is cause)]
 
     def _telemetry(self, board: SimulatedGpu, _seconds: float) -> GpuTelemetry:
         """What one board reports at the node's frozen time, computed once per board and instant."""
@@ -274,22 +276,22 @@ class Node:
 
     # Faults ---------------------------------------------------------------------------------------
 
-    def _seconds_active(self, kind: Kind, gpu: int | None = None, port: str | None = None) -> float:
-        """Seconds the node's faults of one kind on one GPU or port have been active, up to now."""
-        return sum(overlap(f.start, f.end, self.t) for f in self._active(kind, gpu, port))
+    def _seconds_active(self, kind: Kind, gpu: int | None = None, port: str | None = None,
+                        cause: Cause | None = None) -> float:
+        """Seconds the node's faults of one kind on one GPU or port (or of one cause) have been active, up to now."""
+        return sum(overlap(f.start, f.end, self.t) for f in self._active(kind, gpu, port, cause))
 
     def _counted(self, kind: Kind, gpu: int | None = None, port: str | None = None) -> int:
         """Events the node's faults of one kind on one GPU or port have counted, each at its rate, up to now."""
         return int(sum(f.size * overlap(f.start, f.end, self.t) for f in self._active(kind, gpu, port)))
 
-    def _straggler_seconds(self, cause: Cause) -> float:
-        """Seconds the node has straggled for `cause`, up to now: its GPUs' slowdown reason held that long."""
-        return sum(overlap(f.start, f.end, self.t) for f in self._active(Kind.STRAGGLER)
-                   if f.straggler_cause is cause)
-
     def apply_faults(self) -> None:
         """Bring every board's health state to what the faults say at the node's time."""
         t = self.t
+        # A straggler capped by heat or power holds every board's slowdown reason, for as long as it lasts.
+        hot, braked = self.straggling(Cause.THERMAL), self.straggling(Cause.POWER)
+        hot_seconds = self._seconds_active(Kind.STRAGGLER, cause=Cause.THERMAL)
+        braked_seconds = self._seconds_active(Kind.STRAGGLER, cause=Cause.POWER)
         for board in self.boards:
             gpu = board.index
             board.errors = ({"*": pynvml.NVML_ERROR_GPU_IS_LOST}
@@ -297,16 +299,14 @@ class Node:
             events = 0
             if any(f.active(t) for f in self._active(Kind.THERMAL_SLOWDOWN, gpu)):
                 events |= pynvml.nvmlClocksEventReasonSwThermalSlowdown | pynvml.nvmlClocksEventReasonHwThermalSlowdown
-            if self.straggling(Cause.THERMAL):
+            if hot:
                 events |= pynvml.nvmlClocksEventReasonSwThermalSlowdown
-            if any(f.active(t) for f in self._active(Kind.POWER_BRAKE, gpu)) or self.straggling(Cause.POWER):
+            if any(f.active(t) for f in self._active(Kind.POWER_BRAKE, gpu)) or braked:
                 events |= pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown | pynvml.nvmlClocksEventReasonHwSlowdown
             board.clock_events = events
             board.violation_seconds = {
-                pynvml.NVML_PERF_POLICY_THERMAL: (self._seconds_active(Kind.THERMAL_SLOWDOWN, gpu)
-                                                  + self._straggler_seconds(Cause.THERMAL)),
-                pynvml.NVML_PERF_POLICY_POWER: (self._seconds_active(Kind.POWER_BRAKE, gpu)
-                                                + self._straggler_seconds(Cause.POWER)),
+                pynvml.NVML_PERF_POLICY_THERMAL: self._seconds_active(Kind.THERMAL_SLOWDOWN, gpu) + hot_seconds,
+                pynvml.NVML_PERF_POLICY_POWER: self._seconds_active(Kind.POWER_BRAKE, gpu) + braked_seconds,
             }
             dbe = sum(1 for f in self._active(Kind.ECC_DBE, gpu) if f.start <= t)
             board.ecc_errors = {("uncorrected", "volatile"): dbe, ("uncorrected", "aggregate"): dbe}
@@ -377,7 +377,6 @@ class Node:
             downs += math.ceil(window / fault.size) if window > 0 else 0
         return downs
 
-
     def _ib_rate(self, port: str) -> str:
         degraded = any(f.active(self.t) for f in self._active(Kind.IB_RATE_DEGRADED, port=port))
         return "200 Gb/sec (4X HDR)" if degraded else "400 Gb/sec (4X NDR)"
@@ -391,7 +390,7 @@ class Node:
     def _congested_port(self) -> str | None:
         """The port a NIC straggler congests: its own, or the node's first InfiniBand port. Only one per node,
         so the waiting its timeline records is counted once."""
-        stragglers = [f for f in self._active(Kind.STRAGGLER) if f.straggler_cause is Cause.NIC]
+        stragglers = self._active(Kind.STRAGGLER, cause=Cause.NIC)
         return (stragglers[0].port or IB_PORTS[0]) if stragglers else None
 
     def _core_temperature(self, offset: int) -> int:
