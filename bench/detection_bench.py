@@ -200,16 +200,15 @@ def main() -> None:
     parser.add_argument("--short", action="store_true",
                         help="CI's version: jobs of 4 and 8, one 20%% clock and one 20%% NIC straggler, one round")
     args = parser.parse_args()
-    if args.short:
-        args.jobs, args.causes, args.slowdowns = "4,8", "clock,nic", "0.2"
-        args.healthy_minutes, args.fault_minutes, args.settle_minutes = 12.0, 18.0, 11.0
-    sizes = [int(size) for size in args.jobs.split(",")]
-    causes = [Cause(cause) for cause in args.causes.split(",")]
-    slowdowns = [float(s) for s in args.slowdowns.split(",")]
     scale = args.time_scale
-    queues = cases(causes, slowdowns, sizes, args.seeds)
     if args.short:  # One round: the job of 4 gets the clock straggler, the job of 8 the NIC one.
+        sizes = [4, 8]
         queues = {4: [Case(Cause.CLOCK, 0.2, 4)], 8: [Case(Cause.NIC, 0.2, 8)]}
+        args.healthy_minutes, args.fault_minutes, args.settle_minutes = 12.0, 18.0, 11.0
+    else:
+        sizes = [int(size) for size in args.jobs.split(",")]
+        queues = cases([Cause(cause) for cause in args.causes.split(",")],
+                       [float(s) for s in args.slowdowns.split(",")], sizes, args.seeds)
     count, jobs = layout(sizes, args.seed)
     config = Config().scaled(scale)
     done: list[Case] = []
