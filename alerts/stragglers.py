@@ -97,13 +97,12 @@ def stragglers(c: Config) -> dict[str, Any]:
               '{{ range $i, $s := . | sortByLabel "cause" }}{{ if $i }}, {{ end }}{{ $s.Labels.cause }}{{ end }}'
               "{{ else }}none of thermal slowdown, power brake, PCIe, NIC congestion or idle GPUs{{ end }}")
     job = c.by("scheduler", "job_id")
-    # Within a job only the SM clock is judged at 0.95: it barely moves between a step's phases, so its
-    # sampled mean is exact to a percent. Power (40 % to 92 % of the limit within a step) and utilisation
-    # (one NVML reading per scrape catches a step's short stalls too rarely) wander by several percent
-    # among healthy nodes: they put healthy nodes of the end-to-end test pending, and the detection bench
-    # found every 10 % clock cap by the SM clock alone and no 10 % stall by utilisation. Both are recorded,
-    # drawn, and named as causes; power is judged among nodes compared by model, at 0.75.
-    relative = (f'({RELATIVE}{{peers="job",signal="sm_clock"}} < {c.straggler_relative:g} or '
+    # Within a job the SM clock and utilisation are judged at 0.95: the clock barely moves between a step's
+    # phases, and utilisation is the mean of the driver's samples over each scrape interval, so both are
+    # exact to a percent among healthy nodes. Power (40 % to 92 % of the limit within a step) wanders by
+    # several percent between healthy nodes' sampled means, and put healthy nodes of the end-to-end test
+    # pending: it is recorded, drawn, named as a cause, and judged among nodes compared by model, at 0.75.
+    relative = (f'({RELATIVE}{{peers="job",signal=~"sm_clock|utilization"}} < {c.straggler_relative:g} or '
                 f'{RELATIVE}{{peers="model",signal!="utilization"}} < {c.straggler_relative_model:g})')
     named = '{job_id!=""}'
     waiting = (f"{waits_more_than_peers(c, named)} and {JOB_XMIT_WAIT} > {c.xmit_wait_per_second / 10:g} "

@@ -15,7 +15,7 @@ import pynvml
 import pytest
 
 from gpufleet.exporter.gpu.nvml import Nvml
-from gpufleet.exporter.gpu.probes import FIELDS, PROBES, nvlink_fields
+from gpufleet.exporter.gpu.probes import FIELDS, PROBES, SampledUtilization, nvlink_fields
 from gpufleet.exporter.gpu.simulated import SimulatedNvml
 
 CALLS = sorted(name for name in vars(Nvml) if name.startswith("nvml"))
@@ -88,6 +88,34 @@ def test_each_call_is_converted_from_the_unit_nvml_documents(probe, metric, expe
     [read] = [p.read for p in PROBES if p.name == probe]
     values = {reading.metric.name: reading.value for reading in read(Documented(), None)}
     assert values[metric] == pytest.approx(expected, rel=1e-12)
+
+
+class Sampled(Documented):
+    """The driver's utilisation samples in pynvml's own structures: one every 200 ms, as percentages."""
+
+    def __init__(self, values: list[int]) -> None:
+        self.samples = []
+        for number, percent in enumerate(values, 1):
+            sample = pynvml.c_nvmlSample_t()
+            sample.timeStamp = 1_700_000_000_000_000 + 200_000 * number  # "CPU Timestamp in microseconds"
+            sample.sampleValue.uiVal = percent
+            self.samples.append(sample)
+
+    def nvmlDeviceGetSamples(self, handle, sampling_type, time_stamp):
+        assert sampling_type == pynvml.NVML_GPU_UTILIZATION_SAMPLES
+        fresh = [s for s in self.samples if s.timeStamp > time_stamp]  # "samples with timestamp greater than"
+        if not fresh:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, fresh
+
+
+def test_utilization_is_the_mean_of_the_samples_since_the_last_collection():
+    nvml, read = Sampled([100, 100, 0, 100]), SampledUtilization()
+    assert [r.value for r in read(nvml, None)] == [0.75]
+    nvml.samples += Sampled([100] * 4 + [40, 40, 40, 40]).samples[4:]  # Four newer samples.
+    assert [r.value for r in read(nvml, None)] == [0.4]
+    # None newer: the rates call's last sample period ("Percent of time over the past sample period").
+    assert [r.value for r in read(nvml, None)] == [0.87]
 
 
 @pytest.mark.parametrize(("field_id", "raw", "expected"), [

@@ -72,6 +72,14 @@ class FieldValue(Protocol):
     def value(self) -> Any: ...  # The union nvmlValue_t; `valueType` says which member holds the number.
 
 
+class Sample(Protocol):
+    @property
+    def timeStamp(self) -> int: ...  # CPU time in microseconds.
+
+    @property
+    def sampleValue(self) -> Any: ...  # The union nvmlValue_t; the call returns the member's type.
+
+
 class EventData(Protocol):
     @property
     def device(self) -> Handle: ...
@@ -98,6 +106,10 @@ class Nvml(Protocol):
     def nvmlDeviceGetVbiosVersion(self, handle: Handle, /) -> str | bytes: ...
     def nvmlDeviceGetPciInfo(self, handle: Handle, /) -> PciInfo: ...
     def nvmlDeviceGetUtilizationRates(self, handle: Handle, /) -> Utilization: ...
+    # (nvmlValueType_t, the driver's samples newer than the time stamp); NOT_FOUND where there is none.
+    def nvmlDeviceGetSamples(
+        self, handle: Handle, sampling_type: int, time_stamp: int, /
+    ) -> tuple[int, Sequence[Sample]]: ...
     def nvmlDeviceGetEncoderUtilization(self, handle: Handle, /) -> Sequence[int]: ...  # [percent, sampling period µs]
     def nvmlDeviceGetDecoderUtilization(self, handle: Handle, /) -> Sequence[int]: ...
     def nvmlDeviceGetMemoryInfo(self, handle: Handle, /) -> Memory: ...

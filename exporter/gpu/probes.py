@@ -41,7 +41,11 @@ class Reading(NamedTuple):
     label_values: tuple[str, ...] = ()
 
 
-UTILIZATION = GpuMetric("gpufleet_gpu_utilization_ratio", "Share of the last sample period in which a kernel ran.")
+UTILIZATION = GpuMetric(
+    "gpufleet_gpu_utilization_ratio",
+    "Share of time in which a kernel ran: the mean of the driver's samples since the last collection "
+    "(of its last sample period where the board keeps none).",
+)
 MEMORY_COPY_UTILIZATION = GpuMetric(
     "gpufleet_gpu_memory_copy_utilization_ratio",
     "Share of the last sample period in which device memory was read or written.",
@@ -182,6 +186,41 @@ def _utilization(nvml: Nvml, handle: Handle) -> list[Reading]:
     )
 
 
+def _memory_copy_utilization(nvml: Nvml, handle: Handle) -> list[Reading]:
+    return checked(MEMORY_COPY_UTILIZATION, nvml.nvmlDeviceGetUtilizationRates(handle).memory, 0, 100, per=_PERCENT)
+
+
+class SampledUtilization:
+    """GPU utilisation averaged over every sample the driver took since the previous collection.
+
+    `nvmlDeviceGetUtilizationRates` answers for the driver's last sample period only (1/6 s to 1 s):
+    one reading per scrape sees a training step's short stalls as rarely as a scrape lands in one, so
+    a node whose GPUs idle a tenth of every step looks as busy as its peers. The driver keeps its
+    samples in a buffer; reading all those newer than the last one seen gives the mean over the whole
+    interval, at the cost of one call. One per GPU: it remembers the last sample it read.
+    """
+
+    def __init__(self) -> None:
+        self._last_seen = 0  # The driver's time stamp (CPU microseconds) of the newest sample read.
+
+    def __call__(self, nvml: Nvml, handle: Handle) -> list[Reading]:
+        try:
+            value_type, samples = nvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES,
+                                                            self._last_seen)
+        except pynvml.NVMLError as err:
+            if err.value != pynvml.NVML_ERROR_NOT_FOUND:
+                raise
+            samples = []
+        member = _FIELD_MEMBERS.get(value_type) if samples else None
+        fresh = [sample for sample in samples if sample.timeStamp > self._last_seen]
+        if member is None or not fresh:
+            # No sample since the last collection (collected faster than the driver samples): the last period's.
+            return checked(UTILIZATION, nvml.nvmlDeviceGetUtilizationRates(handle).gpu, 0, 100, per=_PERCENT)
+        self._last_seen = max(sample.timeStamp for sample in fresh)
+        values = [getattr(sample.sampleValue, member) for sample in fresh]
+        return checked(UTILIZATION, sum(values) / len(values), 0, 100, per=_PERCENT)
+
+
 def _codec(metric: GpuMetric, call: Callable[[Nvml, Handle], Sequence[int]]) -> Read:
     def read(nvml: Nvml, handle: Handle) -> list[Reading]:
         utilization, _sampling_period_us = call(nvml, handle)
@@ -307,8 +346,18 @@ def nvlink_fields(links: list[int]) -> list[Field]:
     return fields
 
 
+UTILIZATION_RATES = Probe("nvmlDeviceGetUtilizationRates", _utilization)
+# Where the driver keeps utilisation samples (`SampledUtilization`), the rates call still gives memory copy.
+MEMORY_COPY_RATES = Probe("nvmlDeviceGetUtilizationRates", _memory_copy_utilization)
+
+
+def sampled_utilization_probe() -> Probe:
+    """A new `SampledUtilization` for one GPU, as a probe."""
+    return Probe("nvmlDeviceGetSamples(GPU utilization)", SampledUtilization())
+
+
 PROBES: tuple[Probe, ...] = (
-    Probe("nvmlDeviceGetUtilizationRates", _utilization),
+    UTILIZATION_RATES,
     Probe("nvmlDeviceGetEncoderUtilization",
           _codec(ENCODER_UTILIZATION, lambda nvml, h: nvml.nvmlDeviceGetEncoderUtilization(h))),
     Probe("nvmlDeviceGetDecoderUtilization",

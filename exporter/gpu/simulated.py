@@ -119,6 +119,9 @@ class SimulatedGpu:
     )
     # Injected faults: NVML function name (or "*" for every call) -> NVML error code.
     errors: dict[str, int] = field(default_factory=dict)
+    # The mean utilisation share between two instants of the NVML clock, for the driver's samples; None:
+    # each sample is the load's utilisation at the end of its period.
+    busy: Callable[[float, float], float] | None = None
 
 
 def steady(telemetry: GpuTelemetry) -> Load:
@@ -244,6 +247,10 @@ _NVLINK_COUNTER_NAMES = {
     pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
 }
 _IDLE_BELOW = 0.05
+# The simulated driver takes a utilisation sample every second and keeps the last 100 (real boards sample
+# every 1/6 s to 1 s); each sample is the mean over its period, so their mean over an interval is exact.
+SAMPLE_PERIOD_SECONDS = 1.0
+SAMPLE_BUFFER = 100
 _UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
 _ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 
@@ -290,6 +297,12 @@ class _Value:
 
     uiVal: int = 0
     ullVal: int = 0
+
+
+@dataclass(slots=True)
+class _Sample:
+    timeStamp: int
+    sampleValue: _Value
 
 
 @dataclass(slots=True)
@@ -486,6 +499,28 @@ class SimulatedNvml:
     def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> _Utilization:
         now = self._telemetry(handle, "nvmlDeviceGetUtilizationRates")
         return _Utilization(round(now.utilization * 100), round(now.memory_copy_utilization * 100))
+
+    def nvmlDeviceGetSamples(self, handle: _Handle, sampling_type: int, time_stamp: int) -> tuple[int, list[_Sample]]:
+        """GPU utilisation samples newer than `time_stamp` (microseconds of the NVML clock), as the driver keeps
+        them: one per `SAMPLE_PERIOD_SECONDS` since the driver was loaded, at most `SAMPLE_BUFFER`."""
+        gpu = self._check(handle, "nvmlDeviceGetSamples")
+        if sampling_type != pynvml.NVML_GPU_UTILIZATION_SAMPLES:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        now = self.clock()
+        last = math.floor(now / SAMPLE_PERIOD_SECONDS)
+        first = max(math.floor(self._loaded_at / SAMPLE_PERIOD_SECONDS) + 1, last - SAMPLE_BUFFER + 1,
+                    math.floor(time_stamp / 1e6 / SAMPLE_PERIOD_SECONDS) + 1)
+        samples = []
+        for tick in range(first, last + 1):
+            end = tick * SAMPLE_PERIOD_SECONDS
+            if gpu.busy is not None:
+                share = gpu.busy(end - SAMPLE_PERIOD_SECONDS, end)
+            else:
+                share = gpu.load(gpu, end - self._loaded_at).utilization
+            samples.append(_Sample(round(end * 1e6), _Value(uiVal=round(100 * min(1.0, max(0.0, share))))))
+        if not samples:
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        return _UINT, samples
 
     def nvmlDeviceGetEncoderUtilization(self, handle: _Handle) -> list[int]:
         return [round(self._telemetry(handle, "nvmlDeviceGetEncoderUtilization").encoder_utilization * 100), 167000]
