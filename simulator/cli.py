@@ -8,6 +8,8 @@ import gc
 import logging
 import sys
 
+from aiohttp import web
+
 from gpufleet.exporter.flags import duration, listen_address, positive_int
 from gpufleet.exporter.logfmt import configure_logging
 from gpufleet.exporter.server import serve_until_signalled
@@ -15,7 +17,7 @@ from gpufleet.simulator.faults import ScenarioError, load_scenario
 from gpufleet.simulator.fleet import Fleet, node_names
 from gpufleet.simulator.layout import Job, LayoutError, load_layout
 from gpufleet.simulator.rates import load_rates
-from gpufleet.simulator.server import SimClock, build_app, file_sd_targets, write_file_sd
+from gpufleet.simulator.server import SimClock, build_app, file_sd_targets, missed_scrapes, write_file_sd
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,16 @@ def _speed(text: str) -> float:
         raise argparse.ArgumentTypeError(f"invalid speed {text!r}") from None
     if not 0 < value <= 1000:
         raise argparse.ArgumentTypeError(f"speed {text!r} must be above 0 and at most 1000")
+    return value
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid share {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"share {text!r} must be at least 0 and below 1")
     return value
 
 
@@ -67,6 +79,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                                                  "(default: 30d)")
     parser.add_argument("--layout", metavar="FILE",
                         help="YAML file naming each job and its nodes (default: drawn from --seed)")
+    parser.add_argument("--job-lifetime", dest="job_lifetime", type=duration, metavar="DURATION",
+                        help="jobs end after this long on average, and new jobs, on most of the same nodes, take "
+                             "their place after a short gap (default: jobs never end)")
+    parser.add_argument("--missed-scrapes", dest="missed_scrapes", type=_share, default=0.0, metavar="SHARE",
+                        help="share of scrapes answered with an error, drawn from --seed (default: none)")
     parser.add_argument("--collect-interval", type=duration, default=15.0, metavar="DURATION",
                         help="collect every node once per this interval, spread over it; scrapes are served from "
                              "the latest collection (default: %(default)gs)")
@@ -115,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
     except LayoutError as err:
         print(f"gpufleet simulate: error: layout {args.layout}: {err}", file=sys.stderr)
         return 1
-    fleet = Fleet(args.nodes, args.gpus_per_node, seed=args.seed, layout=layout)
+    fleet = Fleet(args.nodes, args.gpus_per_node, seed=args.seed, layout=layout, job_lifetime=args.job_lifetime)
     try:
         _add_faults(args, fleet)
         if args.file_sd:
@@ -136,7 +153,9 @@ def run(args: argparse.Namespace) -> int:
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
     try:
-        asyncio.run(serve(fleet, SimClock(args.speed), host, port, args.allow_remote_control, args.collect_interval))
+        app = build_app(fleet, clock := SimClock(args.speed), args.allow_remote_control,
+                        missed=missed_scrapes(args.missed_scrapes, args.seed))
+        asyncio.run(serve(app, fleet, clock, host, port, args.collect_interval))
     except OSError as err:
         print(f"gpufleet simulate: error: cannot listen on {host or '*'}:{port}: {err.strerror or err}",
               file=sys.stderr)
@@ -146,10 +165,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def serve(fleet: Fleet, clock: SimClock, host: str | None, port: int, allow_remote_control: bool,
+async def serve(app: web.Application, fleet: Fleet, clock: SimClock, host: str | None, port: int,
                 collect_interval: float) -> None:
     await serve_until_signalled(
-        build_app(fleet, clock, allow_remote_control), host, port,
+        app, host, port,
         background=lambda: [fleet.collect_forever(clock, collect_interval)],
         ready=lambda: log.info("simulating %d nodes of %d GPUs, %d jobs, %d faults; listening on %s:%d",
                                len(fleet.nodes), fleet.gpus_per_node, len(fleet.jobs), len(fleet.faults),

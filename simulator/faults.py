@@ -43,6 +43,7 @@ class FaultKind(StrEnum):
     IB_RATE_DEGRADED = "ib_rate_degraded"
     SYMBOL_ERRORS = "symbol_errors"
     EXPORTER_DOWN = "exporter_down"
+    EXPORTER_RESTART = "exporter_restart"
 
 
 # The XID each kind raises on its GPU when it starts, from the catalog the alerts class them by.
@@ -71,6 +72,8 @@ KINDS: dict[FaultKind, tuple[tuple[str, ...], str]] = {
     FaultKind.IB_RATE_DEGRADED: (("port",), "an InfiniBand port trains down to 200 Gb/s and stays up"),
     FaultKind.SYMBOL_ERRORS: (("port",), "symbol errors at `rate` per second (2)"),
     FaultKind.EXPORTER_DOWN: ((), "the node's endpoint stops answering"),
+    FaultKind.EXPORTER_RESTART: ((), "the node's exporter restarts: scrapes are refused for the fault's duration, "
+                                     "then a new process serves, its own counters from zero"),
 }
 _INFINIBAND = frozenset({FaultKind.IB_CONGESTION, FaultKind.IB_LINK_DOWN, FaultKind.IB_LINK_FLAP,
                          FaultKind.IB_RATE_DEGRADED, FaultKind.SYMBOL_ERRORS})

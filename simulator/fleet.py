@@ -40,6 +40,7 @@ from gpufleet.exporter.gpu.simulated import (
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.tree import MemoryTree
 from gpufleet.simulator import rates as fault_rates
+from gpufleet.simulator.churn import Churn
 from gpufleet.simulator.faults import XIDS, Cause, Fault
 from gpufleet.simulator.faults import FaultKind as Kind
 from gpufleet.simulator.layout import Job, draw
@@ -77,6 +78,10 @@ def _power(levels: Levels) -> float:
 
 def _blocked(levels: Levels) -> float:
     return levels.blocked
+
+
+def _utilization(levels: Levels) -> float:
+    return levels.utilization
 
 
 def _collect_each(collectors: Sequence[ScheduledCollector]) -> None:
@@ -119,25 +124,32 @@ class Node:
         self.lock = threading.Lock()  # One collection at a time: the fleet's thread, or a first scrape.
         self.fired: set[str] = set()  # Faults whose one-off events (XIDs) have been raised.
         self.collected = False
-        self._segments: tuple[int, list[Segment]] = (-1, [])
+        self._tenures: list[tuple[float, Job | None]] = [(0.0, None)]  # (from when, the job it runs)
+        self._segments: tuple[tuple[int, int], list[Segment]] = ((-1, 0), [])
         self._telemetry_at: tuple[float, dict[int, GpuTelemetry]] = (-1.0, {})
         self._network_at: tuple[float, float] = (-1.0, 0.0)
-        self.boards = [simulated_board(gpu, f"{fleet.seed}:{name}", self._telemetry) for gpu in range(gpus)]
+        self._busy_integral: tuple[list[Segment], dict[float, float]] = ([], {})
+        self.boards = [simulated_board(gpu, f"{fleet.seed}:{name}", self._telemetry, busy=self._busy_for(gpu))
+                       for gpu in range(gpus)]
         self._spreads = [_spread(f"{fleet.seed}:{name}:{gpu}") for gpu in range(gpus)]
         self.nvml = SimulatedNvml(self.boards, clock=lambda: self.t)
         self.sysfs = MemoryTree()
         self.procfs = MemoryTree()
         self._build_sysfs()
         # The simulated driver wakes the XID watcher's event wait when unloaded (see close()): it can wait long.
-        hardware = exporter_node.Hardware(self.nvml, self.sysfs, self.procfs, nvml_event_wait_ms=30_000)
-        self.collectors = exporter_node.build(fleet.exporter_flags, hardware)
+        self.hardware = exporter_node.Hardware(self.nvml, self.sysfs, self.procfs, nvml_event_wait_ms=30_000)
+        self.collectors = exporter_node.build(fleet.exporter_flags, self.hardware)
         self._last_tick = [-_FOREVER] * len(self.collectors)
         self.exposition = Exposition(self.collectors, fleet.process_metrics)
 
     # Workload -------------------------------------------------------------------------------------
 
     def assign(self, job: Job | None) -> None:
-        """Run `job` (or nothing) on every GPU of this node, with a process whose cgroup names the job."""
+        """Run `job` (or nothing) on every GPU of this node from its time on, with a process whose cgroup
+        names the job."""
+        if self._tenures[-1][0] == self.t:
+            self._tenures.pop()
+        self._tenures.append((self.t, job))
         self.job = job
         for board in self.boards:
             for process in board.processes:
@@ -151,23 +163,26 @@ class Node:
             self.procfs.set(f"{pid}/cgroup", f"0::{board.processes[0].cgroup}")
 
     def segments(self) -> list[Segment]:
-        """The node's phase timeline; rebuilt only when the faults change."""
-        version = self.fleet.fault_version
-        if self._segments[0] == version:
+        """The node's phase timeline, every job it has run in turn; rebuilt only when the faults or its job
+        change. Counters are integrals over it, so a node that changes jobs keeps the history it had."""
+        key = (self.fleet.fault_version, len(self._tenures))
+        if self._segments[0] == key:
             return self._segments[1]
-        job = self.job
-        if job is None:
-            segments = [Segment(0.0, _FOREVER, ((1.0, IDLE),))]
-        else:
+        segments = []
+        ends = [start for start, _ in self._tenures[1:]] + [_FOREVER]
+        for (begin, job), finish in zip(self._tenures, ends, strict=True):
+            if job is None:
+                segments.append(Segment(begin, finish, ((1.0, IDLE),)))
+                continue
             stragglers = [f for f in self.fleet.faults if f.kind is Kind.STRAGGLER and f.node in job.nodes]
-            edges = sorted({0.0, *(f.start for f in stragglers), *(f.end for f in stragglers if f.end is not None)})
-            segments = []
-            for start, end in zip(edges, [*edges[1:], _FOREVER], strict=True):
+            edges = sorted({begin, *(t for f in stragglers for t in (f.start, f.end) if t is not None
+                                     and begin < t < finish)})
+            for start, end in zip(edges, [*edges[1:], finish], strict=True):
                 slow: dict[str, Fault] = {}
                 for fault in sorted((f for f in stragglers if f.active(start)), key=lambda f: f.size):
                     slow[fault.node] = fault  # The largest of one node's slowdowns.
                 segments.append(Segment(start, end, self._cycle(job, slow)))
-        self._segments = (version, segments)
+        self._segments = (key, segments)
         return segments
 
     def _cycle(self, job: Job, stragglers: dict[str, Fault]) -> tuple[tuple[float, Levels], ...]:
@@ -259,6 +274,28 @@ class Node:
             pcie_width=board.pcie_max_width // (2 if self._pcie_straggler(board.index) else 1),
         )
 
+    def _busy_for(self, gpu: int) -> Callable[[float, float], float]:
+        """The driver's utilisation samples of one board: the busy share of its node's phases over each
+        sample's period, with the board's own noise."""
+        def busy(start: float, end: float) -> float:
+            if self.job is None:
+                return 0.0
+            return ((self._utilization_integral(end) - self._utilization_integral(start)) / (end - start)
+                    + 0.015 * _wave(end, gpu + self.index))
+        return busy
+
+    def _utilization_integral(self, t: float) -> float:
+        """Busy seconds by `t`: every board of the node asks for the same instants, so each is computed once."""
+        segments = self.segments()
+        timeline, values = self._busy_integral
+        if timeline is not segments or len(values) > 1000:  # Rebuilt by a fault or a new job; or grown.
+            values = {}
+            self._busy_integral = (segments, values)
+        value = values.get(t)
+        if value is None:
+            value = values[t] = integral(segments, _utilization, t)
+        return value
+
     def _pcie_straggler(self, gpu: int) -> bool:
         fault = self.straggling(Cause.PCIE)
         return fault is not None and (fault.gpu or 0) == gpu
@@ -338,6 +375,25 @@ class Node:
     def down_at(self, t: float) -> bool:
         """Whether the node's exporter is "down" at time `t` (read without touching the node's clock)."""
         return any(f.kind is Kind.EXPORTER_DOWN and f.active(t) for f in self.fleet.faults_for(self.name))
+
+    def restarting_at(self, t: float) -> bool:
+        """Whether the node's exporter is between processes at time `t`: nothing listens, scrapes are refused."""
+        return any(f.kind is Kind.EXPORTER_RESTART and f.active(t) for f in self.fleet.faults_for(self.name))
+
+    def _restart_if_due(self) -> None:
+        """A restart that has ended leaves a new exporter process: collectors built afresh, so every counter
+        and state the exporter keeps (XID counts, the last utilisation sample read) starts again."""
+        ended = [f for f in self._active(Kind.EXPORTER_RESTART) if f.end is not None and f.end <= self.t
+                 and f.id not in self.fired]
+        if not ended:
+            return
+        self.fired.update(f.id for f in ended)
+        self.stop()  # Its driver reload wakes the old XID watcher, and empties the utilisation sample buffer.
+        exporter_node.close(self.collectors)
+        self.collectors = exporter_node.build(self.fleet.exporter_flags, self.hardware)
+        self._last_tick = [-_FOREVER] * len(self.collectors)
+        self.exposition = Exposition(self.collectors, self.fleet.process_metrics)
+        self.start()
 
     # Sysfs ----------------------------------------------------------------------------------------
 
@@ -487,6 +543,10 @@ class Node:
         """
         with self.lock:
             self.t = now
+            churn = self.fleet.churn
+            if churn is not None and (job := churn.job_at(self.name, now)) is not self.job:
+                self.assign(job)
+            self._restart_if_due()
             self.apply_faults()
             started = wall()
             due = [c for position, c in enumerate(self.collectors)
@@ -558,8 +618,11 @@ class Fleet:
     process_metrics: ProcessMetrics = field(default_factory=ProcessMetrics, init=False)
     # The jobs to run; drawn from the seed (with `idle_share` of the nodes idle) where none are given.
     layout: InitVar[Sequence[Job] | None] = None
+    # Mean simulated seconds a job lasts before another takes its nodes (see `churn`); None: jobs never end.
+    job_lifetime: InitVar[float | None] = None
+    churn: Churn | None = field(default=None, init=False)
 
-    def __post_init__(self, layout: Sequence[Job] | None) -> None:
+    def __post_init__(self, layout: Sequence[Job] | None, job_lifetime: float | None) -> None:
         names = node_names(self.node_count)
         self.nodes = {name: Node(self, index, name, self.gpus_per_node) for index, name in enumerate(names, 1)}
         self._set(list(self.faults))
@@ -567,6 +630,12 @@ class Fleet:
         for job in self.jobs:
             for name in job.nodes:
                 self.nodes[name].assign(job)
+        if job_lifetime is not None:
+            self.churn = Churn(self.jobs, job_lifetime, self.seed)
+
+    def jobs_at(self, t: float) -> list[Job]:
+        """The jobs running at simulated time `t`."""
+        return self.jobs if self.churn is None else self.churn.jobs_at(t)
 
     def faults_for(self, node: str) -> list[Fault]:
         return self._by_node.get(node, [])

@@ -14,6 +14,7 @@ import html
 import ipaddress
 import json
 import os
+import random
 import tempfile
 import time
 from collections.abc import Callable
@@ -30,6 +31,7 @@ FLEET_KEY: web.AppKey[Fleet] = web.AppKey("fleet", Fleet)
 CLOCK_KEY: web.AppKey[Callable[[], float]] = web.AppKey("clock", Callable)  # type: ignore[arg-type]
 REMOTE_KEY: web.AppKey[bool] = web.AppKey("allow_remote_control", bool)
 HOLD_KEY: web.AppKey[float] = web.AppKey("down_hold_seconds", float)
+MISSED_KEY: web.AppKey[Callable[[], bool]] = web.AppKey("missed", Callable)  # type: ignore[arg-type]
 
 
 class SimClock:
@@ -67,6 +69,8 @@ async def node_metrics(request: web.Request) -> web.StreamResponse:
     if node is None:
         raise web.HTTPNotFound(text="no such node\n")
     now = request.app[CLOCK_KEY]()
+    if node.restarting_at(now) or request.app[MISSED_KEY]():
+        raise web.HTTPServiceUnavailable(text="exporter restarting, or a scrape missed (simulated)\n")
     if node.down_at(now):  # Hold the scrape until the scraper gives up, as a hung exporter would.
         await asyncio.sleep(request.app[HOLD_KEY])
         raise web.HTTPServiceUnavailable(text="exporter down (simulated)\n")
@@ -138,7 +142,7 @@ async def landing(request: web.Request) -> web.Response:
     fleet = request.app[FLEET_KEY]
     now = request.app[CLOCK_KEY]()
     jobs = "".join(f"<li>{html.escape(job.scheduler)} {html.escape(job.id)}: {len(job.nodes)} nodes</li>"
-                   for job in fleet.jobs)
+                   for job in fleet.jobs_at(now))
     faults = "".join(f"<li>{html.escape(f.id)} {html.escape(f.kind)} on {html.escape(f.node)}"
                      f"{' (active)' if f.active(now) else ''}</li>" for f in fleet.faults)
     kinds = "".join(f"<li><code>{html.escape(kind)}</code>: {html.escape(text)}</li>"
@@ -158,9 +162,17 @@ async def healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok\n")
 
 
+def missed_scrapes(share: float, seed: int) -> Callable[[], bool]:
+    """Whether the next scrape fails: `share` of them, drawn from the seed, as a real fleet misses a scrape
+    now and then (a timeout, a reset connection). Prometheus then marks the target's series stale."""
+    rng = random.Random(f"missed-scrapes:{seed}")
+    return lambda: share > 0 and rng.random() < share
+
+
 def build_app(fleet: Fleet, clock: Callable[[], float], allow_remote_control: bool = False,
-              down_hold_seconds: float = 60.0) -> web.Application:
+              down_hold_seconds: float = 60.0, missed: Callable[[], bool] = lambda: False) -> web.Application:
     app = web.Application()
+    app[MISSED_KEY] = missed
     app[FLEET_KEY] = fleet
     app[CLOCK_KEY] = clock
     app[REMOTE_KEY] = allow_remote_control
