@@ -2,6 +2,7 @@
 
     python bench/detection_bench.py                 # the sweep in the README: about 2 hours
     python bench/detection_bench.py --short         # what CI runs: two stragglers, one round
+    python bench/detection_bench.py --healthy-hours 4 --jobs 4,4,8,8,16,32,4,4,8,8,16,16   # 512 node-hours
 
 Real programs: the fleet simulator, Prometheus with the rules generated at `--time-scale` (every window
 and `for` divided by it, thresholds unchanged) and Alertmanager with the production routing, delivering
@@ -9,7 +10,13 @@ to a receiver here. The fleet runs Slurm jobs of the sizes `--jobs` lists, with 
 54 production seconds. Each round injects one straggler into every job, each a (cause, slowdown) case
 drawn for the job's size, on a node drawn from the seed; the faults last `--fault-minutes`, then the
 round waits `--settle-minutes` for the alerts to resolve. Before the first round the fleet runs healthy
-for `--healthy-minutes`.
+for `--healthy-minutes`. `--cases` names (cause, slowdown) pairs instead of crossing `--causes` with
+`--slowdowns`.
+
+`--healthy-hours` runs no straggler: the fleet runs healthy for that long while it moves as a real one
+does. Jobs end and new ones take most of their nodes (`--job-lifetime`), exporters restart
+(`--restarts-per-node-day`, each refusing scrapes for 20 production seconds), and a share of scrapes
+fails (`--missed-scrapes`). Every alert that fires is false.
 
 Figures are in production minutes: wall seconds times the time scale. Per cause, slowdown and job size:
 recall (a `NodeStraggler` on the straggler's node while its fault lasts), the cause named (the alert's
@@ -45,7 +52,7 @@ from gpufleet.alerts.rules import render  # noqa: E402
 from gpufleet.simulator.faults import Cause  # noqa: E402
 
 from delivery import AlertLog, Receiver, routing  # noqa: E402
-from programs import alertmanager, http, prometheus, prometheus_config, simulator  # noqa: E402
+from programs import alertmanager, http, prometheus, prometheus_config, query, simulator  # noqa: E402
 
 # What names each cause in the alert's description, and the alert of the cause itself, on the same node.
 NAMED = {Cause.CLOCK: "none of", Cause.THERMAL: "thermal slowdown", Cause.POWER: "power brake",
@@ -93,6 +100,42 @@ def cases(causes: list[Cause], slowdowns: list[float], sizes: list[int], seeds: 
         random.Random(f"cases:{size}").shuffle(queue)
         queues[size] = queue
     return queues
+
+
+def listed_cases(text: str, sizes: list[int], seeds: int) -> dict[int, list[Case]]:
+    """Cases from `cause:slowdown,...`, each once per seed in each size of job."""
+    pairs = [(Cause(cause), float(slowdown)) for cause, slowdown in (item.split(":") for item in text.split(","))]
+    queues: dict[int, list[Case]] = {}
+    for size in sorted(set(sizes)):
+        queue = [Case(cause, slowdown, size) for _ in range(seeds) for cause, slowdown in pairs]
+        random.Random(f"cases:{size}").shuffle(queue)
+        queues[size] = queue
+    return queues
+
+
+def restart_rates(path: Path, per_node_day: float, scale: float) -> None:
+    """A fault-rates file of exporter restarts, in the simulator's (wall) time: `scale` times as frequent and
+    as short as in production."""
+    rate = {"cause": "exporter restart", "kind": "exporter_restart", "per": "node",
+            "rate": per_node_day * scale, "duration": f"{round(20_000 / scale)}ms"}
+    path.write_text(yaml.safe_dump({"faults": [rate]}))
+
+
+def movement(sim_url: str, prom_url: str, seconds: int) -> str:
+    """What moved in the fleet, so a quiet run shows it was not quiet for want of anything happening."""
+    _, body = http("GET", f"{sim_url}/control/faults")
+    listing = json.loads(body)
+    restarts = sum(1 for f in listing["faults"] if f["kind"] == "exporter_restart" and f["start"] <= listing["now"])
+
+    def number(promql: str) -> int:
+        result = query(prom_url, promql)
+        return round(float(result[0]["value"][1])) if result else 0
+
+    jobs = number(f"count(count by (job_id) (last_over_time(gpufleet_gpu_job_info[{seconds}s])))")
+    scrapes = number(f"sum(count_over_time(up[{seconds}s]))")
+    failed = scrapes - number(f"sum(sum_over_time(up[{seconds}s]))")
+    return (f"Moving fleet: {jobs} job ids seen, {restarts} exporter restarts, {failed} of {scrapes} scrapes "
+            "failed (restarts and missed scrapes).")
 
 
 def rounds(jobs: list[dict[str, Any]], queues: dict[int, list[Case]], seed: int) -> Iterator[list[Case]]:
@@ -197,6 +240,16 @@ def main() -> None:
     parser.add_argument("--settle-minutes", type=float, default=12.0, help="production minutes between rounds")
     parser.add_argument("--healthy-minutes", type=float, default=60.0, help="production minutes before round 1")
     parser.add_argument("--interval", default="2s", help="collection and scrape interval, wall time")
+    parser.add_argument("--cases", help="cause:slowdown pairs, instead of --causes crossed with --slowdowns")
+    parser.add_argument("--healthy-hours", type=float, default=0.0,
+                        help="no stragglers: production hours of a healthy fleet with churn, restarts and missed "
+                             "scrapes")
+    parser.add_argument("--job-lifetime", type=float, default=60.0,
+                        help="with --healthy-hours: production minutes a job lasts on average")
+    parser.add_argument("--restarts-per-node-day", type=float, default=6.0,
+                        help="exporter restarts per node and production day (default: %(default)s)")
+    parser.add_argument("--missed-scrapes", type=float, default=0.005,
+                        help="share of scrapes that fail (default: %(default)s)")
     parser.add_argument("--short", action="store_true",
                         help="CI's version: jobs of 4 and 8, one 20%% clock and one 20%% NIC straggler, one round")
     args = parser.parse_args()
@@ -205,10 +258,16 @@ def main() -> None:
         sizes = [4, 8]
         queues = {4: [Case(Cause.CLOCK, 0.2, 4)], 8: [Case(Cause.NIC, 0.2, 8)]}
         args.healthy_minutes, args.fault_minutes, args.settle_minutes = 12.0, 18.0, 11.0
+    elif args.healthy_hours:
+        sizes, queues = [int(size) for size in args.jobs.split(",")], {}
+        args.healthy_minutes = args.healthy_hours * 60
     else:
         sizes = [int(size) for size in args.jobs.split(",")]
-        queues = cases([Cause(cause) for cause in args.causes.split(",")],
-                       [float(s) for s in args.slowdowns.split(",")], sizes, args.seeds)
+        if args.cases:
+            queues = listed_cases(args.cases, sizes, args.seeds)
+        else:
+            queues = cases([Cause(cause) for cause in args.causes.split(",")],
+                           [float(s) for s in args.slowdowns.split(",")], sizes, args.seeds)
     count, jobs = layout(sizes, args.seed)
     config = Config().scaled(scale)
     done: list[Case] = []
@@ -217,9 +276,16 @@ def main() -> None:
         (work / "rules.yml").write_text(render(config))
         (work / "layout.yml").write_text(yaml.safe_dump({"jobs": jobs}))
         (work / "am").mkdir()
+        restart_rates(work / "restarts.yml", args.restarts_per_node_day, scale)
+        rounds_count = max((len(queue) for queue in queues.values()), default=0)
+        horizon = (args.healthy_minutes + rounds_count * (args.fault_minutes + args.settle_minutes)) * 60 / scale
+        moving = [f"--fault-rates={work / 'restarts.yml'}", f"--fault-rates.horizon={round(horizon) + 60}s",
+                  f"--missed-scrapes={args.missed_scrapes}"]
+        if args.healthy_hours:
+            moving.append(f"--job-lifetime={round(args.job_lifetime * 60 / scale)}s")
         receiver = Receiver()
         with simulator(work, f"--nodes={count}", f"--seed={args.seed}", f"--layout={work / 'layout.yml'}",
-                       "--cluster=bench", f"--collect-interval={args.interval}") as (sim_url, targets), \
+                       "--cluster=bench", f"--collect-interval={args.interval}", *moving) as (sim_url, targets), \
                 alertmanager(routing(work, receiver), work / "am") as am_url, \
                 prometheus(prometheus_config(work / "prometheus.yml", targets, args.interval, work / "rules.yml",
                                              am_url), work / "data") as prom_url:
@@ -242,12 +308,14 @@ def main() -> None:
                 time.sleep(seconds + args.settle_minutes * 60 / scale)
             log.stop()
             ended = time.monotonic()
+            moved = movement(sim_url, prom_url, round(ended - began))
         delivered = len(receiver.snapshot())
     tally = judge(log, done, scale, since)
     faulted = sum(min(c.end + 600 / scale, ended) - c.start for c in done)
     healthy_node_hours = (count * (ended - since) - faulted) * scale / 3600
     print(report(done, tally, healthy_node_hours, config))
     print(f"Notifications delivered by Alertmanager: {delivered}")
+    print(moved)
     if args.short:
         found = all(c.detected is not None and c.named for c in done)
         print(json.dumps({"found_and_named": found, "false_alerts": len(tally.false)}))
