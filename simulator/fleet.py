@@ -122,7 +122,7 @@ class Node:
         self.t = 0.0  # The node's frozen clock, in simulated seconds since the fleet started.
         self.job: Job | None = None
         self.lock = threading.Lock()  # One collection at a time: the fleet's thread, or a first scrape.
-        self.fired: set[str] = set()  # Faults whose one-off events (XIDs) have been raised.
+        self.fired: set[str] = set()  # Faults whose one-off events (XIDs, exporter restarts) have happened.
         self.collected = False
         self._tenures: list[tuple[float, Job | None]] = [(0.0, None)]  # (from when, the job it runs)
         self._segments: tuple[tuple[int, int], list[Segment]] = ((-1, 0), [])
@@ -278,10 +278,8 @@ class Node:
         """The driver's utilisation samples of one board: the busy share of its node's phases over each
         sample's period, with the board's own noise."""
         def busy(start: float, end: float) -> float:
-            if self.job is None:
-                return 0.0
-            return ((self._utilization_integral(end) - self._utilization_integral(start)) / (end - start)
-                    + 0.015 * _wave(end, gpu + self.index))
+            share = (self._utilization_integral(end) - self._utilization_integral(start)) / (end - start)
+            return share + 0.015 * _wave(end, gpu + self.index) if share > 0 else 0.0  # An idle board reads 0.
         return busy
 
     def _utilization_integral(self, t: float) -> float:
