@@ -60,7 +60,11 @@ def share_of_time(c: Config, sparse: str, window: str) -> str:
 def node_signals(c: Config) -> list[dict[str, Any]]:
     """Each node's straggler signals now: the mean over its GPUs in each named job, and over its busy GPUs
     that have no job id (compared within their cluster and GPU model)."""
-    jobs = c.metric("gpufleet_gpu_job_info", 'job_id!=""')
+    # Job and model over the last minute, not at this instant: one missed scrape marks a node's series stale,
+    # and a node missing from one evaluation of its job would restart every `for` that counts its peers.
+    named = c.metric("gpufleet_gpu_job_info", 'job_id!=""')
+    jobs = f"last_over_time({named}[{c.d(TREND_INTERVAL)}])"
+    info = f"last_over_time({c.metric('gpufleet_gpu_info')}[{c.d(TREND_INTERVAL)}])"
     gpu = c.by(*_GPU_KEY)
     rules = []
     for signal, (metric, *matchers) in _GPU_SIGNALS.items():
@@ -70,8 +74,9 @@ def node_signals(c: Config) -> list[dict[str, Any]]:
         value = f"avg_over_time({c.metric(metric, *matchers)}[{c.d(TREND_INTERVAL)}])"
         rules.append(record(NODE_SIGNAL, f"avg by ({c.by('scheduler', 'job_id', 'instance')}) "
                                          f"({jobs} * on ({gpu}) group_left {value})", signal=signal, peers="job"))
-        busy = f"{c.metric('gpufleet_gpu_utilization_ratio')} > {c.busy_utilization:g}"
-        without_job = (f"(({value} * on ({gpu}) group_left (name) {c.metric('gpufleet_gpu_info')})"
+        busy = f"avg_over_time({c.metric('gpufleet_gpu_utilization_ratio')}[{c.d(TREND_INTERVAL)}]) > " \
+               f"{c.busy_utilization:g}"
+        without_job = (f"(({value} * on ({gpu}) group_left (name) {info})"
                        f" unless on ({gpu}) {jobs}) and on ({gpu}) {busy}")
         by_model = (f'label_replace(avg by ({c.by("instance", "name")}) ({without_job}), '
                     f'"model", "$1", "name", "(.*)")')
@@ -164,7 +169,7 @@ def links(c: Config) -> dict[str, Any]:
 def shared(c: Config) -> dict[str, Any]:
     rules = [
         record(NODE_JOBS, f"count by ({c.by('instance', 'scheduler', 'job_id', 'namespace', 'pod')}) "
-                          f"({c.metric('gpufleet_gpu_job_info')})"),
+                          f"(last_over_time({c.metric('gpufleet_gpu_job_info')}[{c.d(TREND_INTERVAL)}]))"),
         record("instance:gpufleet_gpu_utilization_ratio:avg",
                f"avg by ({c.by('instance')}) ({c.metric('gpufleet_gpu_utilization_ratio')})"),
         record("instance:gpufleet_gpu_power_watts:sum",

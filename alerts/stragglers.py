@@ -76,13 +76,15 @@ def stragglers(c: Config) -> dict[str, Any]:
     window = c.d(c.signal_window)
     full = max(1, round(duration.parse(c.signal_window) / duration.parse(TREND_INTERVAL)) - 1)
     settled = c.d(duration.render(duration.parse(c.signal_window) + duration.parse(TREND_INTERVAL)))
+    before = c.d(duration.render(2 * duration.parse(TREND_INTERVAL)))
     rules = [
         *node_signals(c),
         # Only over a full window that leaves out the node's first evaluation in the job: that one averages
         # what its scrapes held before (a Prometheus that just started, a node that was idle before it
-        # joined), a sample or two that are not yet the mean of several training steps.
+        # joined), a sample or two that are not yet the mean of several training steps. Each test spares one
+        # missing evaluation, so a missed scrape does not drop a node from its job for a minute.
         record(SIGNAL, f"avg_over_time({NODE_SIGNAL}[{window}]) and count_over_time({NODE_SIGNAL}[{window}]) >= "
-                       f"{full} and {NODE_SIGNAL} offset {settled}"),
+                       f"{full} and present_over_time({NODE_SIGNAL}[{before}] offset {settled})"),
         record(MEDIAN, f"quantile by ({peers}) (0.5, {SIGNAL})"),
         record(BEST, f"max by ({peers}) ({SIGNAL})"),
         record(NODES, f"count by ({peers}) ({SIGNAL})"),
