@@ -92,19 +92,8 @@ def layout(sizes: list[int], seed: int) -> tuple[int, list[dict[str, Any]]]:
     return first - 1, jobs
 
 
-def cases(causes: list[Cause], slowdowns: list[float], sizes: list[int], seeds: int) -> dict[int, list[Case]]:
+def cases(pairs: list[tuple[Cause, float]], sizes: list[int], seeds: int) -> dict[int, list[Case]]:
     """Every case to run, queued by job size: each (cause, slowdown) once per seed in each size of job."""
-    queues: dict[int, list[Case]] = {}
-    for size in sorted(set(sizes)):
-        queue = [Case(cause, slowdown, size) for _ in range(seeds) for cause in causes for slowdown in slowdowns]
-        random.Random(f"cases:{size}").shuffle(queue)
-        queues[size] = queue
-    return queues
-
-
-def listed_cases(text: str, sizes: list[int], seeds: int) -> dict[int, list[Case]]:
-    """Cases from `cause:slowdown,...`, each once per seed in each size of job."""
-    pairs = [(Cause(cause), float(slowdown)) for cause, slowdown in (item.split(":") for item in text.split(","))]
     queues: dict[int, list[Case]] = {}
     for size in sorted(set(sizes)):
         queue = [Case(cause, slowdown, size) for _ in range(seeds) for cause, slowdown in pairs]
@@ -264,10 +253,12 @@ def main() -> None:
     else:
         sizes = [int(size) for size in args.jobs.split(",")]
         if args.cases:
-            queues = listed_cases(args.cases, sizes, args.seeds)
+            pairs = [(Cause(cause), float(slowdown)) for cause, slowdown in
+                     (item.split(":") for item in args.cases.split(","))]
         else:
-            queues = cases([Cause(cause) for cause in args.causes.split(",")],
-                           [float(s) for s in args.slowdowns.split(",")], sizes, args.seeds)
+            pairs = [(Cause(cause), float(slowdown)) for cause in args.causes.split(",")
+                     for slowdown in args.slowdowns.split(",")]
+        queues = cases(pairs, sizes, args.seeds)
     count, jobs = layout(sizes, args.seed)
     config = Config().scaled(scale)
     done: list[Case] = []

@@ -35,12 +35,11 @@ class _Slot:
         self.rng = rng
         # The layout's job is already part way through its life when the fleet starts.
         self.tenures = [Tenure(0.0, rng.uniform(0.1, 1.5) * lifetime, first)]
-        self.starts = [0.0]
 
     def at(self, t: float) -> Job | None:
         while self.tenures[-1].end <= t:
             self._next()
-        position = bisect.bisect_right(self.starts, t) - 1
+        position = bisect.bisect_right(self.tenures, t, key=lambda tenure: tenure.start) - 1
         if position < 0:
             return None
         tenure = self.tenures[position]
@@ -55,7 +54,6 @@ class _Slot:
         job = replace(first, id=job_id, nodes=tuple(sorted(rng.sample(first.nodes, size))),
                       period=first.period * rng.uniform(0.9, 1.1))
         self.tenures.append(Tenure(start, start + rng.uniform(0.5, 1.5) * self.lifetime, job))
-        self.starts.append(start)
 
 
 class Churn:

@@ -120,7 +120,6 @@ class Node:
         self.name = name
         self.ports = IB_PORTS + tuple(ETHERNET)
         self.t = 0.0  # The node's frozen clock, in simulated seconds since the fleet started.
-        self.job: Job | None = None
         self.lock = threading.Lock()  # One collection at a time: the fleet's thread, or a first scrape.
         self.fired: set[str] = set()  # Faults whose one-off events (XIDs, exporter restarts) have happened.
         self.collected = False
@@ -150,7 +149,6 @@ class Node:
         if self._tenures[-1][0] == self.t:
             self._tenures.pop()
         self._tenures.append((self.t, job))
-        self.job = job
         for board in self.boards:
             for process in board.processes:
                 self.procfs.remove(str(process.pid))
@@ -161,6 +159,11 @@ class Node:
             pid = 100000 + self.index * 10 + board.index
             board.processes = [SimulatedProcess(pid, job.cgroup(self.index, board.index))]
             self.procfs.set(f"{pid}/cgroup", f"0::{board.processes[0].cgroup}")
+
+    @property
+    def job(self) -> Job | None:
+        """The job the node runs now: the last it was assigned."""
+        return self._tenures[-1][1]
 
     def segments(self) -> list[Segment]:
         """The node's phase timeline, every job it has run in turn; rebuilt only when the faults or its job
