@@ -146,9 +146,7 @@ class Node:
     def assign(self, job: Job | None) -> None:
         """Run `job` (or nothing) on every GPU of this node from its time on, with a process whose cgroup
         names the job."""
-        if self._tenures[-1][0] == self.t:
-            self._tenures.pop()
-        self._tenures.append((self.t, job))
+        self._tenures.append((self.t, job))  # One given at the same instant as the last leaves it zero long.
         for board in self.boards:
             for process in board.processes:
                 self.procfs.remove(str(process.pid))
