@@ -15,7 +15,7 @@ import pynvml
 import pytest
 
 from gpufleet.exporter.gpu.nvml import Nvml
-from gpufleet.exporter.gpu.probes import FIELDS, PROBES, SampledUtilization, nvlink_fields
+from gpufleet.exporter.gpu.probes import FIELDS, PROBES, nvlink_fields, utilization_probe
 from gpufleet.exporter.gpu.simulated import SimulatedNvml
 
 CALLS = sorted(name for name in vars(Nvml) if name.startswith("nvml"))
@@ -49,6 +49,10 @@ class Documented:
 
     def nvmlDeviceGetUtilizationRates(self, handle):
         return SimpleNamespace(gpu=87, memory=41)  # nvmlUtilization_t: "Percent of time over the past sample period"
+
+    def nvmlDeviceGetSamples(self, handle, sampling_type, time_stamp):
+        self.refused = getattr(self, "refused", 0) + 1
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)  # A board that keeps no samples.
 
     def nvmlDeviceGetEncoderUtilization(self, handle):
         return [12, 167_000]  # "utilization: ... encoder utilization value"; "samplingPeriodUs" in µs
@@ -85,7 +89,7 @@ class Documented:
     ("nvmlDeviceGetTemperature", "gpufleet_gpu_temperature_celsius", 64),
 ])
 def test_each_call_is_converted_from_the_unit_nvml_documents(probe, metric, expected):
-    [read] = [p.read for p in PROBES if p.name == probe]
+    [read] = [p.read for p in (utilization_probe(), *PROBES) if p.name == probe]
     values = {reading.metric.name: reading.value for reading in read(Documented(), None)}
     assert values[metric] == pytest.approx(expected, rel=1e-12)
 
@@ -109,13 +113,24 @@ class Sampled(Documented):
         return pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, fresh
 
 
+def utilization(read, nvml) -> float:
+    [value] = [r.value for r in read(nvml, None) if r.metric.name == "gpufleet_gpu_utilization_ratio"]
+    return value
+
+
 def test_utilization_is_the_mean_of_the_samples_since_the_last_collection():
-    nvml, read = Sampled([100, 100, 0, 100]), SampledUtilization()
-    assert [r.value for r in read(nvml, None)] == [0.75]
+    nvml, read = Sampled([100, 100, 0, 100]), utilization_probe().read
+    assert utilization(read, nvml) == 0.75
     nvml.samples += Sampled([100] * 4 + [40, 40, 40, 40]).samples[4:]  # Four newer samples.
-    assert [r.value for r in read(nvml, None)] == [0.4]
+    assert utilization(read, nvml) == 0.4
     # None newer: the rates call's last sample period ("Percent of time over the past sample period").
-    assert [r.value for r in read(nvml, None)] == [0.87]
+    assert utilization(read, nvml) == 0.87
+
+
+def test_a_board_without_samples_is_asked_once_and_reads_the_last_period():
+    nvml, read = Documented(), utilization_probe().read
+    assert [utilization(read, nvml) for _ in range(3)] == [0.87] * 3
+    assert nvml.refused == 1
 
 
 @pytest.mark.parametrize(("field_id", "raw", "expected"), [

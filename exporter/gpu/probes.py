@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import pynvml
 
-from gpufleet.exporter.gpu.nvml import FieldValue, Handle, Nvml
+from gpufleet.exporter.gpu.nvml import UNSUPPORTED, FieldValue, Handle, Nvml
 
 
 @dataclass(frozen=True, eq=False)
@@ -179,19 +179,9 @@ class Probe:
     static: bool = False
 
 
-def _utilization(nvml: Nvml, handle: Handle) -> list[Reading]:
-    rates = nvml.nvmlDeviceGetUtilizationRates(handle)
-    return checked(UTILIZATION, rates.gpu, 0, 100, per=_PERCENT) + checked(
-        MEMORY_COPY_UTILIZATION, rates.memory, 0, 100, per=_PERCENT
-    )
-
-
-def _memory_copy_utilization(nvml: Nvml, handle: Handle) -> list[Reading]:
-    return checked(MEMORY_COPY_UTILIZATION, nvml.nvmlDeviceGetUtilizationRates(handle).memory, 0, 100, per=_PERCENT)
-
-
-class SampledUtilization:
-    """GPU utilisation averaged over every sample the driver took since the previous collection.
+class Utilization:
+    """GPU and memory-copy utilisation; the GPU's averaged over every sample the driver took since the
+    previous collection, where the driver keeps samples.
 
     `nvmlDeviceGetUtilizationRates` answers for the driver's last sample period only (1/6 s to 1 s):
     one reading per scrape sees a training step's short stalls as rarely as a scrape lands in one, so
@@ -202,23 +192,35 @@ class SampledUtilization:
 
     def __init__(self) -> None:
         self._last_seen = 0  # The driver's time stamp (CPU microseconds) of the newest sample read.
+        self._sampled = True  # Until the board says it keeps no samples.
 
     def __call__(self, nvml: Nvml, handle: Handle) -> list[Reading]:
+        rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+        mean = self._sample_mean(nvml, handle) if self._sampled else None
+        # No sample since the last collection (collected faster than the driver samples): the last period's.
+        busy = rates.gpu if mean is None else mean
+        return checked(UTILIZATION, busy, 0, 100, per=_PERCENT) + checked(
+            MEMORY_COPY_UTILIZATION, rates.memory, 0, 100, per=_PERCENT
+        )
+
+    def _sample_mean(self, nvml: Nvml, handle: Handle) -> float | None:
         try:
             value_type, samples = nvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES,
                                                             self._last_seen)
         except pynvml.NVMLError as err:
-            if err.value != pynvml.NVML_ERROR_NOT_FOUND:
-                raise
-            samples = []
-        member = _FIELD_MEMBERS.get(value_type) if samples else None
+            if err.value in UNSUPPORTED:
+                self._sampled = False
+                return None
+            if err.value == pynvml.NVML_ERROR_NOT_FOUND:
+                return None
+            raise
+        member = _FIELD_MEMBERS.get(value_type)
         fresh = [sample for sample in samples if sample.timeStamp > self._last_seen]
         if member is None or not fresh:
-            # No sample since the last collection (collected faster than the driver samples): the last period's.
-            return checked(UTILIZATION, nvml.nvmlDeviceGetUtilizationRates(handle).gpu, 0, 100, per=_PERCENT)
+            return None
         self._last_seen = max(sample.timeStamp for sample in fresh)
-        values = [getattr(sample.sampleValue, member) for sample in fresh]
-        return checked(UTILIZATION, sum(values) / len(values), 0, 100, per=_PERCENT)
+        values: list[float] = [getattr(sample.sampleValue, member) for sample in fresh]
+        return sum(values) / len(values)
 
 
 def _codec(metric: GpuMetric, call: Callable[[Nvml, Handle], Sequence[int]]) -> Read:
@@ -346,18 +348,12 @@ def nvlink_fields(links: list[int]) -> list[Field]:
     return fields
 
 
-UTILIZATION_RATES = Probe("nvmlDeviceGetUtilizationRates", _utilization)
-# Where the driver keeps utilisation samples (`SampledUtilization`), the rates call still gives memory copy.
-MEMORY_COPY_RATES = Probe("nvmlDeviceGetUtilizationRates", _memory_copy_utilization)
+def utilization_probe() -> Probe:
+    """A new `Utilization` for one GPU, as a probe: it keeps that GPU's last sample read."""
+    return Probe("nvmlDeviceGetUtilizationRates", Utilization())
 
 
-def sampled_utilization_probe() -> Probe:
-    """A new `SampledUtilization` for one GPU, as a probe."""
-    return Probe("nvmlDeviceGetSamples(GPU utilization)", SampledUtilization())
-
-
-PROBES: tuple[Probe, ...] = (
-    UTILIZATION_RATES,
+PROBES: tuple[Probe, ...] = (  # Stateless, shared by every GPU; `utilization_probe` is one per GPU.
     Probe("nvmlDeviceGetEncoderUtilization",
           _codec(ENCODER_UTILIZATION, lambda nvml, h: nvml.nvmlDeviceGetEncoderUtilization(h))),
     Probe("nvmlDeviceGetDecoderUtilization",

@@ -32,16 +32,14 @@ from gpufleet.exporter.gpu.probes import (
     ECC_ENABLED,
     ECC_ERRORS,
     FIELDS,
-    MEMORY_COPY_RATES,
     PROBES,
-    UTILIZATION_RATES,
     Field,
     Probe,
     Reading,
     nvlink_fields,
     nvlink_probes,
     read_fields,
-    sampled_utilization_probe,
+    utilization_probe,
 )
 
 log = logging.getLogger(__name__)
@@ -214,8 +212,7 @@ class NvmlSession:
         probes: list[Probe] = []
         static: list[Reading] = []
         unsupported: list[str] = []
-        sampled = sampled_utilization_probe()
-        for probe in (sampled, *PROBES, *nvlink_probes(links)):
+        for probe in (utilization_probe(), *PROBES, *nvlink_probes(links)):
             try:
                 readings = probe.read(nvml, handle)
             except pynvml.NVMLError as err:
@@ -229,8 +226,6 @@ class NvmlSession:
                 static.extend(readings)
             else:
                 probes.append(probe)
-        if sampled in probes:  # The samples' mean replaces the rates call's last-period utilisation.
-            probes = [MEMORY_COPY_RATES if probe is UTILIZATION_RATES else probe for probe in probes]
 
         fields: list[Field] = []
         try:
