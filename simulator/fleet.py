@@ -371,13 +371,10 @@ class Node:
                 self.fired.add(fault.id)
                 self.nvml.inject_xid(fault.gpu or 0, code)
 
-    def down_at(self, t: float) -> bool:
-        """Whether the node's exporter is "down" at time `t` (read without touching the node's clock)."""
-        return any(f.kind is Kind.EXPORTER_DOWN and f.active(t) for f in self.fleet.faults_for(self.name))
-
-    def restarting_at(self, t: float) -> bool:
-        """Whether the node's exporter is between processes at time `t`: nothing listens, scrapes are refused."""
-        return any(f.kind is Kind.EXPORTER_RESTART and f.active(t) for f in self.fleet.faults_for(self.name))
+    def has_at(self, kind: Kind, t: float) -> bool:
+        """Whether a fault of `kind` is active on the node at time `t`, read without touching the node's clock:
+        the server asks it of a scrape's instant before the node is advanced to it."""
+        return any(f.kind is kind and f.active(t) for f in self.fleet.faults_for(self.name))
 
     def _restart_if_due(self) -> None:
         """A restart that has ended leaves a new exporter process: collectors built afresh, so every counter

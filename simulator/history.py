@@ -15,6 +15,7 @@ import itertools
 import re
 from typing import TextIO
 
+from gpufleet.simulator.faults import FaultKind
 from gpufleet.simulator.fleet import Fleet, Node
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? (\S+)$")
@@ -82,7 +83,8 @@ class History:
             stamp = f"{start + index * step:.3f}"
             for name, node in self.fleet.nodes.items():
                 target = ",".join(f'{k}="{v}"' for k, v in {**self.labels, "instance": name, "job": "gpufleet"}.items())
-                if node.down_at(t):  # As Prometheus records a target that does not answer: up 0, nothing else.
+                if node.has_at(FaultKind.EXPORTER_DOWN, t) or node.has_at(FaultKind.EXPORTER_RESTART, t):
+                    # As Prometheus records a target that does not answer: up 0, nothing else.
                     families["up"].append(f"up{{{target}}} 0 {stamp}")
                     self._held.pop(name, None)  # It comes back with what it collects then.
                     continue

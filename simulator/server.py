@@ -24,7 +24,7 @@ from aiohttp.typedefs import Handler
 
 from gpufleet.exporter.render import CONTENT_TYPE
 from gpufleet.exporter.server import accepts_gzip
-from gpufleet.simulator.faults import KINDS, ScenarioError, parse_fault, seconds
+from gpufleet.simulator.faults import KINDS, FaultKind, ScenarioError, parse_fault, seconds
 from gpufleet.simulator.fleet import Fleet
 
 FLEET_KEY: web.AppKey[Fleet] = web.AppKey("fleet", Fleet)
@@ -69,9 +69,9 @@ async def node_metrics(request: web.Request) -> web.StreamResponse:
     if node is None:
         raise web.HTTPNotFound(text="no such node\n")
     now = request.app[CLOCK_KEY]()
-    if node.restarting_at(now) or request.app[MISSED_KEY]():
+    if node.has_at(FaultKind.EXPORTER_RESTART, now) or request.app[MISSED_KEY]():
         raise web.HTTPServiceUnavailable(text="exporter restarting, or a scrape missed (simulated)\n")
-    if node.down_at(now):  # Hold the scrape until the scraper gives up, as a hung exporter would.
+    if node.has_at(FaultKind.EXPORTER_DOWN, now):  # Held until the scraper gives up, as a hung exporter does.
         await asyncio.sleep(request.app[HOLD_KEY])
         raise web.HTTPServiceUnavailable(text="exporter down (simulated)\n")
     # The background loop keeps each node's snapshot fresh; a node not collected yet is collected now.
