@@ -54,7 +54,47 @@ def test_hwmon_garbage_is_reported(sysfs: Path):
     (sysfs / "class/hwmon/hwmon2/temp1_input").write_text("\x00\xff")
     collection, samples = hwmon(sysfs)
     assert collection.problems == ("class/hwmon/hwmon2/temp1_input: not ASCII text",)
-    assert len(named(samples, "gpufleet_hwmon_temperature_celsius")) == 7
+    assert len(named(samples, "gpufleet_hwmon_temperature_celsius")) == 8
+
+
+def test_node_power_voltage_and_current_in_base_units_with_their_limits():
+    collection, samples = hwmon()
+    assert collection.problems == ()
+    meter = {"chip": "power_meter", "device": "ACPI000D:00", "sensor": "power1", "label": "power1"}
+    assert samples[series("gpufleet_hwmon_power_watts", **meter)] == 1843.0  # Only an average: it stands in.
+    assert samples[series("gpufleet_hwmon_power_cap_watts", **meter)] == 10200.0
+    psu = {"chip": "pmbus", "device": "7-0058"}
+    assert samples[series("gpufleet_hwmon_power_watts", **psu, sensor="power1", label="pin")] == 1846.0
+    assert samples[series("gpufleet_hwmon_power_max_watts", **psu, sensor="power1", label="pin")] == 3000.0
+    assert samples[series("gpufleet_hwmon_power_watts", **psu, sensor="power2", label="pout")] == 1752.0
+    vin = {**psu, "sensor": "in1", "label": "vin"}
+    assert samples[series("gpufleet_hwmon_voltage_volts", **vin)] == 230.125
+    assert samples[series("gpufleet_hwmon_voltage_lcrit_volts", **vin)] == 180.0
+    assert samples[series("gpufleet_hwmon_voltage_crit_volts", **vin)] == 264.0
+    iin = {**psu, "sensor": "curr1", "label": "iin"}
+    assert samples[series("gpufleet_hwmon_current_amperes", **iin)] == 8.03
+    assert samples[series("gpufleet_hwmon_current_max_amperes", **iin)] == 14.0
+    assert samples[series("gpufleet_hwmon_energy_joules_total", chip="amd_energy", device="amd_energy.0",
+                          sensor="energy1", label="Esocket0")] == 9876.54321
+    # Attributes that are neither a reading nor a limit (an averaging interval, a model number) are not series.
+    assert len(named(samples, "gpufleet_hwmon_power_watts")) == 3
+
+
+def test_an_older_driver_is_read_from_the_device_directory():
+    _, samples = hwmon()
+    it87 = {"chip": "it8728", "device": "it87.656"}  # Its name, too, is in the device's directory.
+    assert samples[series("gpufleet_hwmon_voltage_volts", **it87, sensor="in0", label="in0")] == 1.008
+    assert samples[series("gpufleet_hwmon_voltage_max_volts", **it87, sensor="in0", label="in0")] == 3.06
+    assert samples[series("gpufleet_hwmon_fan_speed_rpm", **it87, sensor="fan1", label="fan1")] == 2100
+    assert samples[series("gpufleet_hwmon_temperature_celsius", **it87, sensor="temp1", label="temp1")] == 33.0
+
+
+def test_the_class_directory_wins_over_the_device_directory(sysfs: Path):
+    (sysfs / "class/hwmon/hwmon7/in0_input").write_text("1500\n")  # Both have in0_input.
+    collection, samples = hwmon(sysfs)
+    assert collection.problems == ()
+    assert samples[series("gpufleet_hwmon_voltage_volts", chip="it8728", device="it87.656",
+                          sensor="in0", label="in0")] == 1.5
 
 
 def test_thermal_zones_and_trip_points():
