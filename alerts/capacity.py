@@ -5,7 +5,7 @@ A 30-day report over raw per-GPU series scraped every 15 s would decode billions
 of series, so the report's cost follows clusters, jobs and links, not GPUs times scrapes:
 
 - per cluster and GPU model (`cluster_name:`): GPU counts by state, utilisation sums and buckets,
-  memory, power and energy;
+  memory, power and energy; nodes, and the power of those with their own meter;
 - per job (`cluster_job:`) and per link (`instance_port:`): what the top-jobs and busiest-links
   tables rank;
 - per GPU, node or port, only while something is wrong: ECC errors, row remaps, lost GPUs, GPUs
@@ -30,6 +30,7 @@ WINDOW = "10m"  # Rates and averages span two evaluations, so a late one leaves 
 BUCKETS = 20  # Utilisation buckets 5% wide: quantiles are exact to 5%.
 TIGHT_MEMORY = 0.1  # Free memory share under which an allocated GPU counts as memory-bound.
 CAPPED_POWER = 0.95  # Share of the enforced power limit at which a GPU is likely being capped.
+POWER_METER = 'chip="power_meter"'  # The hwmon chip of a node's own meter (Linux's acpi_power_meter driver).
 
 GPUS = "cluster_name:gpufleet_gpus:count"  # Label `state`: installed, allocated, idle or lost.
 USED = "cluster_name:gpufleet_gpu_utilization_ratio:sum"
@@ -44,6 +45,10 @@ POWER = "cluster_name:gpufleet_gpu_power_watts:sum"
 POWER_GPUS = "cluster_name:gpufleet_gpu_power_watts:count"
 POWER_OF_LIMIT = "cluster_name:gpufleet_gpu_power_limit:sum_ratio"
 POWER_CAPPED = "cluster_name:gpufleet_gpus_power_capped:count"
+NODES = "cluster_name:gpufleet_nodes:count"
+METERED_NODES = "cluster_name:gpufleet_node_power_watts:count"
+NODE_POWER = "cluster_name:gpufleet_node_power_watts:sum"
+METERED_GPU_POWER = "cluster_name:gpufleet_metered_node_gpu_power_watts:sum"
 ECC = "instance_gpu:gpufleet_gpu_ecc_uncorrected_errors:total"
 REMAP_PENDING = "instance_gpu:gpufleet_gpu_row_remap_pending:true"
 REMAP_FAILED = "instance_gpu:gpufleet_gpu_row_remap_failed:true"
@@ -84,6 +89,11 @@ def capacity(c: Config) -> dict[str, Any]:
         return f"({per_gpu}) * on ({gpu}) group_left (name) {info}"
 
     power_ratio = f"({m('gpufleet_gpu_power_watts')} / {m('gpufleet_gpu_power_limit_watts')})"
+    # A node's own power meter (ACPI power_meter) counts what the boards' counters leave out: CPUs, NICs,
+    # fans. Nodes are filed under their GPUs' model; a node without a meter is counted, never read as 0 W.
+    node, node_model = c.by("instance"), f"group by ({c.by('instance')}, name) ({m('gpufleet_gpu_info')})"
+    meter = f"sum by ({node}) ({m('gpufleet_hwmon_power_watts', POWER_METER)})"
+    metered = f"{meter} * on ({node}) group_left (name) {node_model}"
     job_key = c.by("scheduler", "job_id")
     # From the raw series, not the first tier's: this group must also be computable alone, over the past
     # (`promtool tsdb create-blocks-from rules`), and at one evaluation in 5 minutes it costs little.
@@ -113,6 +123,10 @@ def capacity(c: Config) -> dict[str, Any]:
         record(POWER_GPUS, f"count by ({by_model_labels}) ({named(m('gpufleet_gpu_power_watts'))})"),
         record(POWER_OF_LIMIT, by_model(power_ratio)),
         record(POWER_CAPPED, f"count by ({by_model_labels}) ({named(power_ratio)} >= {CAPPED_POWER:g})"),
+        record(NODES, f"count by ({by_model_labels}) ({node_model})"),
+        record(METERED_NODES, f"count by ({by_model_labels}) ({metered})"),
+        record(NODE_POWER, f"sum by ({by_model_labels}) ({metered})"),
+        record(METERED_GPU_POWER, by_model(f"{m('gpufleet_gpu_power_watts')} and on ({node}) {meter}")),
         record(ECC, named(f"sum by ({gpu}) ({ecc}) > 0")),
         record(REMAP_PENDING, named(f"max by ({gpu}) ({m('gpufleet_gpu_row_remap_pending')}) == 1")),
         record(REMAP_FAILED, named(f"max by ({gpu}) ({m('gpufleet_gpu_row_remap_failed')}) == 1")),

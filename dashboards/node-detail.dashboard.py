@@ -2,6 +2,7 @@
 
 from grafanalib.core import Dashboard
 
+from gpufleet.alerts.capacity import POWER_METER
 from gpufleet.alerts.config import Config
 from gpufleet.dashboards.panels import PORT_LEGEND, Scope, dashboard, stat, table, timeseries
 
@@ -88,9 +89,14 @@ def build(config: Config) -> Dashboard:
              table("Jobs", [(f"gpufleet_gpu_job_info{{{gpu}}}", "")], width=12,
                    description="The jobs the scheduler placed on these GPUs.")],
             [timeseries("Hardware sensors", [(f"gpufleet_hwmon_temperature_celsius{{{node}}}",
-                                              "{{instance}} {{chip}} {{label}}")], "celsius"),
+                                              "{{instance}} {{chip}} {{label}}")], "celsius", width=8),
              timeseries("Thermal zones", [(f"gpufleet_thermal_zone_temperature_celsius{{{node}}}",
-                                           "{{instance}} {{type}}")], "celsius")],
+                                           "{{instance}} {{type}}")], "celsius", width=8),
+             timeseries("Node power", [
+                 (f'sum by (instance) (gpufleet_hwmon_power_watts{{{node}, {POWER_METER}}})', "{{instance}} node"),
+                 (f"sum by (instance) (gpufleet_gpu_power_watts{{{node}}})", "{{instance}} all GPUs"),
+             ], "watt", width=8, description="The node's own power meter, where it has one, beside its GPUs' boards: "
+                                             "the gap is the CPUs, NICs, fans and drives.")],
         ],
         related=[("gpufleet-fleet", "Fleet overview"), ("gpufleet-gpu-health", "GPU health"),
                  ("gpufleet-fabric", "Network fabric")],

@@ -224,6 +224,7 @@ async def energy(q: Queries) -> Section:
         q.at_end(_summed(w, rec.POWER_GPUS)), q.at_end(_summed(w, rec.POWER_OF_LIMIT)),
         q.at_end(_summed(w, rec.POWER_CAPPED)),
         q.at_end(f"max_over_time({w.over(f'sum by ({q.by()}) ({rec.POWER})')})"))
+    node_findings, node_tables = await _node_power(q)
     counts = _need(_per_model(samples), "GPU power samples")
     kwh, power, shares, at_cap = (_per_model(r) for r in (joules, watts, of_limit, capped))
     rows = [(*key, f"{kwh[key] / 3.6e6:,.0f}" if key in kwh else "—", f"{power.get(key, 0) / counts[key]:,.0f} W",
@@ -233,13 +234,39 @@ async def energy(q: Queries) -> Section:
     total_kwh = sum(kwh.values()) / 3.6e6
     return Section(
         "energy", "Energy and power",
-        "Energy from the GPUs' own counters (board power only: no CPUs, fans or cooling). Power against the "
-        f"enforced limit; a GPU at {rec.CAPPED_POWER:.0%} of its limit or more is likely being capped.",
-        findings=[f"The GPUs used {total_kwh:,.0f} kWh in the period."],
+        "Energy from the GPUs' own counters (board power only: no CPUs, fans or cooling), and from the "
+        "nodes' own power meters where they have one (the whole node, still without cooling). Power against "
+        f"the enforced limit; a GPU at {rec.CAPPED_POWER:.0%} of its limit or more is likely being capped.",
+        findings=[f"The GPUs used {total_kwh:,.0f} kWh in the period.", *node_findings],
         tables=[Table("Energy and power by cluster and model",
                       ("Cluster", "Model", "Energy (kWh)", "Mean power per GPU", "Mean share of limit",
                        f"GPU-hours at {rec.CAPPED_POWER:.0%} of limit or more"), rows),
+                *node_tables,
                 Table("Peak GPU power draw by cluster", ("Cluster", "Peak draw"), sorted(draws))])
+
+
+async def _node_power(q: Queries) -> tuple[list[str], list[Table]]:
+    """Whole-node power, from the nodes that meter it: what a planner needs beside the boards' share, since
+    a node's CPUs, NICs and fans draw power the GPUs' counters never see. Nodes without a meter are named
+    as such, never counted as drawing nothing."""
+    w = q.window
+    nodes, metered, node_watts, node_samples, gpu_watts = await asyncio.gather(
+        q.at_end(f"max_over_time({w.over(rec.NODES)})"), q.at_end(f"max_over_time({w.over(rec.METERED_NODES)})"),
+        q.at_end(_summed(w, rec.NODE_POWER)), q.at_end(_summed(w, rec.METERED_NODES)),
+        q.at_end(_summed(w, rec.METERED_GPU_POWER)))
+    all_nodes, with_meter, watts, samples, gpus = (_per_model(r) for r in
+                                                   (nodes, metered, node_watts, node_samples, gpu_watts))
+    if not samples:
+        return ["No node reported its own power (an ACPI power meter under hwmon): energy counts the GPUs only."], []
+    rows = [(*key, f"{with_meter.get(key, 0):,.0f} of {all_nodes.get(key, 0):,.0f}",
+             f"{watts[key] * w.step / 3.6e6:,.0f}", f"{watts[key] / samples[key] / 1000:,.2f} kW",
+             _pct(_share(gpus.get(key), watts[key]))) for key in sorted(samples)]
+    node_kwh, gpu_kwh = sum(watts.values()) * w.step / 3.6e6, sum(gpus.values()) * w.step / 3.6e6
+    finding = (f"The nodes with their own power meter used {node_kwh:,.0f} kWh, "
+               f"{_pct(_share(gpu_kwh, node_kwh))} of it in their GPUs.")
+    return [finding], [Table("Node power, where the node meters it",
+                             ("Cluster", "Model", "Nodes metered", "Energy (kWh)", "Mean power per node",
+                              "GPUs' share"), rows)]
 
 
 async def health(q: Queries) -> Section:

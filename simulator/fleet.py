@@ -62,6 +62,11 @@ STALL = Levels(0.0, 0.15, 1.0, 0.0005, 0.0)  # The GPUs wait on their host: no k
 # port_xmit_wait ticks per second a port counts while it waits to send: the tick is the HCA's own.
 _WAIT_TICKS_PER_SECOND = 150e6
 _DAY = 86400.0
+# The host beside the GPUs (CPUs, NICs, fans, drives), modelled rather than measured; the cap is a DGX H100's
+# published 10.2 kW system maximum.
+NODE_HOST_WATTS = 1400.0
+NODE_HOST_BUSY_WATTS = 1000.0
+NODE_POWER_CAP_WATTS = 10200.0
 
 
 def node_names(count: int) -> list[str]:
@@ -445,6 +450,13 @@ class Node:
         stragglers = self._active(Kind.STRAGGLER, cause=Cause.NIC)
         return (stragglers[0].port or IB_PORTS[0]) if stragglers else None
 
+    def _node_power_microwatts(self) -> int:
+        """The node's ACPI power meter: its boards, plus a host (CPUs, NICs, fans, drives) that draws more
+        under a job; the same instant as its boards' own readings."""
+        boards = sum(self._telemetry(board, self.t).power_watts for board in self.boards)
+        host = NODE_HOST_WATTS + NODE_HOST_BUSY_WATTS * (self.levels().power if self.job else 0.0)
+        return int(1e6 * (boards + host))
+
     def _core_temperature(self, offset: int) -> int:
         return int(1000 * (42 + (9 if self.job else 0) + 2 * _wave(self.t, offset)))
 
@@ -463,6 +475,12 @@ class Node:
                 tree.set(f"{base}/temp{sensor}_label", f"Core {sensor - 1}")
                 tree.set(f"{base}/temp{sensor}_max", "84000")
                 tree.set(f"{base}/temp{sensor}_crit", "100000")
+        meter = "class/hwmon/hwmon2"
+        tree.set(f"{meter}/name", "power_meter")
+        tree.link(f"{meter}/device", "../../../ACPI000D:00")
+        tree.set(f"{meter}/power1_average", _text(self._node_power_microwatts))
+        tree.set(f"{meter}/power1_average_interval", "1000")
+        tree.set(f"{meter}/power1_cap", str(int(1e6 * NODE_POWER_CAP_WATTS)))
         tree.set("class/thermal/thermal_zone0/type", "x86_pkg_temp")
         tree.set("class/thermal/thermal_zone0/temp", lambda: str(1000 * (44 + (9 if self.job else 0))))
         for board in self.boards:

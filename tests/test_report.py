@@ -24,7 +24,7 @@ import yaml
 from gpufleet import cli as gpufleet_cli
 from gpufleet.report.figures import project, quantile_from_buckets
 from gpufleet.simulator.faults import Fault
-from gpufleet.simulator.fleet import Fleet
+from gpufleet.simulator.fleet import NODE_HOST_WATTS, Fleet
 from gpufleet.simulator.layout import Job
 
 from helpers import free_port
@@ -40,7 +40,7 @@ METRICS = re.compile(
     r"gpufleet_gpu_(info|up|job_info|utilization_ratio|memory_(free|total)_bytes|power_watts|power_limit_watts"
     r"|energy_joules_total|xid_errors_total|ecc_errors_total|row_remap_(pending|failed)|clock_hertz|devices"
     r"|pci_devices)|gpufleet_infiniband_(port_(xmit|rcv)_data_bytes_total|rate_bytes_per_second)"
-    r"|gpufleet_network_((transmit|receive)_bytes_total|speed_bytes_per_second)")
+    r"|gpufleet_network_((transmit|receive)_bytes_total|speed_bytes_per_second)|gpufleet_hwmon_power_watts")
 # The jobs every figure below rests on: one of four nodes and two of one each; nodes 3 and 4 idle.
 LAYOUT = [Job("169486", "slurm", nodes(6), 37.0, 0.25, 0.9),
           Job("446135", "slurm", nodes(1, 2, 7, 8), 56.0, 0.22, 0.69),
@@ -107,6 +107,13 @@ def test_figures_match_what_the_simulator_was_told(report: tuple[Path, str]) -> 
     # The energy counter and the power gauge are separate series: they must tell the same story.
     assert number(power["Energy (kWh)"]) == pytest.approx(
         number(power["Mean power per GPU"]) * 64 * hours / 1000, rel=0.02)
+    # Every simulated node has its own meter: its boards plus a host that draws at least NODE_HOST_WATTS.
+    [node] = rows(tables, "Node power, where the node meters it")
+    assert node["Nodes metered"] == "8 of 8"
+    node_watts, gpus_watts = 1000 * number(node["Mean power per node"]), 8 * number(power["Mean power per GPU"])
+    assert number(node["Energy (kWh)"]) == pytest.approx(node_watts * 8 * hours / 1000, rel=0.02)
+    assert node_watts - gpus_watts >= NODE_HOST_WATTS
+    assert number(node["GPUs' share"]) == pytest.approx(100 * gpus_watts / node_watts, abs=0.5)
 
     problems = {(r["Node"], r["GPU"]): r for r in rows(tables, "GPUs with health problems")}
     assert set(problems) == {("gpu-node-0006", "0"), ("gpu-node-0002", "3"), ("gpu-node-0007", "1"),

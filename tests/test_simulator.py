@@ -81,10 +81,14 @@ def changed(baseline, faulted, node="gpu-node-0003"):
     return differences(baseline[node], faulted[node])
 
 
+# Node series a GPU's fault may move: a collection's success, and the node's power meter, which holds its GPUs'.
+NODE_WIDE = {"gpufleet_collector_success", "gpufleet_hwmon_power_watts"}
+
+
 def names(diff, **labels):
     """Metric names among the differences, each checked to carry the given labels."""
     for name, series_labels in diff:
-        assert set(labels.items()) <= series_labels or name == "gpufleet_collector_success", (name, series_labels)
+        assert set(labels.items()) <= series_labels or name in NODE_WIDE, (name, series_labels)
     return {name for name, _ in diff}
 
 
@@ -126,11 +130,11 @@ async def test_the_healthy_fleet_is_healthy(baseline):
       "gpufleet_gpu_thermal_margin_celsius", "gpufleet_gpu_clock_hertz", "gpufleet_gpu_power_watts",
       "gpufleet_gpu_energy_joules_total", "gpufleet_gpu_nvlink_transmit_bytes_total",
       "gpufleet_gpu_nvlink_receive_bytes_total", "gpufleet_gpu_clock_event_active",
-      "gpufleet_gpu_violation_seconds_total"}),
+      "gpufleet_gpu_violation_seconds_total", "gpufleet_hwmon_power_watts"}),
     ({"kind": "power_brake", "gpu": 2},
      {"gpufleet_gpu_clock_hertz", "gpufleet_gpu_power_watts", "gpufleet_gpu_energy_joules_total",
       "gpufleet_gpu_nvlink_transmit_bytes_total", "gpufleet_gpu_nvlink_receive_bytes_total",
-      "gpufleet_gpu_clock_event_active", "gpufleet_gpu_violation_seconds_total"}),
+      "gpufleet_gpu_clock_event_active", "gpufleet_gpu_violation_seconds_total", "gpufleet_hwmon_power_watts"}),
 ])
 async def test_each_gpu_fault_changes_only_its_gpus_series(baseline, fault, expected):
     diff = changed(baseline, await with_faults({"node": "gpu-node-0003", **fault}))
