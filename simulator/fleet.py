@@ -30,6 +30,7 @@ from prometheus_client.metrics_core import Metric
 from gpufleet.exporter import node as exporter_node
 from gpufleet.exporter.exposition import Exposition
 from gpufleet.exporter.gpu.simulated import (
+    GpmActivity,
     GpuTelemetry,
     SimulatedGpu,
     SimulatedNvml,
@@ -55,9 +56,11 @@ _MIB = 1024 * 1024
 
 
 IDLE = Levels(0.0, 0.1, 0.175, 0.0005, 0.0)
-COMPUTE = Levels(0.97, 0.92, 0.98, 0.02, 0.45)
-COMM = Levels(0.86, 0.55, 1.0, 0.65, 0.2)
-WAIT = Levels(0.9, 0.4, 1.0, 0.02, 0.05)  # NCCL spins while a peer is late: busy, but cool.
+COMPUTE = Levels(0.97, 0.92, 0.98, 0.02, 0.45, sm_active=0.88, tensor=0.62, dram=0.55)
+# A collective runs NCCL's kernels on a few SMs: NVML counts the GPU busy while the tensor pipes idle.
+COMM = Levels(0.86, 0.55, 1.0, 0.65, 0.2, sm_active=0.2, tensor=0.02, dram=0.3)
+# NCCL spins while a peer is late: busy to NVML, but cool, and doing no math.
+WAIT = Levels(0.9, 0.4, 1.0, 0.02, 0.05, sm_active=0.06, dram=0.01)
 STALL = Levels(0.0, 0.15, 1.0, 0.0005, 0.0)  # The GPUs wait on their host: no kernel runs; too short to clock down.
 # port_xmit_wait ticks per second a port counts while it waits to send: the tick is the HCA's own.
 _WAIT_TICKS_PER_SECOND = 150e6
@@ -87,6 +90,18 @@ def _blocked(levels: Levels) -> float:
 
 def _utilization(levels: Levels) -> float:
     return levels.utilization
+
+
+def _sm_active(levels: Levels) -> float:
+    return levels.sm_active
+
+
+def _tensor(levels: Levels) -> float:
+    return levels.tensor
+
+
+def _dram(levels: Levels) -> float:
+    return levels.dram
 
 
 def _collect_each(collectors: Sequence[ScheduledCollector]) -> None:
@@ -132,9 +147,9 @@ class Node:
         self._segments: tuple[tuple[int, int], list[Segment]] = ((-1, 0), [])
         self._telemetry_at: tuple[float, dict[int, GpuTelemetry]] = (-1.0, {})
         self._network_at: tuple[float, float] = (-1.0, 0.0)
-        self._busy_integral: tuple[list[Segment], dict[float, float]] = ([], {})
-        self.boards = [simulated_board(gpu, f"{fleet.seed}:{name}", self._telemetry, busy=self._busy_for(gpu))
-                       for gpu in range(gpus)]
+        self._integrals: tuple[list[Segment], dict[tuple[Callable[[Levels], float], float], float]] = ([], {})
+        self.boards = [simulated_board(gpu, f"{fleet.seed}:{name}", self._telemetry, busy=self._busy_for(gpu),
+                                       activity=self._activity_for(gpu)) for gpu in range(gpus)]
         self._spreads = [_spread(f"{fleet.seed}:{name}:{gpu}") for gpu in range(gpus)]
         self.nvml = SimulatedNvml(self.boards, clock=lambda: self.t)
         self.sysfs = MemoryTree()
@@ -284,20 +299,32 @@ class Node:
         """The driver's utilisation samples of one board: the busy share of its node's phases over each
         sample's period, with the board's own noise."""
         def busy(start: float, end: float) -> float:
-            share = (self._utilization_integral(end) - self._utilization_integral(start)) / (end - start)
+            share = self._mean(_utilization, start, end)
             return share + 0.015 * _wave(end, gpu + self.index) if share > 0 else 0.0  # An idle board reads 0.
         return busy
 
-    def _utilization_integral(self, t: float) -> float:
-        """Busy seconds by `t`: every board of the node asks for the same instants, so each is computed once."""
+    def _activity_for(self, gpu: int) -> Callable[[float, float], GpmActivity]:
+        """What GPM measures on one board between two instants: its node's phases, with the board's own noise."""
+        def activity(start: float, end: float) -> GpmActivity:
+            shares = [self._mean(rate, start, end) for rate in (_sm_active, _tensor, _dram)]
+            wobble = 1 + 0.015 * _wave(end, gpu + self.index + 0.5)
+            return GpmActivity.of(*(share * wobble for share in shares))
+        return activity
+
+    def _mean(self, rate: Callable[[Levels], float], start: float, end: float) -> float:
+        return (self._integral(rate, end) - self._integral(rate, start)) / (end - start)
+
+    def _integral(self, rate: Callable[[Levels], float], t: float) -> float:
+        """The integral of `rate` over the node's timeline up to `t`: every board of the node asks for the same
+        instants, so each is computed once."""
         segments = self.segments()
-        timeline, values = self._busy_integral
-        if timeline is not segments or len(values) > 1000:  # Rebuilt by a fault or a new job; or grown.
+        timeline, values = self._integrals
+        if timeline is not segments or len(values) > 4000:  # Rebuilt by a fault or a new job; or grown.
             values = {}
-            self._busy_integral = (segments, values)
-        value = values.get(t)
+            self._integrals = (segments, values)
+        value = values.get((rate, t))
         if value is None:
-            value = values[t] = integral(segments, _utilization, t)
+            value = values[(rate, t)] = integral(segments, rate, t)
         return value
 
     def _pcie_straggler(self, gpu: int) -> bool:

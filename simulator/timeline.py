@@ -15,8 +15,9 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True)
 class Levels:
-    """What a GPU does in one phase, as shares: of utilisation, power limit, max SM clock, link rate; and
-    `blocked`, the share of the phase a congested port spends waiting to send."""
+    """What a GPU does in one phase, as shares: of utilisation, power limit, max SM clock, link rate;
+    `blocked`, the share of the phase a congested port spends waiting to send; and what GPM measures: the
+    share of SMs busy, of time the tensor pipes work, and of DRAM bandwidth used."""
 
     utilization: float
     power: float
@@ -24,12 +25,15 @@ class Levels:
     network: float
     memory_copy: float
     blocked: float = 0.0
+    sm_active: float = 0.0
+    tensor: float = 0.0
+    dram: float = 0.0
 
     def capped(self, share: float) -> Levels:
         """The same phase on a GPU whose clocks are held at `share` of what they would be: power and
-        memory traffic fall with them."""
+        memory traffic fall with them; the SMs and tensor pipes stay as busy, for longer."""
         return replace(self, power=self.power * share, sm_clock=self.sm_clock * share,
-                       memory_copy=self.memory_copy * share)
+                       memory_copy=self.memory_copy * share, dram=self.dram * share)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def two_boards():
         SimulatedGpu(index=0, uuid=UUID0, load=steady(BUSY), serial="1650923000001", pci_bus_id="00000000:18:00.0"),
         SimulatedGpu(index=1, uuid=UUID1, load=steady(IDLE), serial="1650923000002", pci_bus_id="00000000:2A:00.0",
                      name="NVIDIA A100-PCIE-40GB", memory_total_bytes=40 * GIB, power_limit_watts=250.0,
-                     unsupported=set()),
+                     unsupported=set(), gpm_supported=False),
     ]
 
 

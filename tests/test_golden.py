@@ -1,7 +1,8 @@
 """The golden exposition: what a node serves on /metrics, committed and diffed, as node_exporter's e2e-output.txt.
 
 The node is built by the exporter's own code over the fixture sysfs tree and simulated GPUs whose
-readings do not change with time, with one XID raised. Every change of a metric name, label, HELP
+readings do not change with time, with one XID raised, and its GPUs are collected twice, 15 s apart, so
+that the GPM series, which span two collections, are there. Every change of a metric name, label, HELP
 text or value then shows up as a diff of tests/fixtures/e2e-output.txt in review. After a change
 that is meant, rewrite the file with
 
@@ -63,7 +64,8 @@ def masked(body: str) -> str:
 
 def golden_exposition() -> str:
     gpus = boards()
-    nvml = SimulatedNvml(gpus, clock=FakeClock(1000.0))
+    clock = FakeClock(1000.0)
+    nvml = SimulatedNvml(gpus, clock=clock)
     hardware = node.Hardware(nvml, DiskTree(FIXTURE_SYSFS), simulated_procfs(gpus), nvml_event_wait_ms=50)
     collectors = node.build(node.defaults(), hardware)
     [gpu] = [c for c in collectors if c.name == "gpu"]
@@ -76,6 +78,8 @@ def golden_exposition() -> str:
         wait_for(ledger.snapshot, 10, "the XID in the ledger")
         for collector in collectors:
             collector.collect_now()
+        clock.now += 15  # GPM reports the interval between two collections.
+        gpu.collect_now()
         return masked(Exposition(collectors).body().decode())
     finally:
         node.close(collectors)

@@ -22,6 +22,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily
 from prometheus_client.samples import Sample
 
 from gpufleet.exporter.collector import Collection, CollectorError, FamilySet
+from gpufleet.exporter.gpu.gpm import metric_set
 from gpufleet.exporter.gpu.jobs import Attribution, JobAttribution
 from gpufleet.exporter.gpu.nvlink import NvlinkSummary
 from gpufleet.exporter.gpu.podresources import PodResourcesClient
@@ -172,6 +173,14 @@ class GpuCollector:
                             help="export every NVLink's state, errors and traffic (126 series per H100); by default "
                                  "each GPU gets totals over its links, and a link its own series only while it is "
                                  "down or once it has counted errors (default: off)")
+        parser.add_argument("--collector.gpu.gpm", dest="gpu_gpm", action=argparse.BooleanOptionalAction,
+                            default=True, help="read SM, tensor and DRAM activity and PCIe throughput through NVML's "
+                                               "GPU Performance Monitoring where the board has it (Hopper and newer; "
+                                               "6 series per GPU; default: on)")
+        parser.add_argument("--collector.gpu.gpm-detail", dest="gpu_gpm_detail",
+                            action=argparse.BooleanOptionalAction, default=False,
+                            help="also export each tensor pipe's and each FP precision's activity and GPM's NVLink "
+                                 "throughput (9 more series per GPU; default: off)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, hardware: Hardware) -> GpuCollector:
@@ -188,8 +197,9 @@ class GpuCollector:
                                      "pip install 'gpufleet[kubernetes]'") from None
         mapping = DiskTree(args.job_mapping_dir) if args.job_mapping_dir else None
         jobs = JobAttribution(hardware.procfs, mapping, args.gpu_process_memory, pod_resources)
-        return cls(NvmlSession(hardware.nvml), sysfs=hardware.sysfs, jobs=jobs, xids=ledger, xid_sources=sources,
-                   nvlink_per_link=args.gpu_nvlink_per_link)
+        gpm = metric_set(args.gpu_gpm_detail) if args.gpu_gpm else ()
+        return cls(NvmlSession(hardware.nvml, gpm=gpm), sysfs=hardware.sysfs, jobs=jobs, xids=ledger,
+                   xid_sources=sources, nvlink_per_link=args.gpu_nvlink_per_link)
 
     def start(self) -> None:
         for source in self.xid_sources:

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from gpufleet.exporter.gpu.gpm import GpmMetric, GpmReader
 from gpufleet.exporter.gpu.nvml import DEVICE_LOST, DRIVER_LOST, TRANSIENT, UNSUPPORTED, Backoff, as_text
 from gpufleet.exporter.gpu.probes import (
     ECC_ENABLED,
@@ -96,6 +97,7 @@ class _Device:
     fields: tuple[Field, ...] = ()
     static_readings: tuple[Reading, ...] = ()
     lists_processes: bool = False
+    gpm: GpmReader | None = None
     unsupported: list[str] = field(default_factory=list)
 
 
@@ -108,8 +110,9 @@ class NvmlSession:
     """Owns NVML for the GPU collector; every method runs in the collector's worker thread."""
 
     def __init__(self, nvml: Any, *, clock: Callable[[], float] = time.monotonic,
-                 backoff_initial: float = 1.0, backoff_max: float = 60.0) -> None:
+                 backoff_initial: float = 1.0, backoff_max: float = 60.0, gpm: tuple[GpmMetric, ...] = ()) -> None:
         self._nvml = nvml
+        self._gpm = gpm  # The GPM metrics to read where a board supports GPM; none turns GPM off.
         self._clock = clock
         self._backoff = Backoff(backoff_initial, backoff_max)
         self._next_attempt = 0.0
@@ -146,6 +149,8 @@ class NvmlSession:
 
     def close(self) -> None:
         if self._devices is not None:
+            for device in self._devices:
+                self._release_gpm(device)
             self._devices = None
             self._shutdown()
 
@@ -239,6 +244,8 @@ class NvmlSession:
                 raise
             unsupported.append("nvmlDeviceGetFieldValues")
 
+        gpm = self._open_gpm(device.index, handle, unsupported)
+
         try:
             nvml.nvmlDeviceGetComputeRunningProcesses(handle)
             device.lists_processes = True
@@ -254,9 +261,29 @@ class NvmlSession:
         device.probes = tuple(probes)
         device.fields = tuple(fields)
         device.static_readings = tuple(static)
+        device.gpm = gpm
         device.unsupported = unsupported
         self._known[device.index] = identity
         return True
+
+    def _open_gpm(self, index: int, handle: Any, unsupported: list[str]) -> GpmReader | None:
+        """A GPM reader for a board that does GPM; a board that does not, or refuses, is listed as unsupported."""
+        if not self._gpm:
+            return None
+        try:
+            if GpmReader.supported(self._nvml, handle):
+                return GpmReader(index, self._gpm)
+            unsupported.append("GPM (nvmlGpmQueryDeviceSupport)")
+        except pynvml.NVMLError as err:
+            if err.value in DRIVER_LOST:
+                raise
+            unsupported.append(f"GPM (nvmlGpmQueryDeviceSupport: {err})")
+        return None
+
+    def _release_gpm(self, device: _Device) -> None:
+        if device.gpm is not None:
+            device.gpm.free(self._nvml)
+            device.gpm = None
 
     def _nvlinks(self, handle: Any) -> list[int]:
         """The NVLinks this GPU has: the ones whose state NVML answers for (none on PCIe boards)."""
@@ -301,10 +328,13 @@ class NvmlSession:
             for probe in device.probes:
                 readings += self._guarded(probe.name, device, problems, probe.read, self._nvml, device.handle) or []
             readings += self._guarded("nvmlDeviceGetFieldValues", device, problems, self._field_readings, device) or []
+            if device.gpm is not None:
+                readings += self._guarded("GPM", device, problems, device.gpm.read, self._nvml, device.handle) or []
             if device.lists_processes:
                 processes = self._guarded("nvmlDeviceGetComputeRunningProcesses", device, problems,
                                           self._processes, device)
         except _DeviceLost as lost:
+            self._release_gpm(device)
             device.handle = None  # Reopen on a later cycle: a reset GPU comes back with a new handle.
             problems.append(f"GPU {device.index} ({device.identity.uuid}) is lost: {lost}")
             return None

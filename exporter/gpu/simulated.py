@@ -12,6 +12,7 @@ instant agree and counters such as energy never go backwards.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import random
 import threading
@@ -48,6 +49,38 @@ class GpuTelemetry:
     pcie_generation: int = 5
     pcie_width: int = 16
     fan_speed_ratios: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class GpmActivity:
+    """What the SMs, tensor pipes and DRAM did over an interval, as shares of it, and the GPU's PCIe traffic.
+
+    A training step's compute keeps most SMs and the tensor pipes busy; its collectives, and NCCL spinning
+    while it waits for a late peer, keep a kernel running (NVML utilisation stays high) on a few SMs with
+    the tensor pipes idle. `of` derives the rest from the SMs' and tensor pipes' activity in that spirit:
+    occupancy and non-tensor math follow the SMs, PCIe input follows the math (batches fed to it).
+    """
+
+    sm_active: float = 0.0
+    sm_occupancy: float = 0.0
+    tensor: float = 0.0
+    dram: float = 0.0
+    fp16: float = 0.0
+    fp32: float = 0.0
+    fp64: float = 0.0
+    pcie_transmit_bytes_per_second: float = 0.0
+    pcie_receive_bytes_per_second: float = 0.0
+
+    @classmethod
+    def of(cls, sm_active: float, tensor: float, dram: float) -> GpmActivity:
+        return cls(sm_active=sm_active, sm_occupancy=0.55 * sm_active, tensor=tensor, dram=dram,
+                   fp16=0.04 * sm_active, fp32=0.1 * sm_active, fp64=0.0,
+                   pcie_transmit_bytes_per_second=0.4e9 * tensor, pcie_receive_bytes_per_second=2.5e9 * tensor)
+
+    @classmethod
+    def of_utilization(cls, utilization: float) -> GpmActivity:
+        """A busy board without a phase model (`steady`, `TrainingLoad`): kernels that do math most of the time."""
+        return cls.of(0.9 * utilization, 0.6 * utilization, 0.5 * utilization)
 
 
 @dataclass(frozen=True)
@@ -122,6 +155,11 @@ class SimulatedGpu:
     # The mean utilisation share between two instants of the NVML clock, for the driver's samples; None:
     # each sample is the load's utilisation at the end of its period.
     busy: Callable[[float, float], float] | None = None
+    # GPU Performance Monitoring: whether the board has it (Hopper and newer), and what it measured between two
+    # instants of the NVML clock; None: `GpmActivity.of_utilization` of the load at the later one. GPM metric
+    # ids the board refuses are listed in `unsupported` as "gpm:<id>".
+    gpm_supported: bool = True
+    activity: Callable[[float, float], GpmActivity] | None = None
 
 
 def steady(telemetry: GpuTelemetry) -> Load:
@@ -253,6 +291,26 @@ SAMPLE_PERIOD_SECONDS = 1.0
 SAMPLE_BUFFER = 100
 _UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
 _ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+# GPM metric id -> the activity share it reports (in percent, as NVML gives it), or the PCIe rate (in MiB/s).
+_GPM_PERCENT: dict[int, Callable[[GpmActivity], float]] = {
+    pynvml.NVML_GPM_METRIC_SM_UTIL: lambda a: a.sm_active,
+    pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: lambda a: a.sm_occupancy,
+    pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: lambda a: a.tensor,
+    pynvml.NVML_GPM_METRIC_HMMA_TENSOR_UTIL: lambda a: a.tensor,  # Training in bf16: every tensor op is HMMA.
+    pynvml.NVML_GPM_METRIC_IMMA_TENSOR_UTIL: lambda a: 0.0,
+    pynvml.NVML_GPM_METRIC_DMMA_TENSOR_UTIL: lambda a: 0.0,
+    pynvml.NVML_GPM_METRIC_DFMA_TENSOR_UTIL: lambda a: 0.0,
+    pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: lambda a: a.dram,
+    pynvml.NVML_GPM_METRIC_FP16_UTIL: lambda a: a.fp16,
+    pynvml.NVML_GPM_METRIC_FP32_UTIL: lambda a: a.fp32,
+    pynvml.NVML_GPM_METRIC_FP64_UTIL: lambda a: a.fp64,
+}
+_GPM_PCIE: dict[int, Callable[[GpmActivity], float]] = {
+    pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: lambda a: a.pcie_transmit_bytes_per_second,
+    pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: lambda a: a.pcie_receive_bytes_per_second,
+}
+_GPM_NVLINK = frozenset({pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC,
+                         pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC})
 
 
 # What the simulated calls return: plain objects with the attributes of pynvml's ctypes structures,
@@ -316,6 +374,22 @@ class _FieldValue:
     value: _Value = field(default_factory=_Value)
 
 
+@dataclass(slots=True)
+class _GpmSupport:
+    version: int
+    isSupportedDevice: int
+
+
+@dataclass(slots=True)
+class _GpmSnapshot:
+    """What a GPM sample holds: the board, when it was taken, and the NVLink bytes counted by then."""
+
+    gpu: SimulatedGpu | None = None
+    generation: int = -1
+    at: float = 0.0
+    nvlink_kib: int = 0
+
+
 @dataclass(frozen=True, eq=False)
 class _Handle:
     """A device handle: valid only for the driver generation that issued it, as after a real reload."""
@@ -361,6 +435,9 @@ class SimulatedNvml:
         self._initialised = 0
         self._generation = 0  # Bumped by a driver reload: event sets from before it stop working.
         self._event_sets: list[_EventSet] = []
+        # GPM samples are pynvml's own opaque pointers, as the exporter passes them in NVML's request structure;
+        # each points at a buffer of ours, and its address finds what the sample holds.
+        self._gpm_samples: dict[int, tuple[ctypes.Array[ctypes.c_char], _GpmSnapshot]] = {}
         self._lock = threading.Lock()
 
     # Library lifecycle -------------------------------------------------------------------------
@@ -666,3 +743,74 @@ class SimulatedNvml:
             values.append(slot)
         return values
 
+
+    # GPU Performance Monitoring -----------------------------------------------------------------
+
+    def nvmlGpmQueryDeviceSupport(self, handle: _Handle) -> _GpmSupport:
+        gpu = self._check(handle, "nvmlGpmQueryDeviceSupport")
+        return _GpmSupport(pynvml.NVML_GPM_SUPPORT_VERSION, int(gpu.gpm_supported))
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self._system()
+        buffer = ctypes.create_string_buffer(8)
+        sample = ctypes.cast(buffer, pynvml.c_nvmlGpmSample_t)
+        with self._lock:
+            self._gpm_samples[ctypes.addressof(buffer)] = (buffer, _GpmSnapshot())
+        return sample
+
+    def _gpm_snapshot(self, sample: Any) -> _GpmSnapshot:
+        found = self._gpm_samples.get(ctypes.cast(sample, ctypes.c_void_p).value or 0)
+        if found is None:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return found[1]
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        self._gpm_snapshot(sample)
+        with self._lock:
+            del self._gpm_samples[ctypes.cast(sample, ctypes.c_void_p).value or 0]
+
+    def nvmlGpmSampleGet(self, handle: _Handle, sample: Any) -> Any:
+        gpu, now = self._now(handle, "nvmlGpmSampleGet")
+        if not gpu.gpm_supported:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        snapshot = self._gpm_snapshot(sample)
+        kib = nvlink_kib_for(now.energy_joules)
+        snapshot.gpu, snapshot.generation, snapshot.at = gpu, self._generation, self.clock()
+        snapshot.nvlink_kib = sum(gpu.nvlink_stopped_kib.get(link, kib) for link in range(gpu.nvlinks))
+        return sample
+
+    def nvmlGpmMetricsGet(self, request: Any) -> Any:
+        """Each requested metric between the request's two samples, as the driver computes it from its counters."""
+        self._system()
+        first, second = self._gpm_snapshot(request.sample1), self._gpm_snapshot(request.sample2)
+        gpu = second.gpu
+        if request.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
+            raise _error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        if (gpu is None or first.gpu is not gpu or first.generation != self._generation
+                or second.generation != self._generation or second.at < first.at):
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        seconds = second.at - first.at
+        if seconds == 0:  # Two samples of one instant (a frozen simulated clock) measure nothing.
+            for index in range(request.numMetrics):
+                request.metrics[index].nvmlReturn = pynvml.NVML_ERROR_NO_DATA
+            return request
+        if gpu.activity is not None:
+            activity = gpu.activity(first.at, second.at)
+        else:
+            activity = GpmActivity.of_utilization(gpu.load(gpu, second.at - self._loaded_at).utilization)
+        for index in range(request.numMetrics):
+            metric = request.metrics[index]
+            metric_id = metric.metricId
+            if f"gpm:{metric_id}" in gpu.unsupported:
+                value = None
+            elif metric_id in _GPM_PERCENT:
+                value = 100.0 * min(1.0, max(0.0, _GPM_PERCENT[metric_id](activity)))
+            elif metric_id in _GPM_PCIE:
+                value = _GPM_PCIE[metric_id](activity) / _MIB
+            elif metric_id in _GPM_NVLINK:
+                value = (second.nvlink_kib - first.nvlink_kib) * 1024 / seconds / _MIB
+            else:
+                value = None
+            metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED if value is None else pynvml.NVML_SUCCESS
+            metric.value = 0.0 if value is None else value
+        return request
