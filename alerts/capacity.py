@@ -5,7 +5,8 @@ A 30-day report over raw per-GPU series scraped every 15 s would decode billions
 of series, so the report's cost follows clusters, jobs and links, not GPUs times scrapes:
 
 - per cluster and GPU model (`cluster_name:`): GPU counts by state, utilisation sums and buckets,
-  memory, power and energy; nodes, and the power of those with their own meter;
+  memory, power and energy; nodes, and the power of those with their own meter; and, for allocated
+  GPUs that have GPM, what they did beside what NVML calls busy;
 - per job (`cluster_job:`) and per link (`instance_port:`): what the top-jobs and busiest-links
   tables rank;
 - per GPU, node or port, only while something is wrong: ECC errors, row remaps, lost GPUs, GPUs
@@ -58,6 +59,16 @@ STRAGGLING = "job_instance:gpufleet_gpu_sm_clock:ratio_to_fastest_straggling"
 JOB_GPUS = "cluster_job:gpufleet_gpus:count"
 JOB_NODES = "cluster_job:gpufleet_nodes:count"
 JOB_USED = "cluster_job:gpufleet_gpu_utilization_ratio:sum"
+# "Busy" beside "doing math", over the allocated GPUs whose board has GPM (Hopper and newer): their count, the
+# sums of their NVML utilisation, SM activity and tensor activity. A GPU without GPM is in none of them, so its
+# hours are left out rather than counted as no work. Per job, the same over the job's GPUs that have GPM.
+GPM_GPUS = "cluster_name:gpufleet_allocated_gpm_gpus:count"
+GPM_USED = "cluster_name:gpufleet_allocated_gpm_gpu_utilization_ratio:sum"
+SM_ACTIVE = "cluster_name:gpufleet_allocated_gpu_sm_active_ratio:sum"
+TENSOR_ACTIVE = "cluster_name:gpufleet_allocated_gpu_tensor_active_ratio:sum"
+JOB_GPM_GPUS = "cluster_job:gpufleet_gpm_gpus:count"
+JOB_SM_ACTIVE = "cluster_job:gpufleet_gpu_sm_active_ratio:sum"
+JOB_TENSOR_ACTIVE = "cluster_job:gpufleet_gpu_tensor_active_ratio:sum"
 LINKS = "instance_port:gpufleet_link_utilization:ratio_rate10m"
 IB_ERRORS = "instance_port:gpufleet_infiniband_errors:rate10m"  # All error counters' rates together.
 IB_ERROR_COUNTERS = ("symbol_error", "port_rcv_errors", "link_error_recovery", "local_link_integrity_errors",
@@ -98,6 +109,13 @@ def capacity(c: Config) -> dict[str, Any]:
     # From the raw series, not the first tier's: this group must also be computable alone, over the past
     # (`promtool tsdb create-blocks-from rules`), and at one evaluation in 5 minutes it costs little.
     named_jobs = m("gpufleet_gpu_job_info", 'job_id!=""')
+    sm_active, tensor = m("gpufleet_gpu_sm_active_ratio"), m("gpufleet_gpu_tensor_active_ratio")
+    held_gpm_util = f"{allocated_only(util)} and on ({gpu}) group by ({gpu}) ({tensor})"
+
+
+    def per_job(per_gpu: str) -> str:
+        return f"sum by ({job}) ({m('gpufleet_gpu_job_info')} * on ({gpu}, uuid) group_left {per_gpu})"
+
     raw_clock = m("gpufleet_gpu_clock_hertz", 'clock="sm"')
     sm_clock = f"avg_over_time({raw_clock}[{c.d(WINDOW)}])"
     clock = (f"avg by ({c.by('scheduler', 'job_id', 'instance')}) ({named_jobs}"
@@ -135,7 +153,14 @@ def capacity(c: Config) -> dict[str, Any]:
         record(STRAGGLING, f"({relative}) < {c.straggler_relative:g}"),
         record(JOB_GPUS, f"count by ({job}) ({m('gpufleet_gpu_job_info')})"),
         record(JOB_NODES, f"count by ({job}) (group by ({job}, instance) ({m('gpufleet_gpu_job_info')}))"),
-        record(JOB_USED, f"sum by ({job}) ({m('gpufleet_gpu_job_info')} * on ({gpu}, uuid) group_left {util})"),
+        record(JOB_USED, per_job(util)),
+        record(GPM_GPUS, f"count by ({by_model_labels}) ({named(allocated_only(tensor))})"),
+        record(GPM_USED, by_model(held_gpm_util)),
+        record(SM_ACTIVE, by_model(allocated_only(sm_active))),
+        record(TENSOR_ACTIVE, by_model(allocated_only(tensor))),
+        record(JOB_GPM_GPUS, f"count by ({job}) ({m('gpufleet_gpu_job_info')} and on ({gpu}, uuid) {tensor})"),
+        record(JOB_SM_ACTIVE, per_job(sm_active)),
+        record(JOB_TENSOR_ACTIVE, per_job(tensor)),
         *link_utilization(c, LINKS, WINDOW, known_speed=True),
         record(IB_ERRORS, "(" + " + ".join(f"rate({m(f'gpufleet_infiniband_{counter}_total')}[{c.d(WINDOW)}])"
                                            for counter in IB_ERROR_COUNTERS) + ") > 0"),

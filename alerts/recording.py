@@ -33,6 +33,8 @@ PCIE_REPLAYS = "instance_gpu:gpufleet_gpu_pcie_replays:rate5m"
 # model).
 NODE_SIGNAL = "job_instance:gpufleet_straggler_signal:avg"
 LINK_UTILIZATION = "instance_port:gpufleet_link_utilization:ratio_rate5m"
+SM_ACTIVE = "instance:gpufleet_gpu_sm_active_ratio:avg"
+TENSOR_ACTIVE = "instance:gpufleet_gpu_tensor_active_ratio:avg"
 XMIT_WAIT = "instance_port:gpufleet_infiniband_xmit_wait:rate5m"
 JOB_XMIT_WAIT = "job_instance:gpufleet_infiniband_xmit_wait:rate5m"
 JOB_XMIT_WAIT_MEDIAN = "job:gpufleet_infiniband_xmit_wait:median_rate5m"
@@ -172,6 +174,9 @@ def shared(c: Config) -> dict[str, Any]:
                           f"(last_over_time({c.metric('gpufleet_gpu_job_info')}[{c.d(TREND_INTERVAL)}]))"),
         record("instance:gpufleet_gpu_utilization_ratio:avg",
                f"avg by ({c.by('instance')}) ({c.metric('gpufleet_gpu_utilization_ratio')})"),
+        # What the GPUs did, beside NVML's "a kernel ran" (GPM; only nodes whose boards have it).
+        record(SM_ACTIVE, f"avg by ({c.by('instance')}) ({c.metric('gpufleet_gpu_sm_active_ratio')})"),
+        record(TENSOR_ACTIVE, f"avg by ({c.by('instance')}) ({c.metric('gpufleet_gpu_tensor_active_ratio')})"),
         record("instance:gpufleet_gpu_power_watts:sum",
                f"sum by ({c.by('instance')}) ({c.metric('gpufleet_gpu_power_watts')})"),
         record(GPUS_UP, f"sum by ({c.by('instance')}) ({c.metric('gpufleet_gpu_up')})"),

@@ -3,6 +3,7 @@
 from grafanalib.core import Dashboard
 
 from gpufleet.alerts.config import Config
+from gpufleet.alerts.recording import SM_ACTIVE, TENSOR_ACTIVE
 from gpufleet.dashboards.panels import Scope, dashboard, heatmap, stat, table, timeseries
 
 
@@ -25,10 +26,15 @@ def build(config: Config) -> Dashboard:
                   thresholds=(("green", None), ("red", 1))),
              stat("Warning alerts", f'count(ALERTS{{{firing}, severity="warning"}}) or vector(0)',
                   thresholds=(("green", None), ("orange", 1)))],
-            [timeseries("GPU utilisation", [
-                (f"avg(instance:gpufleet_gpu_utilization_ratio:avg{{{s.recorded}}})", "mean"),
-                (f"quantile(0.1, instance:gpufleet_gpu_utilization_ratio:avg{{{s.recorded}}})", "p10 node"),
-            ], "percentunit", max_value=1),
+            [timeseries("GPU utilisation: busy and doing math", [
+                (f"avg(instance:gpufleet_gpu_utilization_ratio:avg{{{s.recorded}}})", "busy (NVML), mean"),
+                (f"quantile(0.1, instance:gpufleet_gpu_utilization_ratio:avg{{{s.recorded}}})", "busy, p10 node"),
+                (f"avg({SM_ACTIVE}{{{s.recorded}}})", "SM active, mean"),
+                (f"avg({TENSOR_ACTIVE}{{{s.recorded}}})", "tensor active, mean"),
+            ], "percentunit", max_value=1,
+                description="Busy is NVML's share of time a kernel ran, which NCCL waiting on a slow peer fills too. "
+                            "SM and tensor activity (GPM, Hopper and newer; nodes without it are left out) say how "
+                            "much of that was work."),
              timeseries("Power", [(f"sum by ({s.label}) (instance:gpufleet_gpu_power_watts:sum{{{s.recorded}}})",
                                    s.legend)], "watt")],
             [heatmap("Utilisation per node", f"instance:gpufleet_gpu_utilization_ratio:avg{{{s.recorded}}}",

@@ -7,8 +7,9 @@ appear with an empty job id and their model.
 
 from grafanalib.core import Dashboard
 
+from gpufleet.alerts import capacity
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.recording import JOB_XMIT_WAIT, JOB_XMIT_WAIT_MEDIAN, NODE_JOBS
+from gpufleet.alerts.recording import JOB_XMIT_WAIT, JOB_XMIT_WAIT_MEDIAN, NODE_JOBS, TENSOR_ACTIVE
 from gpufleet.alerts.stragglers import CAUSE, MEDIAN, RELATIVE, SIGNAL, ZSCORE
 from gpufleet.dashboards.panels import Scope, Sized, dashboard, table, timeseries
 
@@ -52,6 +53,21 @@ def build(config: Config) -> Dashboard:
                                     f"together with a robust z-score below {config.straggler_zscore:g}."),
              timeseries("Robust z-score", [(f"{ZSCORE}{{{job}}}", _NODE + " {{signal}}")], "short",
                         description="0.6745 (x - median) / MAD: how many spreads a node sits from its peers.")],
+            [timeseries("Busy and doing math per job", [
+                (f"{capacity.JOB_USED}{{{job}}} / {capacity.JOB_GPUS}{{{job}}}", "{{job_id}} busy (NVML)"),
+                (f"{capacity.JOB_TENSOR_ACTIVE}{{{job}}} / {capacity.JOB_GPM_GPUS}{{{job}}}", "{{job_id}} tensor"),
+            ], "percentunit", max_value=1,
+                description="Per job, the mean of its GPUs' NVML utilisation (a kernel ran) and of their tensor "
+                            "activity (GPM, over the GPUs whose boards have it), from the capacity rules (every "
+                            "5 minutes). A job that waits on the network, or on one slow node, stays busy and does "
+                            "less math."),
+             timeseries("Tensor activity per node", [
+                 # A node may hold several jobs (pods): the jobs are the many side.
+                 (f"group by ({s.by('instance', 'job_id')}) ({NODE_JOBS}{{{job}}}) * on ({s.by('instance')}) "
+                  f"group_left {TENSOR_ACTIVE}{{{s.recorded}}}", "{{job_id}} {{instance}}"),
+             ], "percentunit", max_value=1,
+                description="A straggler's peers wait for it busy but doing no math: their tensor activity falls "
+                            "below the straggler's.")],
             [timeseries("InfiniBand wait per node against the job median", [
                 (f"{JOB_XMIT_WAIT}{{{job}}}", "{{job_id}} {{instance}}"),
                 (f"{JOB_XMIT_WAIT_MEDIAN}{{{job}}}", "{{job_id}} median"),

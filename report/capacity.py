@@ -162,11 +162,46 @@ def _cumulative(buckets: dict[float, float]) -> list[float]:
     return [sum(n for low, n in buckets.items() if low < bound - 1e-9) for bound in UTIL_BOUNDS]
 
 
+async def _doing_math(q: Queries, allocated: dict[Key, float]) -> tuple[list[str], Table]:
+    """Busy beside doing math: GPU-hours weighted by NVML utilisation, by SM activity and by tensor activity,
+    over the allocated GPUs whose board has GPM. The others' hours are named, never counted as no work."""
+    w = q.window
+    gpm_gpus, busy, sm_active, tensor = (_per_model(r) for r in await asyncio.gather(
+        *(q.at_end(_summed(w, recorded)) for recorded in (rec.GPM_GPUS, rec.GPM_USED, rec.SM_ACTIVE,
+                                                          rec.TENSOR_ACTIVE))))
+    hours = w.hours_per_point
+    rows = []
+    for key in sorted(allocated):
+        measured = gpm_gpus.get(key, 0.0)
+        if not measured:
+            rows.append((*key, "0", _hours(allocated[key] * hours), "—", "—", "—"))
+            continue
+        rows.append((*key, _hours(measured * hours), _hours(max(0.0, allocated[key] - measured) * hours),
+                     _pct(busy.get(key, 0) / measured), _pct(sm_active.get(key, 0) / measured),
+                     _pct(tensor.get(key, 0) / measured)))
+    table = Table("Busy and doing math, allocated GPUs with GPM",
+                  ("Cluster", "Model", "GPU-hours with GPM", "GPU-hours without GPM (not counted)",
+                   "NVML utilisation", "SM active", "Tensor active"), rows)
+    measured_hours = sum(gpm_gpus.values())
+    without = sorted(" / ".join(k for k in key if k != "—") for key in allocated if not gpm_gpus.get(key))
+    if not measured_hours:
+        return ["No allocated GPU reported GPM (Hopper and newer), so there is no measure of the work done "
+                "beyond NVML's utilisation."], table
+    findings = [f"Over {_hours(measured_hours * hours)} allocated GPU-hours with GPM, NVML counted "
+                f"{_pct(sum(busy.values()) / measured_hours)} busy; the SMs were active "
+                f"{_pct(sum(sm_active.values()) / measured_hours)} and the tensor pipes "
+                f"{_pct(sum(tensor.values()) / measured_hours)}."]
+    if without:
+        findings.append(f"Without GPM, left out of that measure rather than counted as idle: {', '.join(without)}.")
+    return findings, table
+
+
 async def utilisation(q: Queries) -> Section:
     w = q.window
-    counted, summed, used_all = await asyncio.gather(q.at_end(_summed(w, rec.ALLOCATED_BUCKETS)),
-                                                     q.at_end(_summed(w, rec.ALLOCATED_USED)),
-                                                     q.at_end(_summed(w, rec.USED)))
+    counted, summed, used_all, states = await asyncio.gather(q.at_end(_summed(w, rec.ALLOCATED_BUCKETS)),
+                                                             q.at_end(_summed(w, rec.ALLOCATED_USED)),
+                                                             q.at_end(_summed(w, rec.USED)),
+                                                             q.at_end(_summed(w, rec.GPUS)))
     buckets: dict[Key, dict[float, float]] = defaultdict(lambda: defaultdict(float))
     for series in counted:
         buckets[_key(series.labels)][min(1.0, max(0.0, float(series.labels["bucket"])))] += series.values[-1][1]
@@ -187,14 +222,20 @@ async def utilisation(q: Queries) -> Section:
         deciles[-1] = total  # Samples at exactly 100% belong in the top bar.
         histograms[" / ".join(k for k in key if k != "—")] = [
             (i / 10, (i + 1) / 10, (deciles[i + 1] - deciles[i]) / total) for i in range(10)]
+    allocated = {key: by_state.get("allocated", 0) for key, by_state in _per_state(states).items()}
+    math_findings, math_table = await _doing_math(q, {key: n for key, n in allocated.items() if n})
     return Section(
         "utilisation", "Utilisation of allocated GPUs",
         "Over allocated GPU-hours. Used GPU-hours weight every GPU-hour by its utilisation (all GPUs). Quantiles "
-        f"are read from utilisation buckets {1 / rec.BUCKETS:.0%} wide, so they are exact to that.",
-        findings=[f"{_pct(all_low / all_samples)} of allocated GPU-hours ran below {LOW_UTIL:.0%} utilisation."],
+        f"are read from utilisation buckets {1 / rec.BUCKETS:.0%} wide, so they are exact to that. NVML's "
+        "utilisation is the share of time any kernel ran: NCCL waiting for a slow peer counts as busy. On boards "
+        "with GPM (Hopper and newer), the share of SMs active and of time the tensor pipes worked say how much "
+        "of that was work.",
+        findings=[f"{_pct(all_low / all_samples)} of allocated GPU-hours ran below {LOW_UTIL:.0%} utilisation.",
+                  *math_findings],
         tables=[Table("Utilisation by cluster and model",
                       ("Cluster", "Model", "GPU-hours used", "GPU-hours allocated", "Mean", "p50", "p95",
-                       f"Below {LOW_UTIL:.0%}"), rows)],
+                       f"Below {LOW_UTIL:.0%}"), rows), math_table],
         charts=[charts.utilisation(histograms)])
 
 

@@ -24,7 +24,7 @@ import yaml
 from gpufleet import cli as gpufleet_cli
 from gpufleet.report.figures import project, quantile_from_buckets
 from gpufleet.simulator.faults import Fault
-from gpufleet.simulator.fleet import NODE_HOST_WATTS, Fleet
+from gpufleet.simulator.fleet import COMM, COMPUTE, NODE_HOST_WATTS, Fleet
 from gpufleet.simulator.layout import Job
 
 from helpers import free_port
@@ -37,7 +37,7 @@ STEP = 300  # The capacity rules' interval: the history holds a sample at every 
 GROUPS = ("gpufleet-capacity",)
 DAYS = 2
 METRICS = re.compile(
-    r"gpufleet_gpu_(info|up|job_info|utilization_ratio|memory_(free|total)_bytes|power_watts|power_limit_watts"
+    r"gpufleet_gpu_(info|up|job_info|utilization_ratio|sm_active_ratio|tensor_active_ratio|memory_(free|total)_bytes|power_watts|power_limit_watts"
     r"|energy_joules_total|xid_errors_total|ecc_errors_total|row_remap_(pending|failed)|clock_hertz|devices"
     r"|pci_devices)|gpufleet_infiniband_(port_(xmit|rcv)_data_bytes_total|rate_bytes_per_second)"
     r"|gpufleet_network_((transmit|receive)_bytes_total|speed_bytes_per_second)|gpufleet_hwmon_power_watts")
@@ -158,6 +158,31 @@ def test_utilisation_agrees_with_the_raw_samples(fleet_prometheus, report) -> No
     for column, q in (("p50", 0.5), ("p95", 0.95)):
         assert number(row[column]) == pytest.approx(100 * values[int(q * (len(values) - 1))], abs=5.0)
     assert number(row["Below 10%"]) == pytest.approx(100 * sum(v < 0.1 for v in values) / len(values), abs=0.1)
+
+
+def tensor_share(job: Job, slowdown: float = 0.0, own: float = 0.0) -> float:
+    """The tensor pipes' share of one of `job`'s steps, stretched by `slowdown`; `own` of it the node's own."""
+    period = job.period * (1 + slowdown)
+    computing = job.period * (1 - job.comm_fraction) + own * job.period
+    return (computing * COMPUTE.tensor + job.period * job.comm_fraction * COMM.tensor) / period
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_busy_and_doing_math_follow_the_workload(report) -> None:
+    """Every simulated board has GPM: its allocated hours are all measured, and the tensor pipes work in the
+    compute phases only, so they are busy less than NVML's utilisation, which collectives keep high."""
+    tables = markdown_tables((report[0] / "capacity-report.md").read_text())
+    [row] = rows(tables, "Busy and doing math, allocated GPUs with GPM")
+    [allocation] = rows(tables, "GPU-hours by cluster and model")
+    assert number(row["GPU-hours with GPM"]) == pytest.approx(number(allocation["Allocated"]), rel=0.01)
+    assert number(row["GPU-hours without GPM (not counted)"]) == pytest.approx(0, abs=STEP / H)
+    healthy = sum(len(job.nodes) * tensor_share(job) for job in LAYOUT) / 6
+    # Job 446135's four nodes wait for the 40 % straggler for 6 of the 48 hours: three peers, and itself.
+    slowed = (3 * tensor_share(LAYOUT[1], 0.4) + tensor_share(LAYOUT[1], 0.4, own=0.4)) / 4
+    expected = healthy - 4 / 6 * 6 / 48 * (tensor_share(LAYOUT[1]) - slowed)
+    assert number(row["Tensor active"]) == pytest.approx(100 * expected, abs=1.0)
+    assert number(row["NVML utilisation"]) > number(row["SM active"]) > number(row["Tensor active"])
 
 
 @pytest.mark.slow
