@@ -18,7 +18,10 @@ thermal_zone) and no cap on parallel scrapes, and prints:
   with the scrapes answered, failed and refused, latency p50/p99, and the
   exporter's resident memory and threads before and after;
 * the exporter's resident memory after each phase and its peak (VmHWM), and
-  node_exporter's peak beside it.
+  node_exporter's peak beside it;
+* what GPM adds to one 8-GPU collection: the GPU collector timed in this process
+  over the simulated library, with and without GPM, alternating, best of
+  --gpm-rounds rounds of 50 collections each.
 
 Everything listens on 127.0.0.1 only; every loop is bounded by a count.
 """
@@ -42,6 +45,11 @@ import aiohttp
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 from support import cpu_seconds, free_port, peak_rss_mib, wait_ready
+
+from gpufleet.exporter.collector.gpu import GpuCollector
+from gpufleet.exporter.gpu.gpm import metric_set
+from gpufleet.exporter.gpu.session import NvmlSession
+from gpufleet.exporter.gpu.simulated import SimulatedNvml, simulated_gpus
 
 SINGLE_REQUESTS = 2000
 CONCURRENT_SCRAPERS = 50
@@ -189,13 +197,45 @@ def cpu_shares(targets: dict[int, str], seconds: float) -> dict[int, float]:
     return {pid: (cpu_seconds(process) - before[pid]) / elapsed for pid, process in processes.items()}
 
 
+def gpm_cost(rounds: int) -> tuple[float, float]:
+    """Milliseconds per 8-GPU collection without and with GPM (best round of each, run alternately).
+
+    The simulated library is Python, so this counts its side of GPM too; on a real board those calls are the
+    driver's C code instead.
+    """
+    best = {False: float("inf"), True: float("inf")}
+    for _ in range(rounds):
+        for with_gpm in (False, True):
+            now = [1000.0]
+
+            def clock(now: list[float] = now) -> float:
+                return now[0]
+
+            nvml = SimulatedNvml(simulated_gpus(8), clock=clock)
+            session = NvmlSession(nvml, clock=clock, gpm=metric_set(detail=False) if with_gpm else ())
+            collector = GpuCollector(session)
+            collector.collect()  # Open the GPUs, and take GPM's first sample.
+            started = time.perf_counter()
+            for _ in range(50):
+                now[0] += 5.0
+                collector.collect()
+            best[with_gpm] = min(best[with_gpm], (time.perf_counter() - started) / 50 * 1000)
+            collector.close()
+    return best[False], best[True]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-seconds", type=float, default=60.0)
     parser.add_argument("--load-scrapers", type=int, default=200)
     parser.add_argument("--load-seconds", type=float, default=30.0)
     parser.add_argument("--node-exporter", default=shutil.which("prometheus-node-exporter") or "node_exporter")
+    parser.add_argument("--gpm-rounds", type=int, default=5)
     args = parser.parse_args()
+
+    without, with_gpm = gpm_cost(args.gpm_rounds)
+    print(f"GPU collection of 8 simulated GPUs: {without:.2f} ms without GPM, {with_gpm:.2f} ms with it "
+          f"(+{with_gpm - without:.2f} ms)")
 
     with tempfile.TemporaryDirectory() as tmp:
         sysfs = Path(tmp) / "sys"

@@ -49,6 +49,16 @@ def _share(text: str) -> float:
     return value
 
 
+def _mig(text: str) -> tuple[str, int, list[str]]:
+    """NODE:GPU=PROFILE,... : one board in MIG mode with a GPU instance per profile."""
+    where, sep, profiles = text.partition("=")
+    node, colon, gpu = where.rpartition(":")
+    if not sep or not colon or not gpu.isdigit() or not profiles:
+        raise argparse.ArgumentTypeError(f"invalid MIG layout {text!r} (use NODE:GPU=PROFILE,..., for example "
+                                         "gpu-node-0001:0=3g.40gb,2g.20gb,1g.10gb)")
+    return node, int(gpu), profiles.split(",")
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "simulate", help="serve a simulated GPU fleet",
@@ -79,6 +89,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                                                  "(default: 30d)")
     parser.add_argument("--layout", metavar="FILE",
                         help="YAML file naming each job and its nodes (default: drawn from --seed)")
+    parser.add_argument("--mig", dest="mig", type=_mig, action="append", default=[], metavar="NODE:GPU=PROFILE,...",
+                        help="put a GPU in MIG mode with a GPU instance per profile, its node's job in the first "
+                             "(repeatable; for example gpu-node-0001:0=3g.40gb,2g.20gb,1g.10gb)")
     parser.add_argument("--job-lifetime", dest="job_lifetime", type=duration, metavar="DURATION",
                         help="jobs end after this long on average, and new jobs, on most of the same nodes, take "
                              "their place after a short gap (default: jobs never end)")
@@ -133,6 +146,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpufleet simulate: error: layout {args.layout}: {err}", file=sys.stderr)
         return 1
     fleet = Fleet(args.nodes, args.gpus_per_node, seed=args.seed, layout=layout, job_lifetime=args.job_lifetime)
+    for node, gpu, profiles in args.mig:
+        try:
+            fleet.split(node, gpu, profiles)
+        except ValueError as err:
+            print(f"gpufleet simulate: error: --mig {node}:{gpu}: {err}", file=sys.stderr)
+            fleet.close()
+            return 1
     try:
         _add_faults(args, fleet)
         if args.file_sd:

@@ -35,6 +35,7 @@ from gpufleet.exporter.gpu.simulated import (
     SimulatedGpu,
     SimulatedNvml,
     SimulatedProcess,
+    mig_devices,
     nvlink_kib_for,
     simulated_board,
 )
@@ -175,7 +176,9 @@ class Node:
             return
         for board in self.boards:
             pid = 100000 + self.index * 10 + board.index
-            board.processes = [SimulatedProcess(pid, job.cgroup(self.index, board.index))]
+            # On a board in MIG mode the job runs in its first GPU instance; the others stay empty.
+            instance = board.mig[0].gpu_instance if board.mig else None
+            board.processes = [SimulatedProcess(pid, job.cgroup(self.index, board.index), gpu_instance=instance)]
             self.procfs.set(f"{pid}/cgroup", f"0::{board.processes[0].cgroup}")
 
     @property
@@ -673,6 +676,19 @@ class Fleet:
                 self.nodes[name].assign(job)
         if job_lifetime is not None:
             self.churn = Churn(self.jobs, job_lifetime, self.seed)
+
+    def split(self, node: str, gpu: int, profiles: Sequence[str]) -> None:
+        """Put one board in MIG mode with a GPU instance per profile; the node's job moves into the first.
+
+        Raises ValueError naming what is wrong: an unknown node or GPU, or a profile not of the form 1g.10gb.
+        """
+        if node not in self.nodes:
+            raise ValueError(f"no node {node!r}")
+        if not 0 <= gpu < self.gpus_per_node:
+            raise ValueError(f"{node} has no GPU {gpu}")
+        board = self.nodes[node].boards[gpu]
+        board.mig = mig_devices(f"{self.seed}:{node}:{gpu}", profiles)
+        board.processes = [replace(p, gpu_instance=board.mig[0].gpu_instance) for p in board.processes]
 
     def jobs_at(self, t: float) -> list[Job]:
         """The jobs running at simulated time `t`."""

@@ -2,7 +2,8 @@
 
 The node is built by the exporter's own code over the fixture sysfs tree and simulated GPUs whose
 readings do not change with time, with one XID raised, and its GPUs are collected twice, 15 s apart, so
-that the GPM series, which span two collections, are there. Every change of a metric name, label, HELP
+that the GPM series, which span two collections, are there (with `--collector.gpu.gpm-detail`, so that
+the opt-in ones are too). Every change of a metric name, label, HELP
 text or value then shows up as a diff of tests/fixtures/e2e-output.txt in review. After a change
 that is meant, rewrite the file with
 
@@ -26,6 +27,7 @@ from gpufleet.exporter.gpu.simulated import (
     SimulatedNvml,
     SimulatedProcess,
     kubernetes_cgroup,
+    mig_devices,
     simulated_procfs,
     slurm_cgroup,
 )
@@ -43,13 +45,18 @@ _VOLATILE = re.compile(r"^(gpufleet_collector_duration_seconds|gpufleet_collecto
 
 def boards() -> list[SimulatedGpu]:
     """The two boards of the GPU collector's tests, the busy one in a Slurm job with some corrected ECC errors
-    and two NVLinks (eighteen would only lengthen the file), the idle one held by a Kubernetes pod."""
+    and two NVLinks (eighteen would only lengthen the file), the idle one held by a Kubernetes pod; and a third,
+    another busy H100 in MIG mode with two GPU instances, a Slurm job in the first."""
     busy, idle = two_boards()
     busy.ecc_errors = {("corrected", "volatile"): 3, ("corrected", "aggregate"): 12}
     busy.nvlinks, idle.nvlinks = 2, 0
     busy.processes = [SimulatedProcess(4101, slurm_cgroup(4242, 0))]
     idle.processes = [SimulatedProcess(4102, kubernetes_cgroup("0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b", "c" * 64))]
-    return [busy, idle]
+    split = SimulatedGpu(index=2, uuid="GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee", load=busy.load, nvlinks=0,
+                         serial="1650923000003", pci_bus_id="00000000:3A:00.0",
+                         mig=mig_devices("golden", ["4g.40gb", "3g.40gb"]),
+                         processes=[SimulatedProcess(4103, slurm_cgroup(4243, 0), gpu_instance=1)])
+    return [busy, idle, split]
 
 
 def masked(body: str) -> str:
@@ -67,7 +74,9 @@ def golden_exposition() -> str:
     clock = FakeClock(1000.0)
     nvml = SimulatedNvml(gpus, clock=clock)
     hardware = node.Hardware(nvml, DiskTree(FIXTURE_SYSFS), simulated_procfs(gpus), nvml_event_wait_ms=50)
-    collectors = node.build(node.defaults(), hardware)
+    flags = node.defaults()
+    flags.gpu_gpm_detail = True  # So that every GPM series is in the file, the opt-in ones too.
+    collectors = node.build(flags, hardware)
     [gpu] = [c for c in collectors if c.name == "gpu"]
     try:
         for collector in collectors:

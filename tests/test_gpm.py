@@ -121,7 +121,7 @@ def test_a_metric_the_board_refuses_is_left_out_once_and_the_rest_stay(nvml, clo
         "NVML GPM metric FP64 active is not supported on GPU 0; its series are left out"]
 
 
-@pytest.mark.parametrize(("flags", "per_gpu"), [((), 6), (("--collector.gpu.gpm-detail",), 15),
+@pytest.mark.parametrize(("flags", "per_gpu"), [((), 5), (("--collector.gpu.gpm-detail",), 15),
                                                 (("--no-collector.gpu.gpm",), 0)])
 def test_the_flags_choose_the_series(nvml, clock, flags, per_gpu):
     collector = collector_with(nvml, clock, *flags)

@@ -176,11 +176,11 @@ class GpuCollector:
         parser.add_argument("--collector.gpu.gpm", dest="gpu_gpm", action=argparse.BooleanOptionalAction,
                             default=True, help="read SM, tensor and DRAM activity and PCIe throughput through NVML's "
                                                "GPU Performance Monitoring where the board has it (Hopper and newer; "
-                                               "6 series per GPU; default: on)")
+                                               "5 series per GPU; default: on)")
         parser.add_argument("--collector.gpu.gpm-detail", dest="gpu_gpm_detail",
                             action=argparse.BooleanOptionalAction, default=False,
-                            help="also export each tensor pipe's and each FP precision's activity and GPM's NVLink "
-                                 "throughput (9 more series per GPU; default: off)")
+                            help="also export SM occupancy, each tensor pipe's and each FP precision's activity and "
+                                 "GPM's NVLink throughput (10 more series per GPU; default: off)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, hardware: Hardware) -> GpuCollector:

@@ -6,6 +6,9 @@ the SMs, tensor pipes and DRAM actually did, and NVML computes the shares from t
 counters (`nvmlGpmMetricsGet`), without a DCGM daemon. These are the measurements dcgm-exporter's
 profiling fields (SM active, SM occupancy, tensor active, DRAM active) give.
 
+On a GPU in MIG mode each GPU instance is sampled on its own (`nvmlGpmMigSampleGet`), so activity
+can be read per instance and summed to the physical GPU (`exporter.gpu.mig`).
+
 A metric spans the interval between two samples, so each GPU keeps its previous sample from one
 collection to the next instead of sleeping between two inside one; the first collection after a GPU
 opens only takes a sample. A board that does not support GPM (before Hopper, or refused) is found
@@ -81,14 +84,16 @@ class GpmMetric:
     label_values: tuple[str, ...] = ()
     rate: bool = False
 
-    def readings(self, raw: float) -> list[Reading]:
+    def readings(self, raw: float, prefix: tuple[str, ...] = ()) -> list[Reading]:
+        """The reading of a raw value in NVML's unit; `prefix` holds the values of labels before the metric's own
+        (a MIG GPU instance)."""
         if self.rate:
             if not 0 <= raw * _MIB <= _MAX_BYTES_PER_SECOND:  # NaN fails this too.
                 return []
-            return [Reading(self.metric, raw * _MIB, self.label_values)]
+            return [Reading(self.metric, raw * _MIB, prefix + self.label_values)]
         if not 0 <= raw <= _PERCENT:
             return []
-        return [Reading(self.metric, raw / _PERCENT, self.label_values)]
+        return [Reading(self.metric, raw / _PERCENT, prefix + self.label_values)]
 
 
 def _share(metric_id: int, description: str, metric: GpuMetric, *labels: str) -> GpmMetric:
@@ -99,19 +104,19 @@ def _rate(metric_id: int, description: str, metric: GpuMetric, direction: str) -
     return GpmMetric(metric_id, description, metric, (direction,), rate=True)
 
 
-# The default set, six series per GPU: dcgm-exporter's default profiling fields (SM active and occupancy are
-# commented out there, and wanted here: they tell a job that fills the SMs from one that does not).
+# The default set, five series per GPU: dcgm-exporter's default profiling fields, plus SM active (commented
+# out there, and wanted here: it tells a job that fills the SMs from one that does not).
 METRICS: tuple[GpmMetric, ...] = (
     _share(pynvml.NVML_GPM_METRIC_SM_UTIL, "SM active", SM_ACTIVE),
-    _share(pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, "SM occupancy", SM_OCCUPANCY),
     _share(pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, "tensor active", TENSOR_ACTIVE),
     _share(pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, "DRAM active", DRAM_ACTIVE),
     _rate(pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, "PCIe transmit", PCIE_THROUGHPUT, "transmit"),
     _rate(pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC, "PCIe receive", PCIE_THROUGHPUT, "receive"),
 )
-# Behind --collector.gpu.gpm-detail, nine more per GPU: which kind of math ran, and NVLink traffic as GPM sees
-# it (the per-GPU NVLink byte counters, exported by default, carry the same traffic as counters).
+# Behind --collector.gpu.gpm-detail, ten more per GPU: how full the SMs were, which kind of math ran, and NVLink
+# traffic as GPM sees it (the per-GPU NVLink byte counters, exported by default, carry the same traffic).
 DETAIL: tuple[GpmMetric, ...] = (
+    _share(pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, "SM occupancy", SM_OCCUPANCY),
     _share(pynvml.NVML_GPM_METRIC_HMMA_TENSOR_UTIL, "HMMA tensor active", TENSOR_PIPE_ACTIVE, "hmma"),
     _share(pynvml.NVML_GPM_METRIC_IMMA_TENSOR_UTIL, "IMMA tensor active", TENSOR_PIPE_ACTIVE, "imma"),
     _share(pynvml.NVML_GPM_METRIC_DMMA_TENSOR_UTIL, "DMMA tensor active", TENSOR_PIPE_ACTIVE, "dmma"),
@@ -124,6 +129,19 @@ DETAIL: tuple[GpmMetric, ...] = (
 )
 
 
+
+def _per_instance(metric: GpuMetric, name: str) -> GpuMetric:
+    return GpuMetric(name, metric.documentation.replace("(NVML GPM", "(NVML GPM, one MIG GPU instance"),
+                     labels=("gpu_instance",))
+
+
+# Per MIG GPU instance: what its slice of the SMs and memory did. PCIe and NVLink stay with the physical GPU.
+MIG_METRICS: tuple[GpmMetric, ...] = tuple(
+    GpmMetric(m.metric_id, m.description, _per_instance(m.metric, m.metric.name.replace("gpufleet_gpu_",
+                                                                                        "gpufleet_gpu_mig_")))
+    for m in METRICS if not m.rate)
+
+
 def metric_set(detail: bool) -> tuple[GpmMetric, ...]:
     """The GPM metrics the flags ask for."""
     return METRICS + DETAIL if detail else METRICS
@@ -132,12 +150,15 @@ def metric_set(detail: bool) -> tuple[GpmMetric, ...]:
 class GpmReader:
     """One GPU's GPM samples, kept between collections; built when the GPU opens and freed when it closes."""
 
-    def __init__(self, gpu: int, metrics: tuple[GpmMetric, ...]) -> None:
+    def __init__(self, gpu: int, metrics: tuple[GpmMetric, ...], gpu_instance: int | None = None) -> None:
         self._gpu = gpu
         self._metrics = metrics
+        self._gpu_instance = gpu_instance  # Sampled per MIG GPU instance, and labelled with it.
+        self._prefix = () if gpu_instance is None else (str(gpu_instance),)
         self._samples: list[GpmSample] = []  # [previous, current] once allocated.
         self._primed = False  # Whether `previous` holds a sample taken by the last collection.
         self._request: pynvml.c_nvmlGpmMetricsGet_t | None = None
+        self._answers: list[pynvml.c_nvmlGpmMetric_t] = []  # The request's metric slots, each read once a cycle.
 
     @staticmethod
     def supported(nvml: Nvml, handle: Handle) -> bool:
@@ -154,7 +175,10 @@ class GpmReader:
         if not self._samples:
             self._samples = [nvml.nvmlGpmSampleAlloc(), nvml.nvmlGpmSampleAlloc()]
         previous, current = self._samples
-        nvml.nvmlGpmSampleGet(handle, current)
+        if self._gpu_instance is None:
+            nvml.nvmlGpmSampleGet(handle, current)
+        else:
+            nvml.nvmlGpmMigSampleGet(handle, self._gpu_instance, current)
         self._samples.reverse()  # This sample is the next collection's previous one, whatever follows.
         if not self._primed:
             self._primed = True
@@ -164,15 +188,15 @@ class GpmReader:
         nvml.nvmlGpmMetricsGet(request)
         readings: list[Reading] = []
         refused: list[GpmMetric] = []
-        for index, wanted in enumerate(self._metrics):
-            answer = request.metrics[index]
+        for wanted, answer in zip(self._metrics, self._answers, strict=True):
             if answer.nvmlReturn == pynvml.NVML_SUCCESS and not math.isnan(answer.value):
-                readings += wanted.readings(answer.value)
+                readings += wanted.readings(answer.value, self._prefix)
             elif answer.nvmlReturn in UNSUPPORTED:
                 refused.append(wanted)
         if refused:
-            log.info("NVML GPM metric %s is not supported on GPU %d; its series are left out",
-                     ", ".join(m.description for m in refused), self._gpu)
+            where = "" if self._gpu_instance is None else f" (GPU instance {self._gpu_instance})"
+            log.info("NVML GPM metric %s is not supported on GPU %d%s; its series are left out",
+                     ", ".join(m.description for m in refused), self._gpu, where)
             self._metrics = tuple(m for m in self._metrics if m not in refused)
             self._request = None
         return readings
@@ -194,4 +218,5 @@ class GpmReader:
         for index, wanted in enumerate(self._metrics):
             request.metrics[index].metricId = wanted.metric_id
         self._request = request
+        self._answers = [request.metrics[index] for index in range(len(self._metrics))]
         return request

@@ -14,7 +14,8 @@ under both cgroup v1 and v2:
 The result is a record per GPU (its process count and the labels of each job),
 which the GPU collector turns into one `gpufleet_gpu_job_info` series per GPU
 and job. No other GPU series carries a job label: rules join on `gpu`/`uuid`
-with `group_left`, so series counts stay flat however jobs come and go. The dcgm-exporter convention
+with `group_left`, so series counts stay flat however jobs come and go. On a GPU in MIG mode a job's
+series also names the GPU instance it runs in (`gpu_instance`). The dcgm-exporter convention
 is accepted as well: a directory with one file per GPU index listing job ids
 (`--job.mapping-dir`). Optionally, the kubelet's pod-resources socket adds the
 pod's namespace and name, and names the pods that hold a GPU with nothing
@@ -153,10 +154,12 @@ class JobAttribution:
             for process in gpu.processes:
                 cgroup = procfs.text(f"{process.pid}/cgroup")  # Gone if the process just exited.
                 job = job_from_cgroup(cgroup) if cgroup is not None else None
+                # On a GPU in MIG mode, the GPU instance the job runs in: jobs sharing a GPU are told apart.
+                instance = () if process.gpu_instance is None else (("gpu_instance", str(process.gpu_instance)),)
                 if job is not None:
-                    jobs.setdefault((("scheduler", job.scheduler), *job.labels), job)
+                    jobs.setdefault((("scheduler", job.scheduler), *job.labels, *instance), job)
                 if self.process_memory and process.used_memory_bytes is not None:
-                    labels = {"pid": str(process.pid)}
+                    labels = {"pid": str(process.pid), **dict(instance)}
                     for name in ("job_id", "pod_uid", "container_id"):
                         if job is not None and (value := job.label(name)):
                             labels[name] = value

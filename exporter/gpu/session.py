@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import pynvml
 
 from gpufleet.exporter.gpu.gpm import GpmMetric, GpmReader
+from gpufleet.exporter.gpu.mig import MigReader
 from gpufleet.exporter.gpu.nvml import DEVICE_LOST, DRIVER_LOST, TRANSIENT, UNSUPPORTED, Backoff, as_text
 from gpufleet.exporter.gpu.probes import (
     ECC_ENABLED,
@@ -69,6 +70,7 @@ class GpuIdentity:
 class GpuProcess:
     pid: int
     used_memory_bytes: int | None  # None where NVML cannot tell (it hides it in some containers).
+    gpu_instance: int | None = None  # The MIG GPU instance it runs in, on a GPU in MIG mode.
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,13 @@ class _Device:
     static_readings: tuple[Reading, ...] = ()
     lists_processes: bool = False
     gpm: GpmReader | None = None
+    mig: MigReader | None = None
     unsupported: list[str] = field(default_factory=list)
+
+
+def _gpu_instance(raw: int | None) -> int | None:
+    """A process's MIG GPU instance; NVML answers 0xFFFFFFFF (or older bindings nothing) outside MIG mode."""
+    return None if raw is None or raw == 0xFFFFFFFF else int(raw)
 
 
 def _cuda_version(raw: int) -> str:
@@ -150,7 +158,7 @@ class NvmlSession:
     def close(self) -> None:
         if self._devices is not None:
             for device in self._devices:
-                self._release_gpm(device)
+                self._release_samples(device)
             self._devices = None
             self._shutdown()
 
@@ -245,6 +253,7 @@ class NvmlSession:
             unsupported.append("nvmlDeviceGetFieldValues")
 
         gpm = self._open_gpm(device.index, handle, unsupported)
+        mig = self._open_mig(device.index, handle, gpm is not None, unsupported)
 
         try:
             nvml.nvmlDeviceGetComputeRunningProcesses(handle)
@@ -262,6 +271,7 @@ class NvmlSession:
         device.fields = tuple(fields)
         device.static_readings = tuple(static)
         device.gpm = gpm
+        device.mig = mig
         device.unsupported = unsupported
         self._known[device.index] = identity
         return True
@@ -280,10 +290,23 @@ class NvmlSession:
             unsupported.append(f"GPM (nvmlGpmQueryDeviceSupport: {err})")
         return None
 
-    def _release_gpm(self, device: _Device) -> None:
-        if device.gpm is not None:
-            device.gpm.free(self._nvml)
-            device.gpm = None
+    def _open_mig(self, index: int, handle: Any, gpm: bool, unsupported: list[str]) -> MigReader | None:
+        """A MIG reader for a board that has MIG, whether or not it is on now: it can be turned on at a reset."""
+        try:
+            if MigReader.supported(self._nvml, handle):
+                return MigReader(index, gpm)
+        except pynvml.NVMLError as err:
+            if err.value in DRIVER_LOST:
+                raise
+        unsupported.append("MIG (nvmlDeviceGetMigMode)")
+        return None
+
+    def _release_samples(self, device: _Device) -> None:
+        """Free the GPM samples of the GPU and of its MIG instances."""
+        for reader in (device.gpm, device.mig):
+            if reader is not None:
+                reader.free(self._nvml)
+        device.gpm = device.mig = None
 
     def _nvlinks(self, handle: Any) -> list[int]:
         """The NVLinks this GPU has: the ones whose state NVML answers for (none on PCIe boards)."""
@@ -330,11 +353,13 @@ class NvmlSession:
             readings += self._guarded("nvmlDeviceGetFieldValues", device, problems, self._field_readings, device) or []
             if device.gpm is not None:
                 readings += self._guarded("GPM", device, problems, device.gpm.read, self._nvml, device.handle) or []
+            if device.mig is not None:
+                readings += self._guarded("MIG", device, problems, device.mig.read, self._nvml, device.handle) or []
             if device.lists_processes:
                 processes = self._guarded("nvmlDeviceGetComputeRunningProcesses", device, problems,
                                           self._processes, device)
         except _DeviceLost as lost:
-            self._release_gpm(device)
+            self._release_samples(device)
             device.handle = None  # Reopen on a later cycle: a reset GPU comes back with a new handle.
             problems.append(f"GPU {device.index} ({device.identity.uuid}) is lost: {lost}")
             return None
@@ -342,7 +367,8 @@ class NvmlSession:
 
     def _processes(self, device: _Device) -> tuple[GpuProcess, ...]:
         return tuple(
-            GpuProcess(int(p.pid), p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None)
+            GpuProcess(int(p.pid), p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None,
+                       _gpu_instance(getattr(p, "gpuInstanceId", None)))
             for p in self._nvml.nvmlDeviceGetComputeRunningProcesses(device.handle)
         )
 

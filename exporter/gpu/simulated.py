@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import math
 import random
+import re
 import threading
 import time
 from collections import deque
@@ -85,10 +86,39 @@ class GpmActivity:
 
 @dataclass(frozen=True)
 class SimulatedProcess:
-    """A process on a simulated GPU, with the cgroup path its `/proc/<pid>/cgroup` file names."""
+    """A process on a simulated GPU, with the cgroup path its `/proc/<pid>/cgroup` file names, and the MIG GPU
+    instance it runs in on a GPU in MIG mode."""
 
     pid: int
     cgroup: str
+    gpu_instance: int | None = None
+
+
+@dataclass(frozen=True)
+class SimulatedMigDevice:
+    """A MIG device: one compute instance of a GPU instance, with the instance's profile and memory."""
+
+    gpu_instance: int
+    compute_instance: int
+    profile: str  # As nvidia-smi names it: 1g.10gb, 3g.40gb, 7g.80gb.
+    memory_total_bytes: int
+    uuid: str
+
+
+def mig_devices(key: str, profiles: Sequence[str]) -> list[SimulatedMigDevice]:
+    """One GPU instance with one compute instance per profile, numbered as the driver numbers a fresh layout.
+
+    A profile `Ng.Mgb` gets M GiB, less the 2.5 % the driver keeps for itself.
+    """
+    rng = random.Random(f"mig:{key}")
+    devices = []
+    for instance, name in enumerate(profiles, start=1):
+        match = re.fullmatch(r"\d+g\.(\d+)gb(\+\w+)?", name)
+        if match is None:
+            raise ValueError(f"MIG profile {name!r} is not of the form 1g.10gb")
+        devices.append(SimulatedMigDevice(instance, 0, name, int(int(match.group(1)) * 1024**3 * 0.975),
+                                          f"MIG-{random_uuid(rng)}"))
+    return devices
 
 
 class Load(Protocol):
@@ -160,6 +190,11 @@ class SimulatedGpu:
     # ids the board refuses are listed in `unsupported` as "gpm:<id>".
     gpm_supported: bool = True
     activity: Callable[[float, float], GpmActivity] | None = None
+    # MIG: whether the board has it (Ampere data-centre boards and newer), its devices while MIG mode is on (None:
+    # off), and the mode after the next GPU reset (None: as now).
+    mig_capable: bool = True
+    mig: list[SimulatedMigDevice] | None = None
+    mig_pending: bool | None = None
 
 
 def steady(telemetry: GpuTelemetry) -> Load:
@@ -382,12 +417,14 @@ class _GpmSupport:
 
 @dataclass(slots=True)
 class _GpmSnapshot:
-    """What a GPM sample holds: the board, when it was taken, and the NVLink bytes counted by then."""
+    """What a GPM sample holds: the board (and MIG GPU instance), when it was taken, and the NVLink bytes counted
+    by then."""
 
     gpu: SimulatedGpu | None = None
     generation: int = -1
     at: float = 0.0
     nvlink_kib: int = 0
+    gpu_instance: int | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -396,6 +433,13 @@ class _Handle:
 
     gpu: SimulatedGpu
     generation: int
+
+
+@dataclass(frozen=True, eq=False)
+class _MigHandle(_Handle):
+    """A MIG device's handle: the board's calls that take one answer for the MIG device."""
+
+    device: SimulatedMigDevice
 
 
 @dataclass(slots=True)
@@ -555,11 +599,11 @@ class SimulatedNvml:
 
     def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
         gpu = self._check(handle, "nvmlDeviceGetUUID")
-        return gpu.uuid
+        return handle.device.uuid if isinstance(handle, _MigHandle) else gpu.uuid
 
     def nvmlDeviceGetName(self, handle: _Handle) -> str:
         gpu = self._check(handle, "nvmlDeviceGetName")
-        return gpu.name
+        return f"{gpu.name} MIG {handle.device.profile}" if isinstance(handle, _MigHandle) else gpu.name
 
     def nvmlDeviceGetSerial(self, handle: _Handle) -> str:
         gpu = self._check(handle, "nvmlDeviceGetSerial")
@@ -607,8 +651,12 @@ class SimulatedNvml:
 
     def nvmlDeviceGetMemoryInfo(self, handle: _Handle) -> _Memory:
         gpu, now = self._now(handle, "nvmlDeviceGetMemoryInfo")
-        used = now.memory_used_bytes
-        return _Memory(total=gpu.memory_total_bytes, used=used, free=gpu.memory_total_bytes - used)
+        total, used = gpu.memory_total_bytes, now.memory_used_bytes
+        if isinstance(handle, _MigHandle):  # An instance with a process in it fills its share as the load says.
+            busy = any(p.gpu_instance == handle.device.gpu_instance for p in gpu.processes)
+            total = handle.device.memory_total_bytes
+            used = int(total * now.memory_used_bytes / gpu.memory_total_bytes) if busy else 0
+        return _Memory(total=total, used=used, free=total - used)
 
     def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:
         return round(self._telemetry(handle, "nvmlDeviceGetPowerUsage").power_watts * 1000)
@@ -670,7 +718,45 @@ class SimulatedNvml:
             return []
         # The driver keeps about 500 MiB per context for itself; the rest is split between the processes.
         share = max(0, now.memory_used_bytes - 512 * _MIB) // len(gpu.processes)
-        return [_ProcessInfo(p.pid, share) for p in gpu.processes]
+        outside = 0xFFFFFFFF  # What NVML answers for the instance ids of a process outside MIG.
+        return [_ProcessInfo(p.pid, share, outside if p.gpu_instance is None else p.gpu_instance,
+                             outside if p.gpu_instance is None else 0) for p in gpu.processes]
+
+    # MIG ----------------------------------------------------------------------------------------
+
+    def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
+        gpu = self._check(handle, "nvmlDeviceGetMigMode")
+        if not gpu.mig_capable:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        current = gpu.mig is not None
+        pending = current if gpu.mig_pending is None else gpu.mig_pending
+        return [int(current), int(pending)]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
+        gpu = self._check(handle, "nvmlDeviceGetMaxMigDeviceCount")
+        if not gpu.mig_capable:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: _Handle, index: int) -> _MigHandle:
+        gpu = self._check(handle, "nvmlDeviceGetMigDeviceHandleByIndex")
+        if gpu.mig is None or not 0 <= index < 7:
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if index >= len(gpu.mig):
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        return _MigHandle(gpu, handle.generation, gpu.mig[index])
+
+    def _mig_device(self, handle: _Handle, function: str) -> SimulatedMigDevice:
+        self._check(handle, function)
+        if not isinstance(handle, _MigHandle):
+            raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return handle.device
+
+    def nvmlDeviceGetGpuInstanceId(self, handle: _Handle) -> int:
+        return self._mig_device(handle, "nvmlDeviceGetGpuInstanceId").gpu_instance
+
+    def nvmlDeviceGetComputeInstanceId(self, handle: _Handle) -> int:
+        return self._mig_device(handle, "nvmlDeviceGetComputeInstanceId").compute_instance
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: _Handle) -> int:
         gpu, now = self._now(handle, "nvmlDeviceGetCurrentClocksEventReasons")
@@ -770,13 +856,27 @@ class SimulatedNvml:
             del self._gpm_samples[ctypes.cast(sample, ctypes.c_void_p).value or 0]
 
     def nvmlGpmSampleGet(self, handle: _Handle, sample: Any) -> Any:
+        """A whole-GPU sample. In MIG mode the simulated board refuses it and answers per instance: whether real
+        boards answer both is not documented, and the exporter reads whichever answers."""
         gpu, now = self._now(handle, "nvmlGpmSampleGet")
-        if not gpu.gpm_supported:
+        if not gpu.gpm_supported or gpu.mig is not None:
             raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         snapshot = self._gpm_snapshot(sample)
         kib = nvlink_kib_for(now.energy_joules)
         snapshot.gpu, snapshot.generation, snapshot.at = gpu, self._generation, self.clock()
+        snapshot.gpu_instance = None
         snapshot.nvlink_kib = sum(gpu.nvlink_stopped_kib.get(link, kib) for link in range(gpu.nvlinks))
+        return sample
+
+    def nvmlGpmMigSampleGet(self, handle: _Handle, gpu_instance: int, sample: Any) -> Any:
+        gpu = self._check(handle, "nvmlGpmMigSampleGet")
+        if not gpu.gpm_supported or gpu.mig is None:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if all(device.gpu_instance != gpu_instance for device in gpu.mig):
+            raise _error(pynvml.NVML_ERROR_NOT_FOUND)
+        snapshot = self._gpm_snapshot(sample)
+        snapshot.gpu, snapshot.generation, snapshot.at = gpu, self._generation, self.clock()
+        snapshot.nvlink_kib, snapshot.gpu_instance = 0, gpu_instance
         return sample
 
     def nvmlGpmMetricsGet(self, request: Any) -> Any:
@@ -787,7 +887,8 @@ class SimulatedNvml:
         if request.version != pynvml.NVML_GPM_METRICS_GET_VERSION:
             raise _error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
         if (gpu is None or first.gpu is not gpu or first.generation != self._generation
-                or second.generation != self._generation or second.at < first.at):
+                or second.generation != self._generation or second.at < first.at
+                or first.gpu_instance != second.gpu_instance):
             raise _error(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         seconds = second.at - first.at
         if seconds == 0:  # Two samples of one instant (a frozen simulated clock) measure nothing.
@@ -798,6 +899,8 @@ class SimulatedNvml:
             activity = gpu.activity(first.at, second.at)
         else:
             activity = GpmActivity.of_utilization(gpu.load(gpu, second.at - self._loaded_at).utilization)
+        if second.gpu_instance is not None and all(p.gpu_instance != second.gpu_instance for p in gpu.processes):
+            activity = GpmActivity()  # A MIG instance with nothing running in it does nothing.
         for index in range(request.numMetrics):
             metric = request.metrics[index]
             metric_id = metric.metricId
