@@ -231,3 +231,12 @@ def test_real_gpus_match_nvidia_smi():
         assert len(info) == 1 and info[0]["uuid"] == uuid and info[0]["pci_bus_id"].lower() == bus_id.lower()
         total = samples[series("gpufleet_gpu_memory_total_bytes", gpu=index, uuid=uuid)]
         assert total == int(memory_mib) * 1024**2
+
+
+def test_pcie_replay_rollovers_have_a_series_from_the_first_one_on(nvml, collector):
+    _, samples = collect(collector)
+    assert gpu_series("gpufleet_gpu_pcie_replay_rollovers_total") not in samples
+    nvml.gpus[0].pcie_replay_rollovers = 3
+    _, samples = collect(collector)
+    assert samples[gpu_series("gpufleet_gpu_pcie_replay_rollovers_total")] == 3
+    assert gpu_series("gpufleet_gpu_pcie_replay_rollovers_total", gpu=1) not in samples

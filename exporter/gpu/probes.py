@@ -98,6 +98,10 @@ RETIRED_PAGES = GpuMetric("gpufleet_gpu_retired_pages", "Memory pages retired (G
 RETIRED_PAGES_PENDING = GpuMetric("gpufleet_gpu_retired_pages_pending",
                                   "1 when a page retirement waits for a reboot (GPUs before Ampere).")
 PCIE_REPLAYS = GpuMetric("gpufleet_gpu_pcie_replays_total", "PCIe replays: link-level retransmissions.", counter=True)
+PCIE_REPLAY_ROLLOVERS = GpuMetric(
+    "gpufleet_gpu_pcie_replay_rollovers_total",
+    "Times a PCIe packet was replayed until the replay number rolled over and the link retrained; present from the "
+    "first one on.", counter=True)
 CLOCK_EVENT_ACTIVE = GpuMetric("gpufleet_gpu_clock_event_active",
                                "1 while this reason holds the clocks below their target (a throttle reason).",
                                labels=("reason",))
@@ -435,6 +439,10 @@ FIELDS: tuple[Field, ...] = (
           label_values=("double_bit",)),
     Field(pynvml.NVML_FI_DEV_RETIRED_PENDING, "retired pages pending", RETIRED_PAGES_PENDING, 0, 1),
     Field(pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, "PCIe replays", PCIE_REPLAYS, 0, _COUNTER_MAX - 2),
+    # Zero on almost every GPU for its whole life: a series only from the first rollover on (low 1), so that
+    # the node stays within its series budget. Field 95 in nvml.h and in nvidia-ml-py alike.
+    Field(pynvml.NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER, "PCIe replay rollovers", PCIE_REPLAY_ROLLOVERS, 1,
+          _COUNTER_MAX - 2),
 )
 
 _FIELD_MEMBERS = {

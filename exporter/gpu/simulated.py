@@ -162,6 +162,7 @@ class SimulatedGpu:
     retired_pages: dict[str, int] = field(default_factory=dict)  # cause -> pages (pre-Ampere boards)
     retired_pages_pending: bool = False
     pcie_replays: int = 0
+    pcie_replay_rollovers: int = 0
     nvlinks: int = 18
     nvlinks_down: set[int] = field(default_factory=set)
     nvlink_stopped_kib: dict[int, int] = field(default_factory=dict)  # A down link's traffic stays where it stopped.
@@ -808,6 +809,7 @@ class SimulatedNvml:
             pynvml.NVML_FI_DEV_RETIRED_DBE: (_ULL, gpu.retired_pages.get("double_bit", 0)),
             pynvml.NVML_FI_DEV_RETIRED_PENDING: (_UINT, int(gpu.retired_pages_pending)),
             pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: (_ULL, gpu.pcie_replays),
+            pynvml.NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER: (_ULL, gpu.pcie_replay_rollovers),
         }
 
     def nvmlDeviceGetFieldValues(self, handle: _Handle, field_ids: Sequence[FieldRequest]) -> list[_FieldValue]:
