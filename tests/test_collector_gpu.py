@@ -233,10 +233,12 @@ def test_real_gpus_match_nvidia_smi():
         assert total == int(memory_mib) * 1024**2
 
 
-def test_pcie_replay_rollovers_have_a_series_from_the_first_one_on(nvml, collector):
+@pytest.mark.parametrize(("attribute", "name"), [("pcie_replay_rollovers", "gpufleet_gpu_pcie_replay_rollovers_total"),
+                                               ("nvlink_ecc_errors", "gpufleet_gpu_nvlink_ecc_data_errors_total")])
+def test_rare_error_counters_have_a_series_from_the_first_error_on(nvml, collector, attribute, name):
     _, samples = collect(collector)
-    assert gpu_series("gpufleet_gpu_pcie_replay_rollovers_total") not in samples
-    nvml.gpus[0].pcie_replay_rollovers = 3
+    assert gpu_series(name) not in samples
+    setattr(nvml.gpus[0], attribute, 3)
     _, samples = collect(collector)
-    assert samples[gpu_series("gpufleet_gpu_pcie_replay_rollovers_total")] == 3
-    assert gpu_series("gpufleet_gpu_pcie_replay_rollovers_total", gpu=1) not in samples
+    assert samples[gpu_series(name)] == 3
+    assert gpu_series(name, gpu=1) not in samples

@@ -45,11 +45,12 @@ _VOLATILE = re.compile(r"^(gpufleet_collector_duration_seconds|gpufleet_collecto
 
 def boards() -> list[SimulatedGpu]:
     """The two boards of the GPU collector's tests, the busy one in a Slurm job with some corrected ECC errors,
-    a PCIe replay rollover and two NVLinks (eighteen would only lengthen the file), the idle one held by a
-    Kubernetes pod; and a third, another busy H100 in MIG mode with two GPU instances, a Slurm job in the first."""
+    a PCIe replay rollover, an NVLink ECC error and two NVLinks (eighteen would only lengthen the file), the
+    idle one held by a Kubernetes pod; and a third, another busy H100 in MIG mode with two GPU instances, a
+    Slurm job in the first."""
     busy, idle = two_boards()
     busy.ecc_errors = {("corrected", "volatile"): 3, ("corrected", "aggregate"): 12}
-    busy.pcie_replay_rollovers = 1  # Its series exists from the first one on.
+    busy.pcie_replay_rollovers = busy.nvlink_ecc_errors = 1  # Their series exist from the first error on.
     busy.nvlinks, idle.nvlinks = 2, 0
     busy.processes = [SimulatedProcess(4101, slurm_cgroup(4242, 0))]
     idle.processes = [SimulatedProcess(4102, kubernetes_cgroup("0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b", "c" * 64))]

@@ -141,6 +141,7 @@ def test_a_board_without_samples_is_asked_once_and_reads_the_last_period():
     (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, 3, 3_072),
     (pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, 17, 17),  # a plain count
     (pynvml.NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER, 2, 2),  # a plain count
+    (pynvml.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL, 5, 5),  # a plain count
 ])
 def test_each_field_is_converted_from_the_unit_nvml_documents(field_id, raw, expected):
     [field] = [f for f in (*FIELDS, *nvlink_fields([0])) if f.field_id == field_id]
@@ -153,5 +154,6 @@ def test_the_field_ids_are_those_of_the_nvml_header():
     assert (pynvml.NVML_FI_DEV_MEMORY_TEMP, pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION) == (82, 83)
     assert (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX) == (138, 139)
     assert (pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, pynvml.NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER) == (94, 95)
+    assert pynvml.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL == 160
     assert (pynvml.NVML_FI_DEV_REMAPPED_COR, pynvml.NVML_FI_DEV_REMAPPED_UNC, pynvml.NVML_FI_DEV_REMAPPED_PENDING,
             pynvml.NVML_FI_DEV_REMAPPED_FAILURE) == (142, 143, 144, 145)

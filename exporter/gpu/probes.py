@@ -102,6 +102,9 @@ PCIE_REPLAY_ROLLOVERS = GpuMetric(
     "gpufleet_gpu_pcie_replay_rollovers_total",
     "Times a PCIe packet was replayed until the replay number rolled over and the link retrained; present from the "
     "first one on.", counter=True)
+NVLINK_ECC_ERRORS = GpuMetric(
+    "gpufleet_gpu_nvlink_ecc_data_errors_total",
+    "NVLink data ECC errors over all the GPU's links; present from the first one on.", counter=True)
 CLOCK_EVENT_ACTIVE = GpuMetric("gpufleet_gpu_clock_event_active",
                                "1 while this reason holds the clocks below their target (a throttle reason).",
                                labels=("reason",))
@@ -442,6 +445,9 @@ FIELDS: tuple[Field, ...] = (
     # Zero on almost every GPU for its whole life: a series only from the first rollover on (low 1), so that
     # the node stays within its series budget. Field 95 in nvml.h and in nvidia-ml-py alike.
     Field(pynvml.NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER, "PCIe replay rollovers", PCIE_REPLAY_ROLLOVERS, 1,
+          _COUNTER_MAX - 2),
+    # Likewise (field 160, "NVLink data ECC Error Counter total for all Links" in both).
+    Field(pynvml.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL, "NVLink data ECC errors", NVLINK_ECC_ERRORS, 1,
           _COUNTER_MAX - 2),
 )
 

@@ -163,6 +163,7 @@ class SimulatedGpu:
     retired_pages_pending: bool = False
     pcie_replays: int = 0
     pcie_replay_rollovers: int = 0
+    nvlink_ecc_errors: int = 0  # NVLink data ECC errors over all links.
     nvlinks: int = 18
     nvlinks_down: set[int] = field(default_factory=set)
     nvlink_stopped_kib: dict[int, int] = field(default_factory=dict)  # A down link's traffic stays where it stopped.
@@ -810,6 +811,7 @@ class SimulatedNvml:
             pynvml.NVML_FI_DEV_RETIRED_PENDING: (_UINT, int(gpu.retired_pages_pending)),
             pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: (_ULL, gpu.pcie_replays),
             pynvml.NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER: (_ULL, gpu.pcie_replay_rollovers),
+            pynvml.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL: (_ULL, gpu.nvlink_ecc_errors),
         }
 
     def nvmlDeviceGetFieldValues(self, handle: _Handle, field_ids: Sequence[FieldRequest]) -> list[_FieldValue]:
