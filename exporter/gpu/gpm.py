@@ -129,7 +129,6 @@ DETAIL: tuple[GpmMetric, ...] = (
 )
 
 
-
 def _per_instance(metric: GpuMetric, name: str) -> GpuMetric:
     return GpuMetric(name, metric.documentation.replace("(NVML GPM", "(NVML GPM, one MIG GPU instance"),
                      labels=("gpu_instance",))
