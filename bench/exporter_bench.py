@@ -258,7 +258,7 @@ def main() -> None:
             theirs_url = f"http://127.0.0.1:{theirs_port}/metrics"
             wait_ready(ours_url, ours)
             wait_ready(theirs_url, theirs)
-            time.sleep(1)  # Let every collector finish its first collection.
+            time.sleep(6)  # Two GPU collections (every 5 s): GPM's series span two, so they come with the second.
             phases = [("started", rss_mib(ours.pid))]
             with urllib.request.urlopen(ours_url) as response:
                 body = response.read()
