@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import InitVar, dataclass, field, replace
+from operator import attrgetter
 
 import pynvml
 from prometheus_client import ProcessCollector
@@ -77,32 +78,9 @@ def node_names(count: int) -> list[str]:
     return [f"gpu-node-{index:04d}" for index in range(1, count + 1)]
 
 
-def _network(levels: Levels) -> float:
-    return levels.network
-
-
-def _power(levels: Levels) -> float:
-    return levels.power
-
-
-def _blocked(levels: Levels) -> float:
-    return levels.blocked
-
-
-def _utilization(levels: Levels) -> float:
-    return levels.utilization
-
-
-def _sm_active(levels: Levels) -> float:
-    return levels.sm_active
-
-
-def _tensor(levels: Levels) -> float:
-    return levels.tensor
-
-
-def _dram(levels: Levels) -> float:
-    return levels.dram
+# The rate of one quantity in each phase, for the timeline's integrals (hashable: they key the integral cache).
+_network, _power, _blocked, _utilization, _sm_active, _tensor, _dram = (
+    attrgetter(name) for name in ("network", "power", "blocked", "utilization", "sm_active", "tensor", "dram"))
 
 
 def _collect_each(collectors: Sequence[ScheduledCollector]) -> None:

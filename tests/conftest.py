@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import FIXTURE_SYSFS
+from gpufleet.exporter.gpu.simulated import SimulatedNvml
+
+from helpers import FIXTURE_SYSFS, FakeClock, two_boards
 
 
 @pytest.fixture
@@ -14,6 +16,18 @@ def sysfs(tmp_path: Path) -> Path:
     root = tmp_path / "sys"
     shutil.copytree(FIXTURE_SYSFS, root, symlinks=True)
     return root
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """The clock of the simulated NVML library and of the session over it, moved by hand."""
+    return FakeClock()
+
+
+@pytest.fixture
+def nvml(clock: FakeClock) -> SimulatedNvml:
+    """The two boards of helpers.two_boards behind the simulated library, on `clock`."""
+    return SimulatedNvml(two_boards(), clock=clock)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

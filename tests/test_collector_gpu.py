@@ -18,17 +18,7 @@ from gpufleet.exporter.gpu.simulated import (
     steady,
 )
 
-from helpers import GIB, UUID0, UUID1, FakeClock, named, nvml_present, rendered, series, two_boards
-
-
-@pytest.fixture
-def clock():
-    return FakeClock()
-
-
-@pytest.fixture
-def nvml(clock):
-    return SimulatedNvml(two_boards(), clock=clock)
+from helpers import GIB, UUID0, UUID1, named, nvml_present, rendered, series, two_boards
 
 
 @pytest.fixture
@@ -111,8 +101,9 @@ def test_unsupported_sources_are_left_out_for_that_gpu_only_and_logged_once(nvml
     lines = [r.getMessage() for r in caplog.records if "not supported" in r.getMessage()]
     assert "NVML nvmlDeviceGetMarginTemperature is not supported on GPU 1; its series are left out" in lines
     assert "NVML field 82 (memory temperature) is not supported on GPU 1; its series are left out" in lines
-    # GPU 0's fans and page retirement (an H100 has neither), and the three above: once each, not per collection.
-    assert len(lines) == 7
+    # GPU 0's fans and page retirement (an H100 has neither), NVLink5's two error fields (both boards' links are
+    # older), and the three above: once each, not per collection, and once for all of a GPU's links.
+    assert len(lines) == 9
 
 
 def test_sentinel_values_never_reach_metrics(nvml, collector):
@@ -242,3 +233,14 @@ def test_rare_error_counters_have_a_series_from_the_first_error_on(nvml, collect
     _, samples = collect(collector)
     assert samples[gpu_series(name)] == 3
     assert gpu_series(name, gpu=1) not in samples
+
+
+def test_nvlink5_symbol_errors_are_totalled_and_only_errors_past_the_fec_make_a_link_erring(nvml, collector):
+    board = nvml.gpus[0]
+    board.nvlink_generation, board.nvlinks = 5, 2
+    board.nvlink_errors = {(0, "symbol"): 100, (1, "symbol"): 40, (1, "effective"): 2}
+    _, samples = collect(collector)
+    assert samples[gpu_series("gpufleet_gpu_nvlink_errors_total", error="symbol")] == 140
+    assert samples[gpu_series("gpufleet_gpu_nvlink_errors_total", error="effective")] == 2
+    erring = {dict(labels)["link"] for name, labels in samples if name == "gpufleet_gpu_nvlink_link_errors_total"}
+    assert erring == {"1"}  # Link 0's symbol errors alone are the FEC at work.

@@ -45,16 +45,6 @@ def collector_with(nvml: SimulatedNvml, clock: FakeClock, *flags: str) -> GpuCol
     return GpuCollector.from_args(parser.parse_args(list(flags)), hardware)
 
 
-@pytest.fixture
-def clock():
-    return FakeClock()
-
-
-@pytest.fixture
-def nvml(clock):
-    return SimulatedNvml(two_boards(), clock=clock)
-
-
 def test_the_first_collection_only_samples_and_the_next_reports_the_interval(nvml, clock):
     """The busy H100 reads 87 % utilisation; the simulated driver's GPM derives its SMs' and tensor pipes'
     activity from that (90 % and 60 % of it), and the A100, which has no GPM, gets no series at all."""

@@ -39,11 +39,6 @@ def gpu0(name: str, **labels: str):
 
 
 @pytest.fixture
-def clock():
-    return FakeClock()
-
-
-@pytest.fixture
 def nvml(clock):
     boards = two_boards()
     boards[0].mig = mig_devices("test", ["3g.40gb", "2g.20gb", "1g.10gb"])

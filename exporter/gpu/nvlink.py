@@ -4,9 +4,10 @@ An H100 has 18 NVLinks; per link, a state, four error counters and two traffic c
 series on an 8-GPU node, more than the rest of the node together. Dashboards and capacity planning
 read NVLink traffic and errors per GPU; an operator needs the link's number only to replace or
 reset it. So by default each GPU gets its totals over its links, and a link gets its own series only
-while it is down (`gpufleet_gpu_nvlink_up` 0) or once it has counted an error
-(`gpufleet_gpu_nvlink_link_errors_total`, all four kinds, from then on: a counter that came and went
-would break `rate()`). `--collector.gpu.nvlink-per-link` exports every link's series, as
+while it is down (`gpufleet_gpu_nvlink_up` 0) or once it has counted a data-link error
+(`gpufleet_gpu_nvlink_link_errors_total`, every kind, from then on: a counter that came and went
+would break `rate()`). NVLink5's physical-layer symbol errors, which a healthy link counts, do not
+make a link erring on their own. `--collector.gpu.nvlink-per-link` exports every link's series, as
 dcgm-exporter's per-link fields do.
 
 A total over links must never fall unless the driver reset the counters: a link whose read failed
@@ -29,13 +30,15 @@ from gpufleet.exporter.gpu.probes import (
 
 LINKS = GpuMetric("gpufleet_gpu_nvlink_links", "NVLinks the GPU has.")
 LINKS_UP = GpuMetric("gpufleet_gpu_nvlink_links_up", "NVLinks that are active.")
-ERRORS = GpuMetric("gpufleet_gpu_nvlink_errors_total", "NVLink data-link errors over all the GPU's links, by kind.",
+ERRORS = GpuMetric("gpufleet_gpu_nvlink_errors_total", "NVLink errors over all the GPU's links, by kind.",
                    counter=True, labels=("error",))
 TRANSMIT = GpuMetric("gpufleet_gpu_nvlink_transmit_bytes_total", "NVLink data transmitted over all the GPU's links.",
                      counter=True)
 RECEIVE = GpuMetric("gpufleet_gpu_nvlink_receive_bytes_total", "NVLink data received over all the GPU's links.",
                     counter=True)
 _TOTALS = {NVLINK_TRANSMIT: TRANSMIT, NVLINK_RECEIVE: RECEIVE}
+# A healthy NVLink5 link counts symbol errors (its FEC corrects them): they alone do not make a link erring.
+_ROUTINE = frozenset({"symbol"})
 PER_LINK = frozenset({NVLINK_UP, NVLINK_ERRORS, NVLINK_TRANSMIT, NVLINK_RECEIVE})
 
 
@@ -72,7 +75,7 @@ class NvlinkSummary:
         kept.append(Reading(LINKS_UP, float(sum(reading.value for reading in states))))
         for metric, value, label_values in counters:
             last[(metric, label_values)] = value
-            if metric is NVLINK_ERRORS and value > 0:
+            if metric is NVLINK_ERRORS and value > 0 and label_values[1] not in _ROUTINE:
                 erring.add(label_values[0])
         totals: dict[tuple[GpuMetric, tuple[str, ...]], float] = {}
         for (metric, values), value in last.items():

@@ -116,7 +116,9 @@ VIOLATION = GpuMetric(
 )
 # Per link; which of them reach /metrics, and the per-GPU totals over links, is `nvlink.NvlinkSummary`'s call.
 NVLINK_UP = GpuMetric("gpufleet_gpu_nvlink_up", "1 when the NVLink is active.", labels=("link",))
-NVLINK_ERRORS = GpuMetric("gpufleet_gpu_nvlink_link_errors_total", "NVLink data-link errors of one link, by kind.",
+NVLINK_ERRORS = GpuMetric("gpufleet_gpu_nvlink_link_errors_total",
+                          "NVLink errors of one link, by kind: data-link (crc_flit, crc_data, replay, recovery) and, "
+                          "on NVLink5, physical-layer symbol errors and effective errors after FEC.",
                           counter=True, labels=("link", "error"))
 NVLINK_TRANSMIT = GpuMetric("gpufleet_gpu_nvlink_link_transmit_bytes_total", "NVLink data transmitted on one link.",
                             counter=True, labels=("link",))
@@ -153,6 +155,14 @@ VIOLATION_POLICIES = (
     ("board_limit", pynvml.NVML_PERF_POLICY_BOARD_LIMIT),
     ("low_utilization", pynvml.NVML_PERF_POLICY_LOW_UTILIZATION),
     ("reliability", pynvml.NVML_PERF_POLICY_RELIABILITY),
+)
+# NVLink5 (Blackwell) counts the physical layer's errors per link, in the field call with the link as scope:
+# symbol errors, which its FEC corrects at a low rate on a healthy link, and errors left after it. Field ids 221
+# and 219 in nvml.h and nvidia-ml-py alike. Their BER fields (220, 222) pack a mantissa and an exponent whose
+# meaning the header does not state, and the FEC histogram bins (235-250) would be 16 series per link: left out.
+NVLINK5_ERROR_FIELDS = (
+    ("symbol", pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS),
+    ("effective", pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS),
 )
 NVLINK_ERROR_COUNTERS = (
     ("crc_flit", pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
@@ -345,13 +355,16 @@ def nvlink_probes(links: list[int]) -> list[Probe]:
 
 
 def nvlink_fields(links: list[int]) -> list[Field]:
-    """Per-link throughput counters, read in the batched field call with the link as scope."""
+    """Per-link throughput counters, and NVLink5's physical-layer error counters, read in the batched field call
+    with the link as scope."""
     fields = []
     for link in links:
         fields.append(Field(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, f"NVLink {link} data transmitted",
                             NVLINK_TRANSMIT, 0, _COUNTER_MAX - 2, times=_KIB, scope=link, label_values=(str(link),)))
         fields.append(Field(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, f"NVLink {link} data received",
                             NVLINK_RECEIVE, 0, _COUNTER_MAX - 2, times=_KIB, scope=link, label_values=(str(link),)))
+        fields += [Field(field_id, f"NVLink {error} errors (NVLink5)", NVLINK_ERRORS, 0, _COUNTER_MAX - 2,
+                         scope=link, label_values=(str(link), error)) for error, field_id in NVLINK5_ERROR_FIELDS]
     return fields
 
 

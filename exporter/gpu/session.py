@@ -336,7 +336,7 @@ class NvmlSession:
         """One log line per unsupported source, naming the GPUs, instead of one per GPU and source."""
         by_source: dict[str, list[str]] = defaultdict(list)
         for device in devices:
-            for source in device.unsupported:
+            for source in dict.fromkeys(device.unsupported):  # A per-link field is one source for all links.
                 by_source[source].append(str(device.index))
         for source, gpus in by_source.items():
             log.info("NVML %s is not supported on GPU %s; its series are left out", source, ", ".join(gpus))

@@ -168,6 +168,7 @@ class SimulatedGpu:
     nvlinks_down: set[int] = field(default_factory=set)
     nvlink_stopped_kib: dict[int, int] = field(default_factory=dict)  # A down link's traffic stays where it stopped.
     nvlink_errors: dict[tuple[int, str], int] = field(default_factory=dict)  # (link, kind) -> count
+    nvlink_generation: int = 4  # From 5 (Blackwell), links count physical-layer errors: kinds symbol and effective.
     clock_events: int = 0  # Extra clock event reason bits, beyond the idle bit the load implies.
     violation_seconds: dict[int, float] = field(default_factory=dict)  # perf policy -> seconds
     processes: list[SimulatedProcess] = field(default_factory=list)
@@ -321,6 +322,8 @@ _NVLINK_COUNTER_NAMES = {
     pynvml.NVML_NVLINK_ERROR_DL_REPLAY: "replay",
     pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
 }
+_NVLINK5_FIELDS = {pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS: "symbol",
+                   pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS: "effective"}
 _IDLE_BELOW = 0.05
 # The simulated driver takes a utilisation sample every second and keeps the last 100 (real boards sample
 # every 1/6 s to 1 s); each sample is the mean over its period, so their mean over an interval is exact.
@@ -823,6 +826,9 @@ class SimulatedNvml:
             field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
             if field_id in (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX):
                 answer = (_ULL, gpu.nvlink_stopped_kib.get(scope, nvlink_kib)) if scope < gpu.nvlinks else None
+            elif field_id in _NVLINK5_FIELDS:
+                answer = ((_ULL, gpu.nvlink_errors.get((scope, _NVLINK5_FIELDS[field_id]), 0))
+                          if gpu.nvlink_generation >= 5 and scope < gpu.nvlinks else None)
             else:
                 answer = answers.get(field_id)
             slot = _FieldValue(field_id, scope, int(time.time() * 1e6), pynvml.NVML_ERROR_NOT_SUPPORTED)
