@@ -52,7 +52,7 @@ class GpuTelemetry:
     fan_speed_ratios: tuple[float, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class GpmActivity:
     """What the SMs, tensor pipes and DRAM did over an interval, as shares of it, and the GPU's PCIe traffic.
 
@@ -875,7 +875,8 @@ class SimulatedNvml:
         kib = nvlink_kib_for(now.energy_joules)
         snapshot.gpu, snapshot.generation, snapshot.at = gpu, self._generation, self.clock()
         snapshot.gpu_instance = None
-        snapshot.nvlink_kib = sum(gpu.nvlink_stopped_kib.get(link, kib) for link in range(gpu.nvlinks))
+        stopped = [value for link, value in gpu.nvlink_stopped_kib.items() if link < gpu.nvlinks]
+        snapshot.nvlink_kib = kib * (gpu.nvlinks - len(stopped)) + sum(stopped)
         return sample
 
     def nvmlGpmMigSampleGet(self, handle: _Handle, gpu_instance: int, sample: Any) -> Any:
@@ -911,10 +912,10 @@ class SimulatedNvml:
             activity = GpmActivity.of_utilization(gpu.load(gpu, second.at - self._loaded_at).utilization)
         if second.gpu_instance is not None and all(p.gpu_instance != second.gpu_instance for p in gpu.processes):
             activity = GpmActivity()  # A MIG instance with nothing running in it does nothing.
-        for index in range(request.numMetrics):
-            metric = request.metrics[index]
+        refused = {name for name in gpu.unsupported if name.startswith("gpm:")}
+        for metric in request.metrics[:request.numMetrics]:
             metric_id = metric.metricId
-            if f"gpm:{metric_id}" in gpu.unsupported:
+            if refused and f"gpm:{metric_id}" in refused:
                 value = None
             elif metric_id in _GPM_PERCENT:
                 value = 100.0 * min(1.0, max(0.0, _GPM_PERCENT[metric_id](activity)))
