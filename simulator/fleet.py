@@ -126,6 +126,7 @@ class Node:
         self._segments: tuple[tuple[int, int], list[Segment]] = ((-1, 0), [])
         self._telemetry_at: tuple[float, dict[int, GpuTelemetry]] = (-1.0, {})
         self._network_at: tuple[float, float] = (-1.0, 0.0)
+        self._ib_high: dict[tuple[str, str], tuple[float, int]] = {}  # (port, direction) -> (when, count) served
         self._integrals: tuple[list[Segment], dict[tuple[Callable[[Levels], float], float], float]] = ([], {})
         self.boards = [simulated_board(gpu, f"{fleet.seed}:{name}", self._telemetry, busy=self._busy_for(gpu),
                                        activity=self._activity_for(gpu)) for gpu in range(gpus)]
@@ -425,7 +426,15 @@ class Node:
             total -= IB_BYTES_PER_SECOND * self._window_integral(fault, _network)
         for fault in self._active(Kind.IB_LINK_FLAP, port=port):
             total -= 0.5 * IB_BYTES_PER_SECOND * self._window_integral(fault, _network)
-        return int(max(0.0, total))
+        # While a port is down its count is a difference of integrals, which rounding moves by a byte either way
+        # when a fault elsewhere splits the timeline; a hardware counter never steps back (Prometheus would read
+        # a reset, and the whole count as one interval's traffic), so neither does this one as time goes on.
+        value, key = int(max(0.0, total)), (port, direction)
+        at, high = self._ib_high.get(key, (-_FOREVER, 0))
+        if self.t >= at:
+            value = max(value, high)
+            self._ib_high[key] = (self.t, value)
+        return value
 
     def _ib_down(self, port: str) -> bool:
         t = self.t

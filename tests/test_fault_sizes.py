@@ -7,12 +7,16 @@ the model's own figure, to rounding. Gauges are averaged over instants spread ev
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from gpufleet.simulator.faults import ScenarioError, parse_fault
+from gpufleet.simulator.faults import Fault, ScenarioError, parse_fault
 from gpufleet.simulator.fleet import Fleet
+from gpufleet.simulator.layout import Job
 
-from fleets import NODES, PEER, SLOW, START, Probe
+from fleets import NODES, PEER, SLOW, START, Probe, value
+from helpers import parse
 
 
 @pytest.mark.parametrize("cause", ["clock", "thermal", "power"])
@@ -137,3 +141,24 @@ def test_sizes_left_out_are_the_sizes_always_documented():
         assert size(kind="gpu_lost", gpu=0) == 0
     finally:
         fleet.close()
+
+
+@pytest.mark.slow
+async def test_a_down_ports_byte_counters_never_step_back_while_faults_elsewhere_split_the_timeline():
+    """A down port's count is a difference of integrals that rounding moved by a byte either way when a straggler
+    was added to its job; Prometheus read each step back as a counter reset and paged NicSaturated on the port."""
+    nodes = tuple(f"gpu-node-000{i}" for i in range(1, 5))
+    fleet = Fleet(node_count=4, gpus_per_node=8, seed=0, layout=[Job("1", "slurm", nodes, 37.3, 0.27, 0.8)])
+    wall = itertools.count(0, 100).__next__
+    try:
+        fleet.add([Fault("down", "ib_link_down", nodes[0], 60.3, port="mlx5_4/1")])
+        counts, t = [], 61.0
+        for step in range(240):
+            t += 1.7
+            if step % 40 == 20:  # A straggler on a peer rebuilds the job's timeline at its start and end.
+                fleet.add([Fault(f"slow{step}", "straggler", nodes[1], t + 0.37, 30.0)])
+            samples = parse(await fleet.nodes[nodes[0]].scrape(t, wall))
+            counts.append(value(samples, "gpufleet_infiniband_port_xmit_data_bytes_total", device="mlx5_4"))
+    finally:
+        fleet.close()
+    assert counts == sorted(counts)
