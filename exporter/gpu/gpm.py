@@ -159,16 +159,6 @@ class GpmReader:
         self._request: pynvml.c_nvmlGpmMetricsGet_t | None = None
         self._answers: list[pynvml.c_nvmlGpmMetric_t] = []  # The request's metric slots, each read once a cycle.
 
-    @staticmethod
-    def supported(nvml: Nvml, handle: Handle) -> bool:
-        """Whether the board does GPM; raises NVMLError for errors other than "not supported"."""
-        try:
-            return bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
-        except pynvml.NVMLError as err:
-            if err.value in UNSUPPORTED:
-                return False
-            raise
-
     def read(self, nvml: Nvml, handle: Handle) -> list[Reading]:
         """Take a sample, and return the metrics over the interval since the previous collection's."""
         if not self._samples:

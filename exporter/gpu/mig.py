@@ -12,8 +12,6 @@ an instance that is gone takes its GPM samples with it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pynvml
 
 from gpufleet.exporter.gpu.gpm import MIG_METRICS, GpmReader
@@ -36,14 +34,6 @@ MIG_MEMORY_TOTAL = GpuMetric("gpufleet_gpu_mig_memory_total_bytes", "Framebuffer
 _MEMORY_LIMIT = float(2**56)
 
 
-@dataclass(frozen=True)
-class MigDevice:
-    gpu_instance: int
-    compute_instance: int
-    profile: str
-    uuid: str
-
-
 def profile(name: str) -> str:
     """The profile in a MIG device's name ("NVIDIA H100 80GB HBM3 MIG 1g.10gb" is 1g.10gb), or "" without one."""
     _, marker, rest = name.rpartition(" MIG ")
@@ -58,24 +48,13 @@ class MigReader:
         self._gpm = gpm  # Whether the board does GPM (and the flags want it): then each instance is sampled.
         self._instances: dict[int, GpmReader] = {}
 
-    @staticmethod
-    def supported(nvml: Nvml, handle: Handle) -> bool:
-        """Whether the board has MIG at all (Ampere data-centre boards and newer); raises other NVML errors."""
-        try:
-            nvml.nvmlDeviceGetMigMode(handle)
-        except pynvml.NVMLError as err:
-            if err.value in UNSUPPORTED:
-                return False
-            raise
-        return True
-
     def read(self, nvml: Nvml, handle: Handle) -> list[Reading]:
         current, pending = nvml.nvmlDeviceGetMigMode(handle)
         enabled = current == pynvml.NVML_DEVICE_MIG_ENABLE
         readings = [Reading(MIG_ENABLED, float(enabled))]
         if pending != current:  # A change that waits for a reset: rare, so a series only while it waits.
             readings.append(Reading(MIG_PENDING, float(pending == pynvml.NVML_DEVICE_MIG_ENABLE)))
-        devices: list[MigDevice] = []
+        instances: set[int] = set()
         if enabled:
             for index in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
                 try:
@@ -84,19 +63,17 @@ class MigReader:
                     if err.value == pynvml.NVML_ERROR_NOT_FOUND:
                         continue  # No MIG device in this slot.
                     raise
-                found = MigDevice(nvml.nvmlDeviceGetGpuInstanceId(device), nvml.nvmlDeviceGetComputeInstanceId(device),
-                                  profile(as_text(nvml.nvmlDeviceGetName(device))),
-                                  as_text(nvml.nvmlDeviceGetUUID(device)))
-                readings.append(Reading(MIG_INFO, 1.0, (str(found.gpu_instance), str(found.compute_instance),
-                                                        found.profile, found.uuid)))
-                if all(d.gpu_instance != found.gpu_instance for d in devices):
+                instance = nvml.nvmlDeviceGetGpuInstanceId(device)
+                readings.append(Reading(MIG_INFO, 1.0, (str(instance), str(nvml.nvmlDeviceGetComputeInstanceId(device)),
+                                                        profile(as_text(nvml.nvmlDeviceGetName(device))),
+                                                        as_text(nvml.nvmlDeviceGetUUID(device)))))
+                if instance not in instances:
                     # Compute instances share their GPU instance's memory: counted once per GPU instance.
                     memory = nvml.nvmlDeviceGetMemoryInfo(device)
-                    instance = (str(found.gpu_instance),)
-                    readings += checked(MIG_MEMORY_USED, memory.used, 0, _MEMORY_LIMIT, instance)
-                    readings += checked(MIG_MEMORY_TOTAL, memory.total, 1, _MEMORY_LIMIT, instance)
-                devices.append(found)
-        readings += self._activity(nvml, handle, {d.gpu_instance for d in devices})
+                    readings += checked(MIG_MEMORY_USED, memory.used, 0, _MEMORY_LIMIT, (str(instance),))
+                    readings += checked(MIG_MEMORY_TOTAL, memory.total, 1, _MEMORY_LIMIT, (str(instance),))
+                    instances.add(instance)
+        readings += self._activity(nvml, handle, instances)
         return readings
 
     def _activity(self, nvml: Nvml, handle: Handle, instances: set[int]) -> list[Reading]:

@@ -252,8 +252,12 @@ class NvmlSession:
                 raise
             unsupported.append("nvmlDeviceGetFieldValues")
 
-        gpm = self._open_gpm(device.index, handle, unsupported)
-        mig = self._open_mig(device.index, handle, gpm is not None, unsupported)
+        gpm = (GpmReader(device.index, self._gpm) if self._gpm and self._answers(
+            "GPM (nvmlGpmQueryDeviceSupport)", lambda: bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice),
+            unsupported) else None)
+        # Whether or not MIG is on now: it can be turned on at a reset.
+        mig = (MigReader(device.index, gpm is not None) if self._answers(
+            "MIG (nvmlDeviceGetMigMode)", lambda: bool(nvml.nvmlDeviceGetMigMode(handle)), unsupported) else None)
 
         try:
             nvml.nvmlDeviceGetComputeRunningProcesses(handle)
@@ -276,30 +280,19 @@ class NvmlSession:
         self._known[device.index] = identity
         return True
 
-    def _open_gpm(self, index: int, handle: Any, unsupported: list[str]) -> GpmReader | None:
-        """A GPM reader for a board that does GPM; a board that does not, or refuses, is listed as unsupported."""
-        if not self._gpm:
-            return None
+    @staticmethod
+    def _answers(source: str, has: Callable[[], bool], unsupported: list[str]) -> bool:
+        """Whether a board has a feature read beside the probes (GPM, MIG), found once when the GPU opens; one it
+        lacks or refuses is listed as unsupported, with NVML's reason where it gave more than "not supported"."""
         try:
-            if GpmReader.supported(self._nvml, handle):
-                return GpmReader(index, self._gpm)
-            unsupported.append("GPM (nvmlGpmQueryDeviceSupport)")
+            if has():
+                return True
+            unsupported.append(source)
         except pynvml.NVMLError as err:
             if err.value in DRIVER_LOST:
                 raise
-            unsupported.append(f"GPM (nvmlGpmQueryDeviceSupport: {err})")
-        return None
-
-    def _open_mig(self, index: int, handle: Any, gpm: bool, unsupported: list[str]) -> MigReader | None:
-        """A MIG reader for a board that has MIG, whether or not it is on now: it can be turned on at a reset."""
-        try:
-            if MigReader.supported(self._nvml, handle):
-                return MigReader(index, gpm)
-        except pynvml.NVMLError as err:
-            if err.value in DRIVER_LOST:
-                raise
-        unsupported.append("MIG (nvmlDeviceGetMigMode)")
-        return None
+            unsupported.append(source if err.value in UNSUPPORTED else f"{source}: {err}")
+        return False
 
     def _release_samples(self, device: _Device) -> None:
         """Free the GPM samples of the GPU and of its MIG instances."""
