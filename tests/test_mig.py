@@ -117,7 +117,7 @@ def test_a_mode_change_waiting_for_a_reset_shows_until_it_happens(nvml, clock):
 
 
 def test_a_board_without_mig_is_logged_once_and_has_no_mig_series(nvml, clock, caplog):
-    nvml.gpus[1].mig_capable = False
+    nvml.gpus[1].unsupported.add("nvmlDeviceGetMigMode")
     with caplog.at_level(logging.INFO, logger="gpufleet.exporter.gpu.session"):
         samples = collect_twice(collector_over(nvml, clock), clock)
     assert series("gpufleet_gpu_mig_enabled", gpu="1", uuid=UUID1) not in samples

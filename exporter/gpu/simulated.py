@@ -193,9 +193,8 @@ class SimulatedGpu:
     # ids the board refuses are listed in `unsupported` as "gpm:<id>".
     gpm_supported: bool = True
     activity: Callable[[float, float], GpmActivity] | None = None
-    # MIG: whether the board has it (Ampere data-centre boards and newer), its devices while MIG mode is on (None:
-    # off), and the mode after the next GPU reset (None: as now).
-    mig_capable: bool = True
+    # MIG: its devices while MIG mode is on (None: off), and the mode after the next GPU reset (None: as now). A
+    # board without MIG lists nvmlDeviceGetMigMode in `unsupported`.
     mig: list[SimulatedMigDevice] | None = None
     mig_pending: bool | None = None
 
@@ -731,16 +730,12 @@ class SimulatedNvml:
 
     def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
         gpu = self._check(handle, "nvmlDeviceGetMigMode")
-        if not gpu.mig_capable:
-            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         current = gpu.mig is not None
         pending = current if gpu.mig_pending is None else gpu.mig_pending
         return [int(current), int(pending)]
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
-        gpu = self._check(handle, "nvmlDeviceGetMaxMigDeviceCount")
-        if not gpu.mig_capable:
-            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        self._check(handle, "nvmlDeviceGetMaxMigDeviceCount")
         return 7
 
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: _Handle, index: int) -> _MigHandle:
