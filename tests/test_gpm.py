@@ -9,6 +9,7 @@ simulator's workload is checked to tell "busy" from "doing math" where a real jo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 
 import pynvml
@@ -69,8 +70,7 @@ def test_nvlink_throughput_is_the_links_counters_over_the_interval(clock):
     boards = two_boards()
     energy = [1000.0]
     load = boards[0].load
-    boards[0].load = lambda gpu, seconds: load(gpu, seconds).__class__(
-        **{**vars(load(gpu, seconds)), "energy_joules": energy[0]})
+    boards[0].load = lambda gpu, seconds: dataclasses.replace(load(gpu, seconds), energy_joules=energy[0])
     boards[0].nvlinks = 4
     nvml = SimulatedNvml(boards, clock=clock)
     collector = GpuCollector(NvmlSession(nvml, clock=clock, gpm=ALL), nvlink_per_link=True)
