@@ -290,7 +290,7 @@ class Node:
         def activity(start: float, end: float) -> GpmActivity:
             shares = [self._mean(rate, start, end) for rate in (_sm_active, _tensor, _dram)]
             wobble = 1 + 0.015 * _wave(end, gpu + self.index + 0.5)
-            return GpmActivity.of(*(share * wobble for share in shares))
+            return GpmActivity(*(share * wobble for share in shares))
         return activity
 
     def _mean(self, rate: Callable[[Levels], float], start: float, end: float) -> float:

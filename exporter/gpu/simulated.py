@@ -58,30 +58,42 @@ class GpmActivity:
 
     A training step's compute keeps most SMs and the tensor pipes busy; its collectives, and NCCL spinning
     while it waits for a late peer, keep a kernel running (NVML utilisation stays high) on a few SMs with
-    the tensor pipes idle. `of` derives the rest from the SMs' and tensor pipes' activity in that spirit:
+    the tensor pipes idle. The rest follows from the SMs' and tensor pipes' activity in that spirit:
     occupancy and non-tensor math follow the SMs, PCIe input follows the math (batches fed to it).
     """
 
     sm_active: float = 0.0
-    sm_occupancy: float = 0.0
     tensor: float = 0.0
     dram: float = 0.0
-    fp16: float = 0.0
-    fp32: float = 0.0
-    fp64: float = 0.0
-    pcie_transmit_bytes_per_second: float = 0.0
-    pcie_receive_bytes_per_second: float = 0.0
-
-    @classmethod
-    def of(cls, sm_active: float, tensor: float, dram: float) -> GpmActivity:
-        return cls(sm_active=sm_active, sm_occupancy=0.55 * sm_active, tensor=tensor, dram=dram,
-                   fp16=0.04 * sm_active, fp32=0.1 * sm_active, fp64=0.0,
-                   pcie_transmit_bytes_per_second=0.4e9 * tensor, pcie_receive_bytes_per_second=2.5e9 * tensor)
 
     @classmethod
     def of_utilization(cls, utilization: float) -> GpmActivity:
         """A busy board without a phase model (`steady`, `TrainingLoad`): kernels that do math most of the time."""
-        return cls.of(0.9 * utilization, 0.6 * utilization, 0.5 * utilization)
+        return cls(0.9 * utilization, 0.6 * utilization, 0.5 * utilization)
+
+    @property
+    def sm_occupancy(self) -> float:
+        return 0.55 * self.sm_active
+
+    @property
+    def fp16(self) -> float:
+        return 0.04 * self.sm_active
+
+    @property
+    def fp32(self) -> float:
+        return 0.1 * self.sm_active
+
+    @property
+    def fp64(self) -> float:
+        return 0.0  # Training in bf16 does no double-precision math.
+
+    @property
+    def pcie_transmit_bytes_per_second(self) -> float:
+        return 0.4e9 * self.tensor
+
+    @property
+    def pcie_receive_bytes_per_second(self) -> float:
+        return 2.5e9 * self.tensor
 
 
 @dataclass(frozen=True)
