@@ -594,16 +594,22 @@ class SimulatedNvml:
     # Per-device calls ---------------------------------------------------------------------------
 
     def _check(self, handle: _Handle, function: str) -> SimulatedGpu:
-        """The board behind a handle, after the checks the real library makes, and the injected faults."""
-        self._system()
-        if handle.generation != self._generation:  # A handle from before a driver reload is dead.
-            raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
+        """The board behind a handle, after the checks the real library makes, and the injected faults.
+
+        A simulated node makes about a thousand calls a collection, so the common case (initialised, a live
+        handle, nothing injected) is tested first and once.
+        """
         gpu = handle.gpu
-        code = gpu.errors.get(function, gpu.errors.get("*"))
-        if code is not None:
-            raise _error(code)
-        if function in gpu.unsupported:
-            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if (not self._initialised or handle.generation != self._generation or gpu.errors
+                or function in gpu.unsupported):
+            self._system()
+            if handle.generation != self._generation:  # A handle from before a driver reload is dead.
+                raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
+            code = gpu.errors.get(function, gpu.errors.get("*"))
+            if code is not None:
+                raise _error(code)
+            if function in gpu.unsupported:
+                raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return gpu
 
     def _now(self, handle: _Handle, function: str) -> tuple[SimulatedGpu, GpuTelemetry]:
@@ -828,6 +834,8 @@ class SimulatedNvml:
         gpu, now = self._now(handle, "nvmlDeviceGetFieldValues")
         answers = self._field_answers(gpu, now)
         nvlink_kib = nvlink_kib_for(now.energy_joules)
+        stamp = int(time.time() * 1e6)
+        refused = gpu.unsupported
         values = []
         for requested in field_ids:
             field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
@@ -838,12 +846,12 @@ class SimulatedNvml:
                           if gpu.nvlink_generation >= 5 and scope < gpu.nvlinks else None)
             else:
                 answer = answers.get(field_id)
-            slot = _FieldValue(field_id, scope, int(time.time() * 1e6), pynvml.NVML_ERROR_NOT_SUPPORTED)
-            if answer is not None and f"field:{field_id}" not in gpu.unsupported:
-                slot.nvmlReturn = pynvml.NVML_SUCCESS
-                slot.valueType, number = answer
-                slot.value = _Value(uiVal=number) if slot.valueType == _UINT else _Value(ullVal=number)
-            values.append(slot)
+            if answer is None or (refused and f"field:{field_id}" in refused):
+                values.append(_FieldValue(field_id, scope, stamp, pynvml.NVML_ERROR_NOT_SUPPORTED))
+                continue
+            value_type, number = answer
+            values.append(_FieldValue(field_id, scope, stamp, pynvml.NVML_SUCCESS, value_type,
+                                      value=_Value(uiVal=number) if value_type == _UINT else _Value(ullVal=number)))
         return values
 
 
