@@ -1,21 +1,24 @@
 """Capacity: what the fleet has, how much of it jobs hold, and how much of what they hold they use.
 
-GPU-hours over the dashboard's range are sums of per-interval counts (a subquery at the panel's
-interval), so a GPU that joined halfway through counts for half the range, not all of it.
+GPU-hours over the dashboard's range are sums of the capacity rules' counts, one per evaluation, so a
+GPU that joined halfway through counts for half the range, not all of it.
 """
 
 from grafanalib.core import Dashboard
 
+from gpufleet import duration
 from gpufleet.alerts import capacity as recorded
 from gpufleet.alerts.config import Config
 from gpufleet.dashboards.panels import Scope, dashboard, stat, table, timeseries
 
-_HOURS = "* $__interval_ms / 3600000"
 
+def _gpu_hours(config: Config, per_instant: str) -> str:
+    """GPU-hours over the range from the capacity rules' counts (or sums of shares), one point per evaluation.
 
-def _gpu_hours(per_instant: str) -> str:
-    """GPU-hours over the range from an expression that counts GPUs (or sums shares of GPUs) at an instant."""
-    return f"sum_over_time(({per_instant})[$__range:$__interval]) {_HOURS}"
+    Counting every GPU at each of an hour's points instead costs a thousand-node Prometheus seconds.
+    """
+    step = config.d(recorded.INTERVAL)
+    return f"sum_over_time(({per_instant})[$__range:{step}]) * {duration.parse(step):g} / 3600"
 
 
 def build(config: Config) -> Dashboard:
@@ -27,6 +30,12 @@ def build(config: Config) -> Dashboard:
     allocated = f"count by ({gpu_key}) ({jobs})"
     idle = f"{healthy} unless on ({gpu_key}) {jobs}"
     utilization = f"gpufleet_gpu_utilization_ratio{{{s.cluster}}}"
+
+    buckets = f"{recorded.ALLOCATED_BUCKETS}{{{s.recorded}}}"
+    below_tenth = f'{recorded.ALLOCATED_BUCKETS}{{{s.recorded}, bucket=~"0|0.05"}}'  # Buckets are 5 % wide.
+
+    def gpus(state: str) -> str:
+        return f'sum({recorded.GPUS}{{{s.recorded}, state="{state}"}}) or vector(0)'
 
     return dashboard(
         s, "gpufleet-capacity", "gpufleet / Capacity",
@@ -40,13 +49,20 @@ def build(config: Config) -> Dashboard:
              stat("Allocated share", f"(count({allocated}) or vector(0)) / count({installed})", "percentunit"),
              stat("Energy in range",
                   f"sum(increase(gpufleet_gpu_energy_joules_total{{{s.cluster}}}[$__range])) / 3.6e6", "kwatth")],
-            [stat("GPU-hours installed", _gpu_hours(f"count({installed})"), "suffix: GPU-h", width=6),
-             stat("GPU-hours allocated", _gpu_hours(f"count({allocated}) or vector(0)"), "suffix: GPU-h", width=6),
-             stat("GPU-hours used", _gpu_hours(f"sum({utilization})"), "suffix: GPU-h", width=6,
-                  description="Allocated hours weighted by utilisation: what the jobs made of what they held."),
-             stat("Share of GPU-hours below 10% utilisation",
-                  f"{_gpu_hours(f'count({utilization} < 0.1) or vector(0)')} / {_gpu_hours(f'count({utilization})')}",
-                  "percentunit", width=6, thresholds=(("green", None), ("orange", 0.2), ("red", 0.4)))],
+            [stat("GPU-hours installed", _gpu_hours(config, gpus("installed")), "suffix: GPU-h", width=6,
+                  description="From the capacity rules (every 5m)."),
+             stat("GPU-hours allocated", _gpu_hours(config, gpus("allocated")), "suffix: GPU-h", width=6,
+                  description="Healthy GPUs a job is attributed to, from the capacity rules (every 5m)."),
+             stat("GPU-hours used", _gpu_hours(config, f"sum({recorded.USED}{{{s.recorded}}})"),
+                  "suffix: GPU-h", width=6,
+                  description="GPU-hours weighted by utilisation, from the capacity rules (every 5m): what the jobs "
+                              "made of what they held."),
+             stat("Share of allocated GPU-hours below 10% utilisation",
+                  f"{_gpu_hours(config, f'sum({below_tenth}) or vector(0)')} / "
+                  f"{_gpu_hours(config, f'sum({buckets})')}",
+                  "percentunit", width=6, thresholds=(("green", None), ("orange", 0.2), ("red", 0.4)),
+                  description="Hours jobs held GPUs they barely used, from the capacity rules' utilisation buckets "
+                              "(every 5m).")],
             [table("GPUs by model", [
                 (f"count by (name) ({installed})", "installed"),
                 (f"count by (name) ({installed} and on ({gpu_key}) {healthy})", "healthy"),
@@ -54,8 +70,7 @@ def build(config: Config) -> Dashboard:
                 (f"count by (name) ({installed} and on ({gpu_key}) ({idle}))", "idle"),
             ], width=12),
              timeseries("Allocated against idle", [
-                 (f'sum({recorded.GPUS}{{{s.recorded}, state="{state}"}}) or vector(0)', state)
-                 for state in ("allocated", "idle", "lost")
+                 (gpus(state), state) for state in ("allocated", "idle", "lost")
              ], "short", stacked=True,
                  description="From the capacity rules (every 5m): counting every GPU at each point of an hour "
                              "costs a thousand-node Prometheus seconds.")],
@@ -63,10 +78,10 @@ def build(config: Config) -> Dashboard:
                 (f"quantile({q}, {utilization})", f"p{round(q * 100)}") for q in (0.1, 0.5, 0.9)
             ] + [(f"avg({utilization})", "mean")], "percentunit", max_value=1,
                 description="Quantiles over all GPUs at each instant."),
-             timeseries("GPUs below 10% utilisation", [
-                 (f"count by (name) (({utilization} < 0.1) * on ({gpu_key}) group_left (name) {installed})",
-                  "{{name}}")],
-                 "short")],
+             timeseries("Allocated GPUs below 10% utilisation", [
+                 (f"sum by (name) ({below_tenth}) or 0 * sum by (name) ({buckets})", "{{name}}")], "short",
+                 description="From the capacity rules' utilisation buckets (every 5m): GPUs jobs hold and barely use. "
+                             "Idle GPUs are on the graph beside.")],
             [timeseries("Memory headroom of allocated GPUs", [
                 (f"sum by (name) ({recorded.MEMORY_FREE}{{{s.recorded}}}) / "
                  f"sum by (name) ({recorded.MEMORY_TOTAL}{{{s.recorded}}})", "{{name}}")],

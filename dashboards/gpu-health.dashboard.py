@@ -56,9 +56,9 @@ def build(config: Config) -> Dashboard:
              ],
             [table("Lost GPUs", [(f"gpufleet_gpu_up{{{gpu}}} == 0", "")], width=12, node_link=s,
                    description="GPUs NVML no longer answers for."),
-             table("Active hardware slowdowns", [
-                 (f'gpufleet_gpu_clock_event_active{{{gpu}, reason=~"hw_.*|sw_thermal_slowdown"}} == 1', "")],
-                 width=12)],
+             table("Active hardware slowdowns", [(f"{SLOWDOWN}{{{recorded_gpu}}}", "")], width=12,
+                   description="As the first tier of the rules recorded them, every minute: reading every GPU's "
+                               "reasons at All costs a thousand-node Prometheus a second.")],
         ],
         related=[("gpufleet-fleet", "Fleet overview"), ("gpufleet-node", "Node detail")],
     )
