@@ -32,6 +32,8 @@ PCIE_REPLAYS = "instance_gpu:gpufleet_gpu_pcie_replays:rate5m"
 # Per node and job: a straggler signal, now (label `signal`: sm_clock, power or utilization; `peers`: job or
 # model).
 NODE_SIGNAL = "job_instance:gpufleet_straggler_signal:avg"
+# Sparse, per GPU, with its model (`name`): busy over the last minute with no job id, as Kubernetes pods run.
+BUSY_WITHOUT_JOB = "instance_gpu:gpufleet_gpu_busy_without_job:info"
 LINK_UTILIZATION = "instance_port:gpufleet_link_utilization:ratio_rate5m"
 SM_ACTIVE = "instance:gpufleet_gpu_sm_active_ratio:avg"
 TENSOR_ACTIVE = "instance:gpufleet_gpu_tensor_active_ratio:avg"
@@ -61,14 +63,22 @@ def share_of_time(c: Config, sparse: str, window: str) -> str:
 
 def node_signals(c: Config) -> list[dict[str, Any]]:
     """Each node's straggler signals now: the mean over its GPUs in each named job, and over its busy GPUs
-    that have no job id (compared within their cluster and GPU model)."""
+    that have no job id (compared within their cluster and GPU model).
+
+    The busy GPUs without a job id are found once, as a sparse series with their model, which the three
+    signals then join: found per signal, they read every GPU's information, jobs and utilisation three
+    times a minute, to keep nothing on a fleet whose jobs all have ids.
+    """
     # Job and model over the last minute, not at this instant: one missed scrape marks a node's series stale,
     # and a node missing from one evaluation of its job would restart every `for` that counts its peers.
     named = c.metric("gpufleet_gpu_job_info", 'job_id!=""')
     jobs = f"last_over_time({named}[{c.d(TREND_INTERVAL)}])"
     info = f"last_over_time({c.metric('gpufleet_gpu_info')}[{c.d(TREND_INTERVAL)}])"
     gpu = c.by(*_GPU_KEY)
-    rules = []
+    busy = f"avg_over_time({c.metric('gpufleet_gpu_utilization_ratio')}[{c.d(TREND_INTERVAL)}]) > " \
+           f"{c.busy_utilization:g}"
+    rules = [record(BUSY_WITHOUT_JOB, f"group by ({c.by(*_GPU_KEY, 'name')}) "
+                                      f"(({info} unless on ({gpu}) {jobs}) and on ({gpu}) {busy})")]
     for signal, (metric, *matchers) in _GPU_SIGNALS.items():
         # Every sample since the last evaluation, not the latest: a training step moves between phases of
         # very different power and utilisation, and each node is scraped at its own moment in the step, so
@@ -76,10 +86,7 @@ def node_signals(c: Config) -> list[dict[str, Any]]:
         value = f"avg_over_time({c.metric(metric, *matchers)}[{c.d(TREND_INTERVAL)}])"
         rules.append(record(NODE_SIGNAL, f"avg by ({c.by('scheduler', 'job_id', 'instance')}) "
                                          f"({jobs} * on ({gpu}) group_left {value})", signal=signal, peers="job"))
-        busy = f"avg_over_time({c.metric('gpufleet_gpu_utilization_ratio')}[{c.d(TREND_INTERVAL)}]) > " \
-               f"{c.busy_utilization:g}"
-        without_job = (f"(({value} * on ({gpu}) group_left (name) {info})"
-                       f" unless on ({gpu}) {jobs}) and on ({gpu}) {busy}")
+        without_job = f"{value} * on ({gpu}) group_left (name) {BUSY_WITHOUT_JOB}"
         by_model = (f'label_replace(avg by ({c.by("instance", "name")}) ({without_job}), '
                     f'"model", "$1", "name", "(.*)")')
         rules.append(record(NODE_SIGNAL, f"max without (name) ({by_model})", signal=signal, peers="model"))
