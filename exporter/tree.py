@@ -121,7 +121,11 @@ class MemoryTree:
     def _node(self, path: str) -> _Node:
         node: _Node = self._root
         for part in path.split("/"):
-            if not isinstance(node, dict) or part not in node:
+            if isinstance(node, _Link):  # Links lead outside the tree, as sysfs's lead to devices.
+                raise _missing(path)
+            if not isinstance(node, dict):  # A file on the way down, as the kernel answers.
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path)
+            if part not in node:
                 raise _missing(path)
             node = node[part]
         return node
