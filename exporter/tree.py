@@ -132,15 +132,11 @@ class MemoryTree:
 
     def read(self, path: str) -> bytes:
         content = self._files.get(path)
-        if content is not None:
-            return f"{content if isinstance(content, str) else content()}\n".encode()
-        node = self._node(path)
-        if isinstance(node, dict):
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        if isinstance(node, _Link):
-            raise _missing(path)  # Links here point at devices outside the tree, as sysfs's do.
-        text = node if isinstance(node, str) else node()
-        return f"{text}\n".encode()
+        if content is None:  # Not a file: absent, a directory, or a link (which leads outside the tree).
+            if isinstance(self._node(path), dict):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+            raise _missing(path)
+        return f"{content if isinstance(content, str) else content()}\n".encode()
 
     def listdir(self, path: str) -> list[str]:
         node = self._node(path)
