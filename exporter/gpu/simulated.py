@@ -596,20 +596,17 @@ class SimulatedNvml:
     def _check(self, handle: _Handle, function: str) -> SimulatedGpu:
         """The board behind a handle, after the checks the real library makes, and the injected faults.
 
-        A simulated node makes about a thousand calls a collection, so the common case (initialised, a live
-        handle, nothing injected) is tested first and once.
+        A simulated node makes about a thousand calls a collection: the injected errors are looked up only on
+        a board that has some.
         """
+        self._system()
+        if handle.generation != self._generation:  # A handle from before a driver reload is dead.
+            raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
         gpu = handle.gpu
-        if (not self._initialised or handle.generation != self._generation or gpu.errors
-                or function in gpu.unsupported):
-            self._system()
-            if handle.generation != self._generation:  # A handle from before a driver reload is dead.
-                raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
-            code = gpu.errors.get(function, gpu.errors.get("*"))
-            if code is not None:
-                raise _error(code)
-            if function in gpu.unsupported:
-                raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if gpu.errors and (code := gpu.errors.get(function, gpu.errors.get("*"))) is not None:
+            raise _error(code)
+        if function in gpu.unsupported:
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return gpu
 
     def _now(self, handle: _Handle, function: str) -> tuple[SimulatedGpu, GpuTelemetry]:
