@@ -1,7 +1,7 @@
 """Capacity: what the fleet has, how much of it jobs hold, and how much of what they hold they use.
 
-GPU-hours over the dashboard's range are sums of the capacity rules' counts, one per evaluation, so a
-GPU that joined halfway through counts for half the range, not all of it.
+GPU-hours over the dashboard's range are sums of the capacity rules' counts, each evaluation's standing for
+one interval, so a GPU that joined halfway through counts for half the range, not all of it.
 """
 
 from grafanalib.core import Dashboard
@@ -12,13 +12,12 @@ from gpufleet.alerts.config import Config
 from gpufleet.dashboards.panels import Scope, dashboard, stat, table, timeseries
 
 
-def _gpu_hours(config: Config, per_instant: str) -> str:
-    """GPU-hours over the range from the capacity rules' counts (or sums of shares), one point per evaluation.
-
-    Counting every GPU at each of an hour's points instead costs a thousand-node Prometheus seconds.
-    """
-    step = config.d(recorded.INTERVAL)
-    return f"sum_over_time(({per_instant})[$__range:{step}]) * {duration.parse(step):g} / 3600"
+def _gpu_hours(config: Config, recorded_series: str) -> str:
+    """GPU-hours over the range from a capacity rule's counts (or sums of shares): each evaluation's sample
+    stands for one interval. Counting every GPU at each of an hour's points instead costs a thousand-node
+    Prometheus seconds, and a subquery stepped at the rules' interval finds no step in a short range."""
+    return (f"sum(sum_over_time({recorded_series}[$__range])) * "
+            f"{duration.parse(config.d(recorded.INTERVAL)):g} / 3600")
 
 
 def build(config: Config) -> Dashboard:
@@ -34,8 +33,8 @@ def build(config: Config) -> Dashboard:
     buckets = f"{recorded.ALLOCATED_BUCKETS}{{{s.recorded}}}"
     below_tenth = f'{recorded.ALLOCATED_BUCKETS}{{{s.recorded}, bucket=~"0|0.05"}}'  # Buckets are 5 % wide.
 
-    def gpus(state: str) -> str:
-        return f'sum({recorded.GPUS}{{{s.recorded}, state="{state}"}}) or vector(0)'
+    def gpu_states(state: str) -> str:
+        return f'{recorded.GPUS}{{{s.recorded}, state="{state}"}}'
 
     return dashboard(
         s, "gpufleet-capacity", "gpufleet / Capacity",
@@ -49,17 +48,19 @@ def build(config: Config) -> Dashboard:
              stat("Allocated share", f"(count({allocated}) or vector(0)) / count({installed})", "percentunit"),
              stat("Energy in range",
                   f"sum(increase(gpufleet_gpu_energy_joules_total{{{s.cluster}}}[$__range])) / 3.6e6", "kwatth")],
-            [stat("GPU-hours installed", _gpu_hours(config, gpus("installed")), "suffix: GPU-h", width=6,
+            [stat("GPU-hours installed", _gpu_hours(config, gpu_states("installed")) + " or vector(0)",
+                  "suffix: GPU-h", width=6,
                   description="From the capacity rules (every 5m)."),
-             stat("GPU-hours allocated", _gpu_hours(config, gpus("allocated")), "suffix: GPU-h", width=6,
+             stat("GPU-hours allocated", _gpu_hours(config, gpu_states("allocated")) + " or vector(0)",
+                  "suffix: GPU-h", width=6,
                   description="Healthy GPUs a job is attributed to, from the capacity rules (every 5m)."),
-             stat("GPU-hours used", _gpu_hours(config, f"sum({recorded.USED}{{{s.recorded}}})"),
+             stat("GPU-hours used", _gpu_hours(config, f"{recorded.USED}{{{s.recorded}}}"),
                   "suffix: GPU-h", width=6,
                   description="GPU-hours weighted by utilisation, from the capacity rules (every 5m): what the jobs "
                               "made of what they held."),
              stat("Share of allocated GPU-hours below 10% utilisation",
-                  f"{_gpu_hours(config, f'sum({below_tenth}) or vector(0)')} / "
-                  f"{_gpu_hours(config, f'sum({buckets})')}",
+                  f"({_gpu_hours(config, below_tenth)} or vector(0)) / "
+                  f"{_gpu_hours(config, buckets)}",
                   "percentunit", width=6, thresholds=(("green", None), ("orange", 0.2), ("red", 0.4)),
                   description="Hours jobs held GPUs they barely used, from the capacity rules' utilisation buckets "
                               "(every 5m).")],
@@ -70,7 +71,7 @@ def build(config: Config) -> Dashboard:
                 (f"count by (name) ({installed} and on ({gpu_key}) ({idle}))", "idle"),
             ], width=12),
              timeseries("Allocated against idle", [
-                 (gpus(state), state) for state in ("allocated", "idle", "lost")
+                 (f"sum({gpu_states(state)}) or vector(0)", state) for state in ("allocated", "idle", "lost")
              ], "short", stacked=True,
                  description="From the capacity rules (every 5m): counting every GPU at each point of an hour "
                              "costs a thousand-node Prometheus seconds.")],
