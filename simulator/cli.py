@@ -14,7 +14,7 @@ from gpufleet.exporter.flags import duration, listen_address, positive_int
 from gpufleet.exporter.logfmt import configure_logging
 from gpufleet.exporter.server import serve_until_signalled
 from gpufleet.simulator.faults import ScenarioError, load_scenario
-from gpufleet.simulator.fleet import Fleet, node_names
+from gpufleet.simulator.fleet import Fleet, collector_flags, node_names
 from gpufleet.simulator.layout import Job, LayoutError, load_layout
 from gpufleet.simulator.rates import load_rates
 from gpufleet.simulator.server import SimClock, build_app, file_sd_targets, missed_scrapes, write_file_sd
@@ -98,8 +98,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--missed-scrapes", dest="missed_scrapes", type=_share, default=0.0, metavar="SHARE",
                         help="share of scrapes answered with an error, drawn from --seed (default: none)")
     parser.add_argument("--collect-interval", type=duration, default=15.0, metavar="DURATION",
-                        help="collect every node once per this interval, spread over it; scrapes are served from "
-                             "the latest collection (default: %(default)gs)")
+                        help="collect every node once per this interval, spread over it, no collector of a node less "
+                             "often; scrapes are served from the latest collection (default: %(default)gs)")
     parser.add_argument("--control.allow-remote", dest="allow_remote_control", action="store_true",
                         help="let non-loopback clients use /control/faults (default: loopback only)")
     parser.add_argument("--log.level", dest="log_level", choices=("debug", "info", "warn", "error"), default="info",
@@ -145,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     except LayoutError as err:
         print(f"gpufleet simulate: error: layout {args.layout}: {err}", file=sys.stderr)
         return 1
-    fleet = Fleet(args.nodes, args.gpus_per_node, seed=args.seed, layout=layout, job_lifetime=args.job_lifetime)
+    fleet = Fleet(args.nodes, args.gpus_per_node, seed=args.seed, layout=layout, job_lifetime=args.job_lifetime,
+                  exporter_flags=collector_flags(args.collect_interval))
     for node, gpu, profiles in args.mig:
         try:
             fleet.split(node, gpu, profiles)

@@ -12,7 +12,7 @@ import pytest
 
 from gpufleet.exporter import node as exporter_node
 from gpufleet.simulator.faults import ScenarioError, load_scenario, parse_fault
-from gpufleet.simulator.fleet import Fleet
+from gpufleet.simulator.fleet import Fleet, collector_flags
 from gpufleet.simulator.layout import Job, LayoutError, load_layout
 
 from helpers import eventually, parse
@@ -212,6 +212,28 @@ async def test_faults_end(baseline):
                            "gpufleet_infiniband_port_xmit_data_bytes_total",
                            "gpufleet_infiniband_port_rcv_data_bytes_total",
                            "gpufleet_infiniband_port_xmit_packets_total", "gpufleet_infiniband_port_rcv_packets_total"}
+
+
+async def test_a_fleet_collected_every_second_runs_every_collector_at_each_visit():
+    # A fleet collected every second stands for a faster clock; its GPUs must be read at every visit, even
+    # one that comes a moment early, and not on the GPU collector's own five seconds.
+    async def energy_at_visits(fleet: Fleet) -> list[float]:
+        node, readings = fleet.nodes["gpu-node-0001"], []
+        fleet.start()
+        try:
+            for visit in range(4):
+                at = visit * 0.99
+                samples = parse(await node.scrape(at, lambda at=at: at)).items()
+                readings.append(sum(v for (name, _), v in samples if name == "gpufleet_gpu_energy_joules_total"))
+        finally:
+            fleet.close()
+        return readings
+
+    every_second = await energy_at_visits(Fleet(node_count=1, gpus_per_node=1, layout=[],
+                                                exporter_flags=collector_flags(1.0)))
+    assert every_second == sorted(set(every_second)), every_second  # A new reading at every visit.
+    unconfigured = await energy_at_visits(Fleet(node_count=1, gpus_per_node=1, layout=[]))
+    assert len(set(unconfigured)) == 1, unconfigured  # The exporter's own five seconds.
 
 
 def test_counters_never_go_backwards_through_faults():
