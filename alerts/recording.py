@@ -49,6 +49,7 @@ _GPU_KEY = ("instance", "gpu", "uuid")
 # peers spin, busy, waiting for it (recorded and named as a cause; `stragglers` says why it is not alerted on).
 _GPU_SIGNALS = {"sm_clock": ("gpufleet_gpu_clock_hertz", 'clock="sm"'), "power": ("gpufleet_gpu_power_watts",),
                 "utilization": ("gpufleet_gpu_utilization_ratio",)}
+_ENERGY = "gpufleet_gpu_energy_joules_total"
 
 
 def share_of_time(c: Config, sparse: str, window: str) -> str:
@@ -79,13 +80,21 @@ def node_signals(c: Config) -> list[dict[str, Any]]:
            f"{c.busy_utilization:g}"
     rules = [record(BUSY_WITHOUT_JOB, f"group by ({c.by(*_GPU_KEY, 'name')}) "
                                       f"(({info} unless on ({gpu}) {jobs}) and on ({gpu}) {busy})")]
+    window = c.d(TREND_INTERVAL)
     for signal, (metric, *matchers) in _GPU_SIGNALS.items():
         # Every sample since the last evaluation, not the latest: a training step moves between phases of
         # very different power and utilisation, and each node is scraped at its own moment in the step, so
         # one sample a minute per node would make its 5-minute average depend on where its scrapes fall.
-        value = f"avg_over_time({c.metric(metric, *matchers)}[{c.d(TREND_INTERVAL)}])"
+        value = f"avg_over_time({c.metric(metric, *matchers)}[{window}])"
+        if signal == "power":
+            # Every sample is still not enough for power, which differs most between a step's phases: where
+            # a step lasts a whole number of scrape intervals, each node's scrapes fall at the same moments of
+            # every step. A node of the end-to-end fleet sampled about once a step read 40 % of its limit for
+            # a minute, then 92 %. The energy counter's rate counts every moment; the gauge stands in for a
+            # GPU without one.
+            value = f"(rate({c.metric(_ENERGY)}[{window}]) or {value})"
         rules.append(record(NODE_SIGNAL, f"avg by ({c.by('scheduler', 'job_id', 'instance')}) "
-                                         f"({jobs} * on ({gpu}) group_left {value})", signal=signal, peers="job"))
+                                         f"({jobs} * on ({gpu}) group_left () {value})", signal=signal, peers="job"))
         without_job = f"{value} * on ({gpu}) group_left (name) {BUSY_WITHOUT_JOB}"
         by_model = (f'label_replace(avg by ({c.by("instance", "name")}) ({without_job}), '
                     f'"model", "$1", "name", "(.*)")')
