@@ -50,6 +50,29 @@ def test_promtool_checks_the_rules():
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("scale", [1, 8], ids=["production", "time scale 8"])
+def test_vmalert_loads_the_rules(tmp_path, scale):
+    # Past one Prometheus the same file runs in vmalert: its MetricsQL parser and template checks take
+    # every expression and annotation as written. The broken copy shows that the check reads them.
+    vmalert = shutil.which("vmalert")
+    if vmalert is None:
+        pytest.fail("vmalert is missing: install Debian's victoria-metrics package (.ci/run does)")
+    rules = tmp_path / "rules.yml"
+    rules.write_text(render(Config().scaled(scale)))
+    broken = tmp_path / "broken.yml"
+    broken.write_text(rules.read_text().replace("expr: ", "expr: sum by (", 1))
+
+    def dry_run(path: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([vmalert, "-dryRun", f"-rule={path}", "-loggerLevel=ERROR"], capture_output=True,
+                              text=True, timeout=60)
+
+    loaded = dry_run(rules)
+    assert loaded.returncode == 0, loaded.stdout + loaded.stderr
+    refused = dry_run(broken)
+    assert refused.returncode != 0 and "gpufleet-" in refused.stdout + refused.stderr, refused.stdout + refused.stderr
+
+
+@pytest.mark.e2e
 @pytest.mark.parametrize("test_file", TESTS, ids=lambda p: p.name)
 def test_promtool_unit_tests(test_file):
     result = subprocess.run([promtool(), "test", "rules", str(test_file)], capture_output=True, text=True,
