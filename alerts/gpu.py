@@ -73,14 +73,17 @@ def gpu_trends(c: Config) -> dict[str, Any]:
     """What is judged over five minutes or more, or on series that only grow or change slowly, evaluated
     every `TREND_INTERVAL`: none is the first page for its fault."""
     hw_slowdown = SLOWDOWN + "{" + _HW_SLOWDOWN + "}"
+    # Repeated: the last application XID's timestamp took two values within the window. Not `changes()`,
+    # which in MetricsQL also counts the series' first sample, so vmalert fired on every first XID.
+    last_xid = c.metric("gpufleet_gpu_xid_last_timestamp_seconds", matcher(APPLICATION))
+    repeat = c.d(c.repeat_window)
     rules = [
         pcie_degraded(c),
         alert(c, "GpuPcieLinkDegraded", PCIE_DEGRADED, "warning",
               "A GPU's PCIe link runs below its maximum width or generation.",
               f"{GPU} runs its PCIe link below its maximum.", for_="10m"),
         alert(c, "GpuXidApplicationRepeated",
-              f"changes({c.metric('gpufleet_gpu_xid_last_timestamp_seconds', matcher(APPLICATION))}"
-              f"[{c.d(c.repeat_window)}]) >= 1", "warning",
+              f"max_over_time({last_xid}[{repeat}]) > min_over_time({last_xid}[{repeat}])", "warning",
               "An application XID repeats on the same GPU.",
               f"{GPU} reported XID {{{{ $labels.xid }}}} again within {c.repeat_window}."),
         alert(c, "GpuCountDropped",
