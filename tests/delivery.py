@@ -1,8 +1,9 @@
 """The receiving end of alerts, for the tests and benchmarks that run the real Prometheus and Alertmanager.
 
 `Receiver` plays the pager (PagerDuty's Events API v2) and the ticket bridge (a webhook) on 127.0.0.1;
-`routing` points the production Alertmanager configuration at it; `AlertLog` polls Prometheus for every
-alert, pending or firing, and keeps when each fired, with its annotations as they first fired.
+`routing` points the production Alertmanager configuration at it; `AlertLog` polls Prometheus (or
+vmalert, whose alerts API answers alike) for every alert, pending or firing, and keeps when each fired,
+with its annotations as they first fired.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ class Receiver:
 
 
 class AlertLog:
-    """Every alert Prometheus reports, pending or firing, with when it was first seen, polled each second.
+    """Every alert Prometheus or vmalert reports, pending or firing, with when it first was seen, polled each
+    second.
 
     `episodes` keeps each alert's spells of firing as [first, last] seen (monotonic seconds): an alert
     missing from more than `gap` seconds of polls had resolved, and a later firing is a new episode.
@@ -85,7 +87,7 @@ class AlertLog:
             status, body = http("GET", f"{self.url}/api/v1/alerts")
             if status != 200:
                 continue
-            for alert in json.loads(body)["data"]["alerts"]:
+            for alert in json.loads(body)["data"]["alerts"] or []:  # vmalert answers null for none.
                 key = frozenset(alert["labels"].items())
                 first, state = self.seen.get(key, (time.monotonic(), alert["state"]))
                 self.seen[key] = (first, "firing" if "firing" in (state, alert["state"]) else state)

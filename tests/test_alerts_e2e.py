@@ -1,10 +1,12 @@
-"""End to end in real programs: simulated faults, through Prometheus and the generated rules, to Alertmanager.
+"""End to end in real programs: simulated faults, through Prometheus or VictoriaMetrics and the generated rules,
+to Alertmanager.
 
-The simulator serves a 16-node fleet; a real Prometheus scrapes it through file_sd and evaluates the
-rules generated at time scale 8 (every window and `for` divided by 8, thresholds unchanged); a real
-Alertmanager, with the production routing and only its receiver addresses pointed here, delivers
-to a webhook receiver run by this test. After a healthy first minute, one fault of every kind the
-simulator knows is injected, each on its own node, GPU or port.
+The simulator serves a 16-node fleet. A real Prometheus scrapes it through file_sd and evaluates the
+rules generated at time scale 8 (every window and `for` divided by 8, thresholds unchanged); beside it,
+vmagent scrapes the same targets into VictoriaMetrics, and vmalert evaluates the same rule file there.
+Each engine notifies its own real Alertmanager, with the production routing and only its receiver
+addresses pointed here, which delivers to a webhook receiver run by this test. After a healthy first
+minute, one fault of every kind the simulator knows is injected, each on its own node, GPU or port.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from gpufleet.simulator.faults import KINDS
 
 from delivery import AlertLog, Receiver, routing
 from layouts import SIXTEEN_NODES, node, write
-from programs import alertmanager, prometheus, prometheus_config, simulator
+from programs import alertmanager, prometheus, prometheus_config, simulator, victoria_metrics, vmagent, vmalert
 
 TIME_SCALE = 8
 FAULTS_AT = 60  # Simulated (and, at speed 1, wall-clock) seconds of healthy fleet first.
@@ -119,37 +121,63 @@ def test_the_scenario_covers_every_fault_kind():
     assert {fault["kind"] for fault, _ in SCENARIO} == set(KINDS)
 
 
+@dataclass
+class Engine:
+    """One rule engine watching the fleet: what it reported (pending and firing) and what its Alertmanager
+    delivered."""
+
+    name: str
+    log: AlertLog
+    receiver: Receiver
+
+    def delivered_all(self) -> bool:
+        got = self.receiver.snapshot()
+        return all(any(path == e.receiver and e.matches(labels) for path, labels in got)
+                   for e in EXPECTED if e.receiver and e.required)
+
+
 def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_nothing(tmp_path):
+    """Prometheus, and vmagent with VictoriaMetrics and vmalert, watch one simulated fleet at once, each
+    with its own Alertmanager (the same routing) and receiver: the same rule file must fire the same
+    alerts in both and reach the same receivers."""
     scenario = tmp_path / "scenario.yml"
     scenario.write_text(yaml.safe_dump({"faults": [{**fault, "start": f"{FAULTS_AT}s"} for fault, _ in SCENARIO]}))
     rules = tmp_path / "rules.yml"
     rules.write_text(render(Config().scaled(TIME_SCALE)))
-    receiver = Receiver()
-    (tmp_path / "am").mkdir()
+    receivers = {name: Receiver() for name in ("prometheus", "vmalert")}
+    for name in receivers:
+        (tmp_path / name / "am").mkdir(parents=True)
     layout = write(tmp_path / "layout.yml", SIXTEEN_NODES)
     with simulator(tmp_path, "--nodes=16", "--seed=0", f"--layout={layout}", "--cluster=e2e",
                    "--collect-interval=1s", f"--scenario={scenario}") as (_, targets), \
-            alertmanager(routing(tmp_path, receiver), tmp_path / "am") as am_url:
+            alertmanager(routing(tmp_path / "prometheus", receivers["prometheus"]),
+                         tmp_path / "prometheus" / "am") as prom_am, \
+            alertmanager(routing(tmp_path / "vmalert", receivers["vmalert"]), tmp_path / "vmalert" / "am") as vm_am, \
+            victoria_metrics(tmp_path / "vmalert" / "storage") as storage, \
+            vmagent(targets, "1s", storage, tmp_path / "vmalert"):
         started = time.monotonic()
-        config = prometheus_config(tmp_path / "prometheus.yml", targets, "1s", rules, am_url)
-        with prometheus(config, tmp_path / "data") as prom_url:
-            log = AlertLog(prom_url)
+        config = prometheus_config(tmp_path / "prometheus.yml", targets, "1s", rules, prom_am)
+        with prometheus(config, tmp_path / "data") as prom_url, vmalert(rules, storage, vm_am, "1s") as vmalert_url:
+            engines = [Engine("prometheus", AlertLog(prom_url), receivers["prometheus"]),
+                       Engine("vmalert", AlertLog(vmalert_url), receivers["vmalert"])]
             try:
-                routed = [e for e in EXPECTED if e.receiver and e.required]
-
-                def all_delivered() -> bool:
-                    got = receiver.snapshot()
-                    return all(any(path == e.receiver and e.matches(labels) for path, labels in got) for e in routed)
-
                 deadline = time.monotonic() + FAULTS_AT + 240
-                while not all_delivered() and time.monotonic() < deadline:
+                while not all(engine.delivered_all() for engine in engines) and time.monotonic() < deadline:
                     time.sleep(1)
             finally:
-                log.stop()
+                for engine in engines:
+                    engine.log.stop()
+    for engine in engines:
+        print(f"{engine.name}:")
+        _check(engine, started)
+
+
+def _check(engine: Engine, started: float) -> None:
+    log, receiver = engine.log, engine.receiver
     faults_from = started + FAULTS_AT - 5
     seen = dict(log.seen.items())
-    report = "\n".join(f"{first - started:6.1f}s {state:8} {dict(key)}" for key, (first, state) in
-                       sorted(seen.items(), key=lambda kv: kv[1][0]))
+    report = f"{engine.name}:\n" + "\n".join(f"{first - started:6.1f}s {state:8} {dict(key)}" for key, (first, state)
+                                             in sorted(seen.items(), key=lambda kv: kv[1][0]))
     healthy = [dict(key) for key, (first, _) in seen.items() if first < faults_from]
     assert healthy == [], f"alerts on a healthy fleet:\n{report}"
     unexpected = [dict(key) for key in seen if not any(e.matches(dict(key)) for e in EXPECTED)]
