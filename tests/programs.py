@@ -167,9 +167,12 @@ def victoria_metrics(data: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def vmagent(targets: Path, interval: str, remote_write: str, data: Path, job: str = "gpufleet") -> Iterator[str]:
-    """vmagent scraping the simulator's file_sd targets as `job` and writing to `remote_write` (a storage URL)."""
+def vmagent(targets: Path, interval: str, remote_write: str, data: Path, job: str = "gpufleet",
+            shard: tuple[int, int] | None = None) -> Iterator[str]:
+    """vmagent scraping the simulator's file_sd targets as `job` and writing to `remote_write` (a storage URL);
+    with `shard` (its number, of how many), only the targets vmagent's cluster mode gives that member."""
     port = free_port()
+    data.mkdir(parents=True, exist_ok=True)
     config = data / "vmagent.yml"
     seconds = int(interval.removesuffix("s"))
     config.write_text(yaml.safe_dump({
@@ -179,8 +182,17 @@ def vmagent(targets: Path, interval: str, remote_write: str, data: Path, job: st
     argv = [binary("vmagent", "victoria-metrics"), f"-promscrape.config={config}", "-promscrape.fileSDCheckInterval=1s",
             f"-remoteWrite.url={remote_write}/api/v1/write", f"-remoteWrite.tmpDataPath={data / 'buffer'}",
             "-remoteWrite.flushInterval=500ms", f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=WARN"]
+    if shard is not None:
+        argv += [f"-promscrape.cluster.memberNum={shard[0]}", f"-promscrape.cluster.membersCount={shard[1]}"]
     with _serving(argv, port, "/health", "vmagent start", 60) as url:
         yield url
+
+
+def scraped_instances(agent: str) -> set[str]:
+    """The `instance` of every target a vmagent (or Prometheus) scrapes."""
+    status, body = http("GET", f"{agent}/api/v1/targets")
+    assert status == 200, body
+    return {target["labels"]["instance"] for target in json.loads(body)["data"]["activeTargets"]}
 
 
 @contextlib.contextmanager

@@ -3,7 +3,8 @@ to Alertmanager.
 
 The simulator serves a 16-node fleet. A real Prometheus scrapes it through file_sd and evaluates the
 rules generated at time scale 8 (every window and `for` divided by 8, thresholds unchanged); beside it,
-vmagent scrapes the same targets into VictoriaMetrics, and vmalert evaluates the same rule file there.
+three vmagents scrape a third of the same targets each into one VictoriaMetrics, and vmalert evaluates
+the same rule file over the whole fleet there, so that a job's nodes are compared across shards.
 Each engine notifies its own real Alertmanager, with the production routing and only its receiver
 addresses pointed here, which delivers to a webhook receiver run by this test. After a healthy first
 minute, one fault of every kind the simulator knows is injected, each on its own node, GPU or port.
@@ -11,6 +12,7 @@ minute, one fault of every kind the simulator knows is injected, each on its own
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -23,9 +25,20 @@ from gpufleet.simulator.faults import KINDS
 
 from delivery import AlertLog, Receiver, routing
 from layouts import SIXTEEN_NODES, node, write
-from programs import alertmanager, prometheus, prometheus_config, simulator, victoria_metrics, vmagent, vmalert
+from programs import (
+    alertmanager,
+    prometheus,
+    prometheus_config,
+    scraped_instances,
+    simulator,
+    victoria_metrics,
+    vmagent,
+    vmalert,
+    wait_for,
+)
 
 TIME_SCALE = 8
+SHARDS = 3  # vmagents, each scraping its share of the fleet into the one VictoriaMetrics vmalert reads.
 FAULTS_AT = 60  # Simulated (and, at speed 1, wall-clock) seconds of healthy fleet first.
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -137,9 +150,9 @@ class Engine:
 
 
 def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_nothing(tmp_path):
-    """Prometheus, and vmagent with VictoriaMetrics and vmalert, watch one simulated fleet at once, each
-    with its own Alertmanager (the same routing) and receiver: the same rule file must fire the same
-    alerts in both and reach the same receivers."""
+    """Prometheus, and three vmagent shards with VictoriaMetrics and vmalert, watch one simulated fleet at
+    once, each engine with its own Alertmanager (the same routing) and receiver: the same rule file must
+    fire the same alerts in both and reach the same receivers."""
     scenario = tmp_path / "scenario.yml"
     scenario.write_text(yaml.safe_dump({"faults": [{**fault, "start": f"{FAULTS_AT}s"} for fault, _ in SCENARIO]}))
     rules = tmp_path / "rules.yml"
@@ -150,26 +163,43 @@ def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_no
     layout = write(tmp_path / "layout.yml", SIXTEEN_NODES)
     with simulator(tmp_path, "--nodes=16", "--seed=0", f"--layout={layout}", "--cluster=e2e",
                    "--collect-interval=1s", f"--scenario={scenario}") as (_, targets), \
-            alertmanager(routing(tmp_path / "prometheus", receivers["prometheus"]),
-                         tmp_path / "prometheus" / "am") as prom_am, \
-            alertmanager(routing(tmp_path / "vmalert", receivers["vmalert"]), tmp_path / "vmalert" / "am") as vm_am, \
-            victoria_metrics(tmp_path / "vmalert" / "storage") as storage, \
-            vmagent(targets, "1s", storage, tmp_path / "vmalert"):
-        started = time.monotonic()
+            contextlib.ExitStack() as stack:
+        started = time.monotonic()  # The simulator's clock, which the faults' start is on, has just begun.
+        prom_am, vm_am = (stack.enter_context(alertmanager(routing(tmp_path / name, receiver), tmp_path / name / "am"))
+                          for name, receiver in receivers.items())
+        storage = stack.enter_context(victoria_metrics(tmp_path / "vmalert" / "storage"))
+        agents = [stack.enter_context(vmagent(targets, "1s", storage, tmp_path / "vmalert" / f"shard-{number}",
+                                              shard=(number, SHARDS))) for number in range(SHARDS)]
+        _check_sharding(agents)
         config = prometheus_config(tmp_path / "prometheus.yml", targets, "1s", rules, prom_am)
-        with prometheus(config, tmp_path / "data") as prom_url, vmalert(rules, storage, vm_am, "1s") as vmalert_url:
-            engines = [Engine("prometheus", AlertLog(prom_url), receivers["prometheus"]),
-                       Engine("vmalert", AlertLog(vmalert_url), receivers["vmalert"])]
-            try:
-                deadline = time.monotonic() + FAULTS_AT + 240
-                while not all(engine.delivered_all() for engine in engines) and time.monotonic() < deadline:
-                    time.sleep(1)
-            finally:
-                for engine in engines:
-                    engine.log.stop()
+        prom_url = stack.enter_context(prometheus(config, tmp_path / "data"))
+        vmalert_url = stack.enter_context(vmalert(rules, storage, vm_am, "1s"))
+        engines = [Engine("prometheus", AlertLog(prom_url), receivers["prometheus"]),
+                   Engine("vmalert", AlertLog(vmalert_url), receivers["vmalert"])]
+        try:
+            deadline = time.monotonic() + FAULTS_AT + 240
+            while not all(engine.delivered_all() for engine in engines) and time.monotonic() < deadline:
+                time.sleep(1)
+        finally:
+            for engine in engines:
+                engine.log.stop()
     for engine in engines:
         print(f"{engine.name}:")
         _check(engine, started)
+    # And with the same labels: each required alert fired as the same series in both engines.
+    for e in EXPECTED:
+        if e.required:
+            fired = [{key for key in engine.log.fired if e.matches(dict(key))} for engine in engines]
+            assert fired[0] == fired[1], (e, fired)
+
+
+def _check_sharding(agents: list[str]) -> None:
+    """Every node is scraped by one shard only, and the large Slurm job (its straggler is node 13) has nodes in
+    every shard: its median and its straggler are found only over the union."""
+    scraped = [wait_for(lambda agent=agent: scraped_instances(agent), 30, "vmagent targets") for agent in agents]
+    assert sorted(n for shard in scraped for n in shard) == [node(n) for n in range(1, 17)], scraped
+    job = set(SIXTEEN_NODES["jobs"][0]["nodes"])
+    assert all(shard & job for shard in scraped), scraped
 
 
 def _check(engine: Engine, started: float) -> None:
