@@ -72,15 +72,14 @@ def node_signals(c: Config) -> list[dict[str, Any]]:
     """
     # Job and model over the last minute, not at this instant: one missed scrape marks a node's series stale,
     # and a node missing from one evaluation of its job would restart every `for` that counts its peers.
+    window = c.d(TREND_INTERVAL)
     named = c.metric("gpufleet_gpu_job_info", 'job_id!=""')
-    jobs = f"last_over_time({named}[{c.d(TREND_INTERVAL)}])"
-    info = f"last_over_time({c.metric('gpufleet_gpu_info')}[{c.d(TREND_INTERVAL)}])"
+    jobs = f"last_over_time({named}[{window}])"
+    info = f"last_over_time({c.metric('gpufleet_gpu_info')}[{window}])"
     gpu = c.by(*_GPU_KEY)
-    busy = f"avg_over_time({c.metric('gpufleet_gpu_utilization_ratio')}[{c.d(TREND_INTERVAL)}]) > " \
-           f"{c.busy_utilization:g}"
+    busy = f"avg_over_time({c.metric('gpufleet_gpu_utilization_ratio')}[{window}]) > {c.busy_utilization:g}"
     rules = [record(BUSY_WITHOUT_JOB, f"group by ({c.by(*_GPU_KEY, 'name')}) "
                                       f"(({info} unless on ({gpu}) {jobs}) and on ({gpu}) {busy})")]
-    window = c.d(TREND_INTERVAL)
     for signal, (metric, *matchers) in _GPU_SIGNALS.items():
         # Every sample since the last evaluation, not the latest: a training step moves between phases of
         # very different power and utilisation, and each node is scraped at its own moment in the step, so

@@ -103,6 +103,12 @@ def simulator(workdir: Path, *args: str, timeout: float = 30) -> Iterator[tuple[
         yield url, targets
 
 
+def _scrape_timing(interval: str) -> dict[str, str]:
+    """A scrape interval in whole seconds, and a timeout just inside it."""
+    seconds = int(interval.removesuffix("s"))
+    return {"scrape_interval": interval, "scrape_timeout": f"{seconds * 1000 - 100}ms"}
+
+
 def prometheus_config(path: Path, targets: Path, interval: str, rules: Path | None = None,
                       alertmanager: str | None = None, job: str = "gpufleet", cluster_label: str = "cluster") -> Path:
     """A Prometheus configuration that scrapes the simulator's file_sd targets as `job`.
@@ -110,14 +116,12 @@ def prometheus_config(path: Path, targets: Path, interval: str, rules: Path | No
     The simulator names each target's cluster in a `cluster` label; with another `cluster_label`, the scrape
     configuration moves it there, as a site that names its clusters otherwise would.
     """
-    seconds = int(interval.removesuffix("s"))
     scrape: dict = {"job_name": job, "file_sd_configs": [{"files": [str(targets)], "refresh_interval": "1s"}]}
     if cluster_label != "cluster":
         scrape["relabel_configs"] = [{"source_labels": ["cluster"], "target_label": cluster_label},
                                      {"action": "labeldrop", "regex": "cluster"}]
     config: dict = {
-        "global": {"scrape_interval": interval, "scrape_timeout": f"{seconds * 1000 - 100}ms",
-                   "evaluation_interval": interval},
+        "global": {**_scrape_timing(interval), "evaluation_interval": interval},
         "scrape_configs": [scrape],
     }
     if rules is not None:
@@ -167,17 +171,16 @@ def victoria_metrics(data: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def vmagent(targets: Path, interval: str, remote_write: str, data: Path, job: str = "gpufleet",
+def vmagent(targets: Path, interval: str, remote_write: str, data: Path,
             shard: tuple[int, int] | None = None) -> Iterator[str]:
-    """vmagent scraping the simulator's file_sd targets as `job` and writing to `remote_write` (a storage URL);
-    with `shard` (its number, of how many), only the targets vmagent's cluster mode gives that member."""
+    """vmagent scraping the simulator's file_sd targets as job `gpufleet` and writing to `remote_write` (a storage
+    URL); with `shard` (its number, of how many), only the targets vmagent's cluster mode gives that member."""
     port = free_port()
     data.mkdir(parents=True, exist_ok=True)
     config = data / "vmagent.yml"
-    seconds = int(interval.removesuffix("s"))
     config.write_text(yaml.safe_dump({
-        "global": {"scrape_interval": interval, "scrape_timeout": f"{seconds * 1000 - 100}ms"},
-        "scrape_configs": [{"job_name": job, "file_sd_configs": [{"files": [str(targets)]}]}],
+        "global": _scrape_timing(interval),
+        "scrape_configs": [{"job_name": "gpufleet", "file_sd_configs": [{"files": [str(targets)]}]}],
     }))
     argv = [binary("vmagent", "victoria-metrics"), f"-promscrape.config={config}", "-promscrape.fileSDCheckInterval=1s",
             f"-remoteWrite.url={remote_write}/api/v1/write", f"-remoteWrite.tmpDataPath={data / 'buffer'}",

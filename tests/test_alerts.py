@@ -1,7 +1,6 @@
 """The generated alerting rules: committed output up to date, clean for promtool, and unit-tested by it."""
 
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -16,14 +15,13 @@ from gpufleet.alerts.config import Config, load
 from gpufleet.alerts.rules import render
 from gpufleet.alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH
 
+from programs import binary
+
 TESTS = sorted((Path(__file__).parent.parent / "alerts" / "tests").glob("*.test.yml"))
 
 
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.fail("promtool is missing: install Debian's prometheus package (.ci/run does)")
-    return path
+    return binary("promtool", "prometheus")
 
 
 def test_the_committed_rule_file_is_what_the_code_generates():
@@ -54,9 +52,7 @@ def test_promtool_checks_the_rules():
 def test_vmalert_loads_the_rules(tmp_path, scale):
     # Past one Prometheus the same file runs in vmalert: its MetricsQL parser and template checks take
     # every expression and annotation as written. The broken copy shows that the check reads them.
-    vmalert = shutil.which("vmalert")
-    if vmalert is None:
-        pytest.fail("vmalert is missing: install Debian's victoria-metrics package (.ci/run does)")
+    vmalert = binary("vmalert", "victoria-metrics")
     rules = tmp_path / "rules.yml"
     rules.write_text(render(Config().scaled(scale)))
     broken = tmp_path / "broken.yml"
@@ -129,10 +125,8 @@ ROUTING = Path(__file__).parent.parent / "compose" / "alertmanager" / "alertmana
 
 
 def amtool(*args: str) -> subprocess.CompletedProcess:
-    path = shutil.which("amtool")
-    if path is None:
-        pytest.fail("amtool is missing: install Debian's prometheus-alertmanager package (.ci/run does)")
-    return subprocess.run([path, *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([binary("amtool", "prometheus-alertmanager"), *args], capture_output=True, text=True,
+                          timeout=60)
 
 
 @pytest.mark.e2e

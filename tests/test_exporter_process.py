@@ -1,6 +1,5 @@
 """`gpufleet exporter` as a user runs it: a subprocess on 127.0.0.1, scraped over HTTP, checked by promtool."""
 
-import shutil
 import signal
 import socket
 import subprocess
@@ -18,7 +17,7 @@ from helpers import (
     series,
     stop_process,
 )
-from programs import wait_for
+from programs import binary, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -83,9 +82,7 @@ def test_scrape_has_every_collector_and_exact_fixture_values(exporter):
 
 def test_promtool_finds_nothing_to_complain_about(exporter):
     _, url = exporter
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.fail("promtool is missing: install Debian's prometheus package (.ci/run does)")
+    promtool = binary("promtool", "prometheus")
     body = get(f"{url}/metrics")
     result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=30)
     assert result.returncode == 0 and result.stdout == b"" and result.stderr == b"", result
