@@ -72,7 +72,7 @@ def _ready(process: subprocess.Popen, port: int, path: str, what: str, timeout: 
 
 
 @contextlib.contextmanager
-def _serving(argv: list[str], port: int, ready_path: str, what: str, timeout: float,
+def serving(argv: list[str], port: int, ready_path: str, what: str, timeout: float,
              ready_status: int = 200) -> Iterator[str]:
     """Run `argv`, yield its URL once `ready_path` answers `ready_status`, and stop it however the block ends."""
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -88,7 +88,7 @@ def exporter(*flags: str, gpus: int = 1) -> Iterator[str]:
     port = free_port()
     argv = [sys.executable, "-m", "gpufleet", "exporter", "--gpu.backend=sim", f"--sim.gpus={gpus}",
             f"--path.sysfs={FIXTURE_SYSFS}", f"--web.listen-address=127.0.0.1:{port}", *flags]
-    with _serving(argv, port, "/metrics", "exporter start", 20) as url:
+    with serving(argv, port, "/metrics", "exporter start", 20) as url:
         yield url
 
 
@@ -99,7 +99,7 @@ def simulator(workdir: Path, *args: str, timeout: float = 30) -> Iterator[tuple[
     targets = workdir / "targets.json"
     argv = [sys.executable, "-m", "gpufleet", "simulate", f"--web.listen-address=127.0.0.1:{port}",
             f"--file-sd={targets}", *args]
-    with _serving(argv, port, "/healthz", "simulator start", timeout) as url:
+    with serving(argv, port, "/healthz", "simulator start", timeout) as url:
         yield url, targets
 
 
@@ -145,7 +145,7 @@ def prometheus(config: Path, data: Path, port: int | None = None, web_config: Pa
             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", "--storage.tsdb.retention.time=1y"]
     if web_config is not None:
         argv.append(f"--web.config.file={web_config}")
-    with _serving(argv, port, "/-/ready", "prometheus start", 60, 401 if web_config else 200) as url:
+    with serving(argv, port, "/-/ready", "prometheus start", 60, 401 if web_config else 200) as url:
         yield url
 
 
@@ -155,7 +155,7 @@ def alertmanager(config: Path, data: Path) -> Iterator[str]:
     argv = [binary("prometheus-alertmanager", "prometheus-alertmanager"), f"--config.file={config}",
             f"--storage.path={data}", f"--web.listen-address=127.0.0.1:{port}",
             f"--cluster.listen-address=127.0.0.1:{cluster_port}", "--log.level=warn"]
-    with _serving(argv, port, "/-/ready", "alertmanager start", 60) as url:
+    with serving(argv, port, "/-/ready", "alertmanager start", 60) as url:
         yield url
 
 
@@ -166,7 +166,7 @@ def victoria_metrics(data: Path) -> Iterator[str]:
     port = free_port()
     argv = [binary("victoria-metrics", "victoria-metrics"), f"-storageDataPath={data}",
             f"-httpListenAddr=127.0.0.1:{port}", "-search.latencyOffset=1s", "-loggerLevel=WARN"]
-    with _serving(argv, port, "/health", "victoria-metrics start", 60) as url:
+    with serving(argv, port, "/health", "victoria-metrics start", 60) as url:
         yield url
 
 
@@ -187,7 +187,7 @@ def vmagent(targets: Path, interval: str, remote_write: str, data: Path,
             "-remoteWrite.flushInterval=500ms", f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=WARN"]
     if shard is not None:
         argv += [f"-promscrape.cluster.memberNum={shard[0]}", f"-promscrape.cluster.membersCount={shard[1]}"]
-    with _serving(argv, port, "/health", "vmagent start", 60) as url:
+    with serving(argv, port, "/health", "vmagent start", 60) as url:
         yield url
 
 
@@ -212,5 +212,5 @@ def vmalert(rules: Path, storage: str, alertmanager: str, interval: str) -> Iter
             f"-datasource.url={storage}", f"-remoteWrite.url={storage}", f"-remoteRead.url={storage}",
             "-remoteWrite.flushInterval=500ms", f"-notifier.url={alertmanager}", "-disableAlertgroupLabel",
             f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=WARN"]
-    with _serving(argv, port, "/health", "vmalert start", 60) as url:
+    with serving(argv, port, "/health", "vmalert start", 60) as url:
         yield url

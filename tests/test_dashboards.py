@@ -15,6 +15,7 @@ import yaml
 from gpufleet.dashboards.cli import OUTPUT, rendered
 
 from layouts import SIXTEEN_NODES, write
+from panels import built, expand
 from programs import http, prometheus, prometheus_config, query, simulator
 
 # Grafana's own variables, and the data-link ones (`${__data.fields.x}`, `${__value.raw}`).
@@ -87,13 +88,6 @@ def test_rate_queries_use_the_rate_interval():
             assert window in {"$__rate_interval", "$__range", "24h"}, (uid, title, expr)
 
 
-def built(directory) -> list[tuple[str, str, str, bool]]:
-    """(uid, panel title, expression, instant) of every target of the dashboards written into `directory`."""
-    return [(model["uid"], panel["title"], t["expr"], t.get("instant", False))
-            for path in sorted(directory.glob("*.json"))
-            for model in [json.loads(path.read_text())] for panel in model["panels"] for t in panel["targets"]]
-
-
 def has_data(url: str, expr: str, instant: bool) -> bool:
     """What the panel would draw: an instant query for a table or stat, the last 5 minutes for a graph, so
     that a series that exists only around an event (a new ECC error) counts once it has been seen."""
@@ -104,14 +98,6 @@ def has_data(url: str, expr: str, instant: bool) -> bool:
     status, body = http("GET", f"{url}/api/v1/query_range?{params}")
     assert status == 200, body
     return bool(json.loads(body)["data"]["result"])
-
-
-def expand(expr: str) -> str:
-    """What Grafana sends with every variable at All, a 2 s interval and a rate interval of four scrapes."""
-    for name, value in (("$__rate_interval", "8s"), ("$__interval_ms", "2000"), ("$__interval", "2s"),
-                        ("$__range", "1m")):
-        expr = expr.replace(name, value)
-    return re.sub(r"\$\{?(cluster|instance|gpu|job_id)\}?", ".*", expr)
 
 
 # Faults that fill the panels a healthy fleet leaves empty: XIDs of each class, a lost GPU, a saturated
