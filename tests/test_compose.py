@@ -8,6 +8,7 @@ names become loopback ports, and the simulator stands in for the fleet.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -16,6 +17,8 @@ import subprocess
 import sys
 import time
 import tomllib
+import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
@@ -27,7 +30,8 @@ from gpufleet.cli import build_parser
 from gpufleet.dashboards.cli import OUTPUT as DASHBOARDS
 
 from helpers import free_port
-from programs import alertmanager, binary, http, prometheus, query, simulator, wait_for
+from panels import built, expand
+from programs import alertmanager, binary, http, prometheus, query, scraped_instances, serving, simulator, wait_for
 
 ROOT = Path(__file__).parent.parent
 COMPOSE_DIR = ROOT / "compose"
@@ -39,6 +43,10 @@ DAEMONSET_CONTAINERS = [c for doc in KUBERNETES if doc["kind"] == "DaemonSet"
                         for c in doc["spec"]["template"]["spec"]["containers"]]
 UNIT = ROOT / "deploy" / "systemd" / "gpufleet-exporter.service"
 IMAGE = f"ghcr.io/gpufleet/gpufleet:{__version__}"
+AGENTS = sorted(name for name in SERVICES if name.startswith("vmagent-"))
+RULES = ROOT / "alerts" / "gpufleet-rules.yml"
+COMMITTED_GROUPS = sorted(g["name"] for g in yaml.safe_load(RULES.read_text())["groups"])
+NODES = {f"gpu-node-{n:04d}" for n in range(1, 17)}  # The compose simulator's 16 nodes.
 
 
 def mounts(service: str) -> list[tuple[str, str]]:
@@ -68,15 +76,44 @@ def flag(argv: list[str], name: str) -> str:
     return next(arg.split("=", 1)[1] for arg in argv if arg.startswith(f"{name}="))
 
 
-def host_prometheus_config(path: Path, named: dict[str, Path], addresses: dict[str, str]) -> Path:
-    """The compose Prometheus config with its container paths mapped here and `addresses` substituted."""
-    text = (COMPOSE_DIR / "prometheus" / "prometheus.yml").read_text()
+def host_config(service: str, container_file: str, path: Path, named: dict[str, Path],
+                addresses: dict[str, str]) -> Path:
+    """A config file the service mounts, with the container paths it lists mapped here and `addresses` substituted."""
+    text = host_path(service, container_file).read_text()
     for container in sorted(set(re.findall(r"^\s+- (/\S+)", text, re.M)), key=len, reverse=True):
-        text = text.replace(container, str(host_path("prometheus", container, named)))
-    for service, address in addresses.items():
-        text = text.replace(service, address)
+        text = text.replace(container, str(host_path(service, container, named)))
+    for compose_address, address in addresses.items():
+        text = text.replace(compose_address, address)
     path.write_text(text)
     return path
+
+
+def host_command(service: str, named: dict[str, Path], addresses: dict[str, str],
+                 files: dict[str, Path]) -> list[str]:
+    """The service's `-flag=value` command line as it runs here: its own listen address and the compose names it
+    calls become loopback addresses, container paths map through its mounts (or to `files`, for configs that
+    were themselves mapped), and `${NAME:-default}` takes its default, as compose does without a .env."""
+    argv = []
+    for arg in SERVICES[service]["command"]:
+        name, equals, value = arg.partition("=")
+        if not equals:
+            argv.append(arg)
+            continue
+        value = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+        if name == "-httpListenAddr":
+            value = addresses[service + value]
+        elif value in files:
+            value = str(files[value])
+        elif value.startswith("/"):
+            value = str(host_path(service, value, named))
+        for compose_address, address in addresses.items():
+            value = value.replace(compose_address, address)
+        argv.append(f"{name}={value}")
+    return argv
+
+
+def gpufleet_job(config: dict) -> dict:
+    return next(job for job in config["scrape_configs"] if job["job_name"] == "gpufleet")
 
 
 def test_every_mounted_file_exists_and_every_named_volume_is_declared():
@@ -176,7 +213,8 @@ def test_grafana_is_locked_down_and_provisions_every_dashboard():
 
 @pytest.mark.e2e
 def test_promtool_accepts_the_prometheus_config_and_its_rules(tmp_path):
-    config = host_prometheus_config(tmp_path / "prometheus.yml", {"sim-targets": tmp_path}, {})
+    config = host_config("prometheus", "/etc/prometheus/prometheus.yml", tmp_path / "prometheus.yml",
+                         {"sim-targets": tmp_path}, {})
     check = subprocess.run([binary("promtool", "prometheus"), "check", "config", str(config)],
                            capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
@@ -212,10 +250,10 @@ def test_the_systemd_unit_verifies(tmp_path):
     assert verify.returncode == 0 and not verify.stderr.strip(), verify.stderr
 
 
-@pytest.mark.slow
-@pytest.mark.e2e
-def test_the_stack_scrapes_the_simulator_loads_its_rules_and_pages_on_a_fault(tmp_path):
-    """Prometheus and Alertmanager from their compose configs, the simulator from its compose command line."""
+@contextlib.contextmanager
+def compose_alertmanager_and_simulator(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
+    """Alertmanager with the compose routing and the simulator with its compose command line; yields their URLs
+    and the directory that stands for the sim-targets volume."""
     am_data, sim_volume, secrets = tmp_path / "am", tmp_path / "sim-targets", tmp_path / "secrets"
     sim_volume.mkdir()
     secrets.mkdir()
@@ -229,9 +267,23 @@ def test_the_stack_scrapes_the_simulator_loads_its_rules_and_pages_on_a_fault(tm
     args = [f"--scenario={host_path('simulator', flag(simulate, '--scenario'))}" if a.startswith("--scenario") else a
             for a in args]
     with alertmanager(routing, am_data) as am_url, simulator(sim_volume, *args, timeout=60) as (sim_url, _):
+        yield am_url, sim_url, sim_volume
+
+
+def paged(am_url: str, alertname: str) -> list[dict]:
+    """The alerts named `alertname` that Alertmanager holds."""
+    return [a for a in json.loads(http("GET", f"{am_url}/api/v2/alerts")[1]) if a["labels"]["alertname"] == alertname]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_the_stack_scrapes_the_simulator_loads_its_rules_and_pages_on_a_fault(tmp_path):
+    """Prometheus and Alertmanager from their compose configs, the simulator from its compose command line."""
+    with compose_alertmanager_and_simulator(tmp_path) as (am_url, sim_url, sim_volume):
         port = free_port()
-        config = host_prometheus_config(tmp_path / "prometheus.yml", {"sim-targets": sim_volume}, {
-            "alertmanager:9093": am_url.removeprefix("http://"), "localhost:9090": f"127.0.0.1:{port}"})
+        config = host_config("prometheus", "/etc/prometheus/prometheus.yml", tmp_path / "prometheus.yml",
+                             {"sim-targets": sim_volume}, {"alertmanager:9093": am_url.removeprefix("http://"),
+                                                           "localhost:9090": f"127.0.0.1:{port}"})
         with prometheus(config, tmp_path / "data", port) as prom_url:
             def targets_up() -> list[dict] | None:
                 active = json.loads(http("GET", f"{prom_url}/api/v1/targets")[1])["data"]["activeTargets"]
@@ -240,21 +292,129 @@ def test_the_stack_scrapes_the_simulator_loads_its_rules_and_pages_on_a_fault(tm
             active = wait_for(targets_up, 60, "all targets up")
             assert {t["labels"]["job"] for t in active} == {"gpufleet", "prometheus", "alertmanager"}
             groups = json.loads(http("GET", f"{prom_url}/api/v1/rules")[1])["data"]["groups"]
-            committed = yaml.safe_load((ROOT / "alerts" / "gpufleet-rules.yml").read_text())["groups"]
-            assert sorted(g["name"] for g in groups) == sorted(g["name"] for g in committed)
+            assert sorted(g["name"] for g in groups) == COMMITTED_GROUPS
             assert all(r["health"] != "err" for g in groups for r in g["rules"])
             assert query(prom_url, 'count(gpufleet_gpu_up{cluster="sim"}) == 128')
 
             status, _ = http("POST", f"{sim_url}/control/faults",
                              {"kind": "xid", "node": "gpu-node-0001", "gpu": 0, "xid": 79})
             assert status == 201
-
-            def paged() -> list[dict]:
-                alerts = json.loads(http("GET", f"{am_url}/api/v2/alerts")[1])
-                return [a for a in alerts if a["labels"]["alertname"] == "GpuXidCritical"]
-
             started = time.monotonic()
-            alert = wait_for(paged, 120, "GpuXidCritical at Alertmanager")[0]
+            alert = wait_for(lambda: paged(am_url, "GpuXidCritical"), 120, "GpuXidCritical at Alertmanager")[0]
     assert alert["labels"]["instance"] == "gpu-node-0001" and alert["labels"]["cluster"] == "sim"
     assert [r["name"] for r in alert["receivers"]] == ["pager"]
     print(f"fault to Alertmanager: {time.monotonic() - started:.0f}s")
+
+
+def command_flags(service: str) -> dict[str, str]:
+    """A VictoriaMetrics program's `-flag=value` command line as a dict (a bare `-flag` maps to "")."""
+    return dict(arg.partition("=")[::2] for arg in SERVICES[service]["command"])
+
+
+def profile_services(profile: str) -> set[str]:
+    """What `docker compose --profile PROFILE up` starts: the services of that profile and those of none."""
+    return {name for name, service in SERVICES.items() if profile in service.get("profiles", [profile])}
+
+
+def test_every_profile_runs_one_rule_evaluator_one_grafana_and_what_they_depend_on():
+    profiles = {p for service in SERVICES.values() for p in service.get("profiles", [])}
+    assert profiles == {"gpu", "sim", "single", "scale", "scale-sim"}
+    for profile in sorted(profiles):
+        running = profile_services(profile)
+        assert len(running & {"prometheus", "vmalert"}) == 1, (profile, running)
+        assert len(running & {"grafana", "grafana-scale"}) == 1, (profile, running)
+        published = [port.rsplit(":", 2)[-2] for name in running for port in SERVICES[name].get("ports", [])]
+        assert len(published) == len(set(published)), (profile, published)
+        for name in running:
+            for dependency, condition in SERVICES[name].get("depends_on", {}).items():
+                assert dependency in running or condition.get("required") is False, (profile, name, dependency)
+    assert {"simulator", "vmalert"} <= profile_services("scale-sim")
+    assert "simulator" not in profile_services("scale")
+
+
+def test_the_scale_tier_scrapes_every_target_twice_and_evaluates_the_same_rules_as_prometheus():
+    prometheus_yml = yaml.safe_load((COMPOSE_DIR / "prometheus" / "prometheus.yml").read_text())
+    interval = prometheus_yml["global"]["scrape_interval"]
+    storage = "http://victoriametrics" + command_flags("victoriametrics")["-httpListenAddr"]
+    agents = [command_flags(name) for name in AGENTS]
+    assert {a["-promscrape.cluster.membersCount"] for a in agents} == {str(len(AGENTS))}
+    assert sorted(int(a["-promscrape.cluster.memberNum"]) for a in agents) == list(range(len(AGENTS)))
+    # Each target twice, so that one vmagent lost loses no node; the store keeps one sample per scrape.
+    assert {a["-promscrape.cluster.replicationFactor"] for a in agents} == {"2"}
+    assert command_flags("victoriametrics")["-dedup.minScrapeInterval"] == interval
+    assert {a["-remoteWrite.url"] for a in agents} == {storage + "/api/v1/write"}
+    buffers = {source for name, a in zip(AGENTS, agents, strict=True)
+               for source, target in mounts(name) if target == a["-remoteWrite.tmpDataPath"]}
+    assert len(buffers) == len(AGENTS) and buffers <= set(COMPOSE["volumes"]), "each vmagent buffers on its own volume"
+    for name, a in zip(AGENTS, agents, strict=True):
+        scrape = yaml.safe_load(host_path(name, a["-promscrape.config"]).read_text())
+        assert scrape["global"]["scrape_interval"] == interval
+        assert gpufleet_job(scrape) == gpufleet_job(prometheus_yml), f"{name} scrapes gpufleet unlike Prometheus"
+    vmalert = command_flags("vmalert")
+    assert host_path("vmalert", vmalert["-rule"]) == RULES
+    assert vmalert["-evaluationInterval"] == prometheus_yml["global"]["evaluation_interval"]
+    assert vmalert["-datasource.url"] == vmalert["-remoteWrite.url"] == vmalert["-remoteRead.url"] == storage
+    assert vmalert["-notifier.url"] == "http://alertmanager:9093" and "-disableAlertgroupLabel" in vmalert
+    datasources = yaml.safe_load(host_path("grafana-scale", "/etc/grafana/provisioning/datasources/gpufleet.yml")
+                                .read_text())["datasources"]
+    assert [(d["uid"], d["url"]) for d in datasources] == [("gpufleet-prometheus", storage)]
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_the_scale_tier_pages_through_vmalert_and_loses_no_node_with_a_vmagent(tmp_path):
+    """VictoriaMetrics, the three vmagents and vmalert from their compose command lines and configs (with
+    -loggerLevel=WARN added), Alertmanager and the simulator as in the single stack. One vmagent is stopped
+    once the targets are shared out: every node must keep arriving, and a fault on a node it scraped must page."""
+    named = {"sim-targets": tmp_path / "sim-targets", "victoriametrics-data": tmp_path / "vm",
+             **{volume: tmp_path / volume for volume in COMPOSE["volumes"] if volume.endswith("-buffer")}}
+    with compose_alertmanager_and_simulator(tmp_path) as (am_url, sim_url, _), contextlib.ExitStack() as stack:
+        addresses = {"alertmanager:9093": am_url.removeprefix("http://")}
+        for name in ("victoriametrics", "vmalert", *AGENTS):
+            addresses[name + command_flags(name)["-httpListenAddr"]] = f"127.0.0.1:{free_port()}"
+        url = {name: f"http://{addresses[name + command_flags(name)['-httpListenAddr']]}"
+               for name in ("victoriametrics", "vmalert", *AGENTS)}
+
+        def start(name: str, program: str, files: dict[str, Path] | None = None) -> contextlib.ExitStack:
+            argv = [binary(program, "victoria-metrics"), *host_command(name, named, addresses, files or {}),
+                    "-loggerLevel=WARN"]
+            running = contextlib.ExitStack()
+            running.enter_context(serving(argv, int(url[name].rsplit(":", 1)[1]), "/health", f"{name} start", 60))
+            return stack.enter_context(running)
+
+        start("victoriametrics", "victoria-metrics")
+        agents = {}
+        for name in AGENTS:
+            scrape = command_flags(name)["-promscrape.config"]
+            config = host_config(name, scrape, tmp_path / f"{name}.yml", named, addresses)
+            agents[name] = start(name, "vmagent", {scrape: config})
+        start("vmalert", "vmalert")
+
+        def shared_out() -> dict[str, set[str]] | None:
+            scraped = {name: scraped_instances(url[name]) & NODES for name in AGENTS}
+            return scraped if all(sum(node in s for s in scraped.values()) == 2 for node in NODES) else None
+
+        scraped = wait_for(shared_out, 60, "every node scraped by two vmagents")
+        agents[AGENTS[1]].close()
+        stopped = time.monotonic()
+        node = sorted(scraped[AGENTS[1]])[0]  # Now scraped by one vmagent only.
+        status, _ = http("POST", f"{sim_url}/control/faults", {"kind": "xid", "node": node, "gpu": 0, "xid": 79})
+        assert status == 201
+        alert = wait_for(lambda: paged(am_url, "GpuXidCritical"), 150, "GpuXidCritical at Alertmanager")[0]
+        fired = time.monotonic() - stopped
+        groups = json.loads(http("GET", f"{url['vmalert']}/api/v1/rules")[1])["data"]["groups"]
+        dashboards = [(uid, title, expr) for uid, title, expr, _ in built(DASHBOARDS)]
+        refused = [(uid, title, body) for uid, title, expr in dashboards
+                   for status, body in [http("GET", f"{url['victoriametrics']}/api/v1/query?query="
+                                                    + urllib.parse.quote(expand(expr, 15)))]
+                   if status != 200]
+        # Three samples of each node's `up` a scrape apart, all after the vmagent stopped (the store shows
+        # samples 15 s late): none of its nodes went missing.
+        time.sleep(max(0.0, stopped + 60 - time.monotonic()))
+        samples = query(url["victoriametrics"], 'count_over_time(up{job="gpufleet"}[40s])')
+    assert alert["labels"]["instance"] == node and [r["name"] for r in alert["receivers"]] == ["pager"]
+    assert sorted(g["name"] for g in groups) == COMMITTED_GROUPS
+    assert [(r["name"], r["lastError"]) for g in groups for r in g["rules"] if r["health"] != "ok"] == []
+    assert refused == [], "VictoriaMetrics refused dashboard queries"
+    assert {s["metric"]["instance"]: float(s["value"][1]) >= 2 for s in samples} == dict.fromkeys(NODES, True)
+    print(f"vmagent stopped to GpuXidCritical at Alertmanager: {fired:.0f}s")
