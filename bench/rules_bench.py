@@ -49,7 +49,7 @@ from pathlib import Path
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
-from support import cpu_seconds, free_port, get, peak_rss_mib, query, stop, wait_ready
+from support import binary, cpu_seconds, free_port, get, peak_rss_mib, query, stop, wait_ready
 
 from gpufleet.duration import parse as parse_duration
 
@@ -159,13 +159,11 @@ def write_config(workdir: Path, targets: Path, rules: Path | None, querylog: Pat
 
 
 def start_prometheus(workdir: Path, targets: Path, rules: Path | None) -> tuple[subprocess.Popen, str]:
-    binary = shutil.which("prometheus")
-    if binary is None:
-        raise SystemExit("prometheus not found: apt-get install prometheus")
     port = free_port()
     config = write_config(workdir, targets, rules)
-    process = subprocess.Popen([binary, f"--config.file={config}", f"--storage.tsdb.path={workdir}/data",
-                                f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"])
+    process = subprocess.Popen([binary("prometheus", "prometheus"), f"--config.file={config}",
+                                f"--storage.tsdb.path={workdir}/data", f"--web.listen-address=127.0.0.1:{port}",
+                                "--log.level=warn"])
     url = f"http://127.0.0.1:{port}"
     wait_ready(f"{url}/-/ready", process, 60)
     return process, url

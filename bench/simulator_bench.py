@@ -18,7 +18,6 @@ Everything listens on 127.0.0.1; loops are bounded by count and time.
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ import time
 from pathlib import Path
 
 import psutil
-from support import cpu_seconds, free_port, get, peak_rss_mib, query, stop
+from support import binary, cpu_seconds, free_port, get, peak_rss_mib, query, stop
 
 
 def wait_until(check, seconds: float, what: str) -> None:
@@ -47,9 +46,7 @@ def main() -> None:
     parser.add_argument("--scrape-interval", type=float, default=15.0)
     parser.add_argument("--seconds", type=float, default=180.0)
     args = parser.parse_args()
-    prometheus_binary = shutil.which("prometheus")
-    if prometheus_binary is None:
-        raise SystemExit("prometheus not found: apt-get install prometheus")
+    prometheus_binary = binary("prometheus", "prometheus")
 
     with tempfile.TemporaryDirectory() as tmp:
         targets = Path(tmp) / "targets.json"

@@ -6,6 +6,7 @@ The scripts run as `python bench/NAME.py`, which puts this folder on sys.path.
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import time
@@ -20,6 +21,14 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def binary(name: str, package: str) -> str:
+    """The path of a program the benchmark runs, or an exit that says which Debian package has it."""
+    path = shutil.which(name)
+    if path is None:
+        raise SystemExit(f"{name} not found: apt-get install {package}")
+    return path
 
 
 def wait_ready(url: str, process: subprocess.Popen, seconds: float = 20) -> None:
