@@ -1,4 +1,5 @@
-"""The exporter itself: a target that cannot be scraped, a collector that fails or goes stale."""
+"""The exporter itself: a target that cannot be scraped, a collector that fails or goes stale, and a share of
+a cluster's nodes that is no longer scraped at all."""
 
 from __future__ import annotations
 
@@ -8,20 +9,41 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.rule import alert
 
 
+# The share of a cluster's nodes, seen within the window, that may vanish from the scrape at once before it
+# pages: more than one node in twenty (and at least two), as a lost scrape shard, a partition or a broken
+# service discovery would take; fewer is a node or two decommissioned.
+UNSCRAPED_SHARE = 0.05
+UNSCRAPED_WINDOW = "1h"
+
+
 def exporter_health(c: Config) -> dict[str, Any]:
     up = c.up()
+    seen = f"max_over_time({up}[{c.d(UNSCRAPED_WINDOW)}])"
+    last_success = c.metric("gpufleet_collector_last_success_timestamp_seconds")
+    unscraped = f"count by ({c.cluster_label}) ({seen} unless on ({c.by('instance')}) {up})"
     rules = [
         alert(c, "NodeExporterDown", f"{up} == 0", "critical",
               "A gpufleet exporter cannot be scraped.",
               "Prometheus cannot scrape {{ $labels.instance }}: its GPUs, NICs and sensors are unobserved.",
               for_="5m", held=False),
+        # A scraper that dies leaves its targets with no `up` at all, not an `up` of 0: NodeExporterDown stays
+        # quiet, and every held alert of those nodes resolves. Only the count of nodes that vanished says so.
+        alert(c, "NodesUnscraped",
+              f"{unscraped} / count by ({c.cluster_label}) ({seen}) > {UNSCRAPED_SHARE} "
+              f"and on ({c.cluster_label}) {unscraped} >= 2", "critical",
+              "A share of the fleet's nodes is no longer scraped.",
+              f"{{{{ $value | humanizePercentage }}}} of the nodes of {{{{ $labels.{c.cluster_label} }}}} that were "
+              f"scraped within {UNSCRAPED_WINDOW} have no `up` at all: a scrape shard, its network or service "
+              "discovery lost them. No alert can fire for them, and theirs resolved without a repair.",
+              for_="5m", held=False),
         alert(c, "NodeCollectorFailing", f"{c.metric('gpufleet_collector_success')} == 0", "warning",
               "An exporter collector keeps failing.",
               "The {{ $labels.collector }} collector of {{ $labels.instance }} has failed for 10 minutes; "
               "its log says why.", for_="10m"),
+        # Aged at the scrape that reported it, not at evaluation: a node nobody scrapes any more keeps its last
+        # sample for the lookback, and against time() every collector of it would look stale at once.
         alert(c, "NodeCollectorStale",
-              f"time() - {c.metric('gpufleet_collector_last_success_timestamp_seconds')} > "
-              f"{max(1, round(c.stale_seconds / c.time_scale))}",
+              f"timestamp({last_success}) - {last_success} > {max(1, round(c.stale_seconds / c.time_scale))}",
               "warning", "An exporter collector has not succeeded recently.",
               "The {{ $labels.collector }} collector of {{ $labels.instance }} last succeeded "
               "{{ $value | humanizeDuration }} ago."),

@@ -84,7 +84,10 @@ class AlertLog:
 
     def _poll(self) -> None:
         while not self._stop.wait(1.0):
-            status, body = http("GET", f"{self.url}/api/v1/alerts")
+            try:
+                status, body = http("GET", f"{self.url}/api/v1/alerts")
+            except OSError:  # Restarting: the drills stop and start the engine on the same port.
+                continue
             if status != 200:
                 continue
             for alert in json.loads(body)["data"]["alerts"] or []:  # vmalert answers null for none.

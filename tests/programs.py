@@ -199,18 +199,24 @@ def scraped_instances(agent: str) -> set[str]:
 
 
 @contextlib.contextmanager
-def vmalert(rules: Path, storage: str, alertmanager: str, interval: str) -> Iterator[str]:
+def vmalert(rules: Path, storage: str, alertmanager: str, interval: str, lookback: str = "5m",
+            port: int | None = None) -> Iterator[str]:
     """vmalert evaluating `rules` against `storage`, writing recorded series and alert state back to it (and
     restoring that state from it after a restart), and notifying `alertmanager`.
 
     `interval` is what Prometheus's `evaluation_interval` would be (the scrape interval): the groups without
     their own interval run at it, where vmalert's default is a minute. Its `alertgroup` label is left off:
     the alerts then carry the labels Prometheus gives the same rules, and Alertmanager groups them alike.
+    `lookback` is how long a series that stopped keeps its last value in a query (`-datasource.queryStep`,
+    which VictoriaMetrics takes as the window of a bare selector), as Prometheus's lookback delta: 5m in
+    both by default, but VictoriaMetrics 1.79 has no staleness markers to end a vanished target's series
+    sooner. Pass the `port` of a vmalert that was stopped to restart it where its clients look for it.
     """
-    port = free_port()
+    port = port or free_port()
     argv = [binary("vmalert", "victoria-metrics"), f"-rule={rules}", f"-evaluationInterval={interval}",
             f"-datasource.url={storage}", f"-remoteWrite.url={storage}", f"-remoteRead.url={storage}",
             "-remoteWrite.flushInterval=500ms", f"-notifier.url={alertmanager}", "-disableAlertgroupLabel",
+            f"-datasource.queryStep={lookback}",
             f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=WARN"]
     with serving(argv, port, "/health", "vmalert start", 60) as url:
         yield url

@@ -8,12 +8,16 @@ the same rule file over the whole fleet there, so that a job's nodes are compare
 Each engine notifies its own real Alertmanager, with the production routing and only its receiver
 addresses pointed here, which delivers to a webhook receiver run by this test. After a healthy first
 minute, one fault of every kind the simulator knows is injected, each on its own node, GPU or port.
+Once every alert is delivered, vmalert is restarted, and then a vmagent shard is stopped: drills of what
+an on-call engineer must not notice, and must.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -27,6 +31,7 @@ from delivery import AlertLog, Receiver, routing
 from layouts import SIXTEEN_NODES, node, write
 from programs import (
     alertmanager,
+    http,
     prometheus,
     prometheus_config,
     scraped_instances,
@@ -40,13 +45,14 @@ from programs import (
 TIME_SCALE = 8
 SHARDS = 3  # vmagents, each scraping its share of the fleet into the one VictoriaMetrics vmalert reads.
 FAULTS_AT = 60  # Simulated (and, at speed 1, wall-clock) seconds of healthy fleet first.
+LOOKBACK = f"{round(300 / TIME_SCALE)}s"  # vmalert's 5 minutes for a series that stopped, scaled like the windows.
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 @dataclass(frozen=True)
 class Expected:
     alertname: str
-    instance: str
+    instance: str | None  # None: an alert about a whole cluster.
     labels: tuple[tuple[str, str], ...] = ()
     receiver: str | None = None  # None: fires in Prometheus but reaches nobody (info, or inhibited).
     required: bool = True  # False: may fire on the way to the real alert (a flap starts with one link-down).
@@ -128,6 +134,8 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
      [expect("NodeExporterDown", 11, None, required=False)]),
 ]
 EXPECTED = [e for _, alerts in SCENARIO for e in alerts]
+# The drill at the end: a vmagent shard stopped takes its nodes out of vmalert's sight.
+UNSCRAPED = Expected("NodesUnscraped", None, (("cluster", "e2e"),), "pager")
 
 
 def test_the_scenario_covers_every_fault_kind():
@@ -152,7 +160,8 @@ class Engine:
 def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_nothing(tmp_path):
     """Prometheus, and three vmagent shards with VictoriaMetrics and vmalert, watch one simulated fleet at
     once, each engine with its own Alertmanager (the same routing) and receiver: the same rule file must
-    fire the same alerts in both and reach the same receivers."""
+    fire the same alerts in both and reach the same receivers. Then vmalert is restarted, and none of its
+    alerts may resolve or start again; and a shard is stopped, which must page with NodesUnscraped."""
     scenario = tmp_path / "scenario.yml"
     scenario.write_text(yaml.safe_dump({"faults": [{**fault, "start": f"{FAULTS_AT}s"} for fault, _ in SCENARIO]}))
     rules = tmp_path / "rules.yml"
@@ -168,24 +177,40 @@ def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_no
         prom_am, vm_am = (stack.enter_context(alertmanager(routing(tmp_path / name, receiver), tmp_path / name / "am"))
                           for name, receiver in receivers.items())
         storage = stack.enter_context(victoria_metrics(tmp_path / "vmalert" / "storage"))
-        agents = [stack.enter_context(vmagent(targets, "1s", storage, tmp_path / "vmalert" / f"shard-{number}",
-                                              shard=(number, SHARDS))) for number in range(SHARDS)]
-        _check_sharding(agents)
+        shards = [stack.enter_context(contextlib.ExitStack()) for _ in range(SHARDS)]  # Each alone, for the drill.
+        agents = [shards[number].enter_context(vmagent(targets, "1s", storage, tmp_path / "vmalert" / f"shard-{number}",
+                                                       shard=(number, SHARDS))) for number in range(SHARDS)]
+        scraped = _check_sharding(agents)
         config = prometheus_config(tmp_path / "prometheus.yml", targets, "1s", rules, prom_am)
         prom_url = stack.enter_context(prometheus(config, tmp_path / "data"))
-        vmalert_url = stack.enter_context(vmalert(rules, storage, vm_am, "1s"))
+        evaluating = stack.enter_context(contextlib.ExitStack())  # vmalert alone, for the restart drill.
+        vmalert_url = evaluating.enter_context(vmalert(rules, storage, vm_am, "1s", LOOKBACK))
+
+        def restart_vmalert() -> None:
+            evaluating.close()
+            evaluating.enter_context(vmalert(rules, storage, vm_am, "1s", LOOKBACK,
+                                             port=int(vmalert_url.rsplit(":", 1)[1])))
         engines = [Engine("prometheus", AlertLog(prom_url), receivers["prometheus"]),
                    Engine("vmalert", AlertLog(vmalert_url), receivers["vmalert"])]
         try:
             deadline = time.monotonic() + FAULTS_AT + 240
             while not all(engine.delivered_all() for engine in engines) and time.monotonic() < deadline:
                 time.sleep(1)
+            kept, lost = _restart_drill(restart_vmalert, vm_am, prom_am)
+            # A shard lost, with no replica: its nodes vanish from the store, and one page says what share.
+            dark = min((number for number in range(SHARDS) if len(scraped[number]) >= 2), key=lambda n: len(scraped[n]))
+            shards[dark].close()
+            lost_at = time.monotonic()
+            wait_for(lambda: any(UNSCRAPED.matches(labels) and path == "pager"
+                                 for path, labels in receivers["vmalert"].snapshot()), 120, "NodesUnscraped")
+            print(f"shard {dark} ({len(scraped[dark])} nodes) lost: paged after {time.monotonic() - lost_at:.1f}s")
         finally:
             for engine in engines:
                 engine.log.stop()
     for engine in engines:
         print(f"{engine.name}:")
-        _check(engine, started)
+        _check(engine, started, [UNSCRAPED] if engine.name == "vmalert" else [])
+    assert len(kept) >= 20 and lost == {}, f"alerts that vmalert's restart resolved or restarted: {lost}"
     # And with the same labels: each required alert fired as the same series in both engines.
     for e in EXPECTED:
         if e.required:
@@ -193,16 +218,50 @@ def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_no
             assert fired[0] == fired[1], (e, fired)
 
 
-def _check_sharding(agents: list[str]) -> None:
+RESTART_WATCH = 10.0  # Seconds (80 production seconds) of watching Alertmanager after vmalert restarts.
+
+
+def _active(am_url: str) -> dict[frozenset, str]:
+    """Each alert Alertmanager holds unresolved (inhibited ones too), with the start it keeps for it."""
+    status, body = http("GET", f"{am_url}/api/v2/alerts")
+    assert status == 200, body
+    return {frozenset(a["labels"].items()): a["startsAt"] for a in json.loads(body)}
+
+
+def _restart_drill(restart: Callable[[], None], vm_am: str, prom_am: str) -> tuple[set, dict]:
+    """vmalert stopped and started while its alerts fire. It reads its alerts' state back from the store, so
+    every alert it had sent stays unresolved at Alertmanager with the same start: no resolved message and no
+    second page. An alert that went pending again would stop being sent and resolve within three evaluations.
+
+    Returns the required alerts watched, and those Alertmanager lost or restarted while Prometheus still fires
+    them (an optional alert may resolve by itself in one engine and not yet in the other)."""
+    before = {key: starts for key, starts in _active(vm_am).items()
+              if any(e.required and e.matches(dict(key)) for e in EXPECTED)}
+    started = time.monotonic()
+    restart()
+    print(f"vmalert restarted in {time.monotonic() - started:.1f}s with {len(before)} alerts at Alertmanager")
+    changed: dict[frozenset, str | None] = {}
+    deadline = time.monotonic() + RESTART_WATCH
+    while time.monotonic() < deadline:
+        now = _active(vm_am)
+        changed.update({key: now.get(key) for key, starts in before.items() if now.get(key) != starts})
+        time.sleep(0.5)
+    firing = _active(prom_am)  # The fleet's truth: what resolved there resolved by itself.
+    return set(before), {key: start for key, start in changed.items() if key in firing}
+
+
+def _check_sharding(agents: list[str]) -> list[set[str]]:
     """Every node is scraped by one shard only, and the large Slurm job (its straggler is node 13) has nodes in
-    every shard: its median and its straggler are found only over the union."""
+    every shard: its median and its straggler are found only over the union. Returns each shard's nodes."""
     scraped = [wait_for(lambda agent=agent: scraped_instances(agent), 30, "vmagent targets") for agent in agents]
     assert sorted(n for shard in scraped for n in shard) == [node(n) for n in range(1, 17)], scraped
     job = set(SIXTEEN_NODES["jobs"][0]["nodes"])
     assert all(shard & job for shard in scraped), scraped
+    return scraped
 
 
-def _check(engine: Engine, started: float) -> None:
+def _check(engine: Engine, started: float, drills: list[Expected]) -> None:
+    """What the engine reported and delivered, against EXPECTED and the `drills` it went through at the end."""
     log, receiver = engine.log, engine.receiver
     faults_from = started + FAULTS_AT - 5
     seen = dict(log.seen.items())
@@ -210,7 +269,7 @@ def _check(engine: Engine, started: float) -> None:
                                              in sorted(seen.items(), key=lambda kv: kv[1][0]))
     healthy = [dict(key) for key, (first, _) in seen.items() if first < faults_from]
     assert healthy == [], f"alerts on a healthy fleet:\n{report}"
-    unexpected = [dict(key) for key in seen if not any(e.matches(dict(key)) for e in EXPECTED)]
+    unexpected = [dict(key) for key in seen if not any(e.matches(dict(key)) for e in EXPECTED + drills)]
     assert unexpected == [], f"alerts no fault explains:\n{report}"
     # Time to detect, from the faults' start to each expected alert's first firing (shown with -s, and on failure).
     detected = sorted((min((fired - started - FAULTS_AT for key, fired in log.fired.items() if e.matches(dict(key))),
@@ -225,4 +284,4 @@ def _check(engine: Engine, started: float) -> None:
         if e.required and e.receiver:
             assert any(e.matches(labels) and path == e.receiver for path, labels in receiver.snapshot()), (e, report)
     for path, labels in receiver.snapshot():
-        assert any(e.matches(labels) and e.receiver == path for e in EXPECTED), (path, labels, report)
+        assert any(e.matches(labels) and e.receiver == path for e in EXPECTED + drills), (path, labels, report)
