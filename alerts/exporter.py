@@ -8,7 +8,6 @@ from typing import Any
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.rule import alert
 
-
 # The share of a cluster's nodes, seen within the window, that may vanish from the scrape at once before it
 # pages: more than one node in twenty (and at least two), as a lost scrape shard, a partition or a broken
 # service discovery would take; fewer is a node or two decommissioned.

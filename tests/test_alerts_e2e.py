@@ -207,10 +207,10 @@ def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_no
         finally:
             for engine in engines:
                 engine.log.stop()
+    assert len(kept) >= 20 and lost == {}, f"alerts that vmalert's restart resolved or restarted: {lost}"
     for engine in engines:
         print(f"{engine.name}:")
         _check(engine, started, [UNSCRAPED] if engine.name == "vmalert" else [])
-    assert len(kept) >= 20 and lost == {}, f"alerts that vmalert's restart resolved or restarted: {lost}"
     # And with the same labels: each required alert fired as the same series in both engines.
     for e in EXPECTED:
         if e.required:
