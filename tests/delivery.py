@@ -109,6 +109,13 @@ class AlertLog:
         self._thread.join(5)
 
 
+def alertmanager_alerts(am_url: str) -> list[dict]:
+    """The alerts Alertmanager holds unresolved (silenced and inhibited ones too), as its v2 API lists them."""
+    status, body = http("GET", f"{am_url}/api/v2/alerts")
+    assert status == 200, body
+    return json.loads(body)
+
+
 def routing(workdir: Path, receiver: Receiver) -> Path:
     """The production routing, with the pager key written to a file here and receivers pointed here."""
     config = yaml.safe_load(ROUTING.read_text())

@@ -15,7 +15,6 @@ an on-call engineer must not notice, and must.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,11 +27,10 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.rules import render
 from gpufleet.simulator.faults import KINDS
 
-from delivery import AlertLog, Receiver, routing
+from delivery import AlertLog, Receiver, alertmanager_alerts, routing
 from layouts import SIXTEEN_NODES, node, write
 from programs import (
     alertmanager,
-    http,
     prometheus,
     prometheus_config,
     scraped_instances,
@@ -220,9 +218,7 @@ RESTART_WATCH = 10.0  # Seconds (80 production seconds) of watching Alertmanager
 
 def _active(am_url: str) -> dict[frozenset, str]:
     """Each alert Alertmanager holds unresolved (inhibited ones too), with the start it keeps for it."""
-    status, body = http("GET", f"{am_url}/api/v2/alerts")
-    assert status == 200, body
-    return {frozenset(a["labels"].items()): a["startsAt"] for a in json.loads(body)}
+    return {frozenset(a["labels"].items()): a["startsAt"] for a in alertmanager_alerts(am_url)}
 
 
 def _restart_drill(restart: Callable[[], None], vm_am: str, prom_am: str) -> tuple[set, dict]:

@@ -29,6 +29,7 @@ from gpufleet import __version__
 from gpufleet.cli import build_parser
 from gpufleet.dashboards.cli import OUTPUT as DASHBOARDS
 
+from delivery import alertmanager_alerts
 from helpers import free_port
 from panels import built, expand
 from programs import alertmanager, binary, http, prometheus, query, scraped_instances, serving, simulator, wait_for
@@ -272,7 +273,7 @@ def compose_alertmanager_and_simulator(tmp_path: Path) -> Iterator[tuple[str, st
 
 def paged(am_url: str, alertname: str) -> list[dict]:
     """The alerts named `alertname` that Alertmanager holds."""
-    return [a for a in json.loads(http("GET", f"{am_url}/api/v2/alerts")[1]) if a["labels"]["alertname"] == alertname]
+    return [a for a in alertmanager_alerts(am_url) if a["labels"]["alertname"] == alertname]
 
 
 @pytest.mark.slow
