@@ -11,12 +11,14 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 import yaml
@@ -65,21 +67,33 @@ def binary(name: str, package: str) -> str:
     return path
 
 
-def _ready(process: subprocess.Popen, port: int, path: str, what: str, timeout: float, status: int = 200) -> str:
+def _ready(process: subprocess.Popen, log: IO[str], port: int, path: str, what: str, timeout: float,
+           status: int = 200) -> str:
     url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: listening(port) and http("GET", url + path, timeout=1)[0] == status, timeout, what, process)
+
+    def answering() -> bool:
+        if process.poll() is not None:
+            log.seek(0)
+            pytest.fail(f"{what}: process exited:\n{log.read()[-4000:]}")
+        return listening(port) and http("GET", url + path, timeout=1)[0] == status
+
+    wait_for(answering, timeout, what)
     return url
 
 
 @contextlib.contextmanager
 def serving(argv: list[str], port: int, ready_path: str, what: str, timeout: float,
              ready_status: int = 200) -> Iterator[str]:
-    """Run `argv`, yield its URL once `ready_path` answers `ready_status`, and stop it however the block ends."""
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        yield _ready(process, port, ready_path, what, timeout, ready_status)
-    finally:
-        stop_process(process)
+    """Run `argv`, yield its URL once `ready_path` answers `ready_status`, and stop it however the block ends.
+
+    Its output goes to a file, not a pipe: a program that logs an error per failed write or rule evaluation
+    (vmagent, vmalert while their store is down) fills a pipe nobody reads within minutes and then blocks."""
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
+        try:
+            yield _ready(process, log, port, ready_path, what, timeout, ready_status)
+        finally:
+            stop_process(process)
 
 
 @contextlib.contextmanager
