@@ -390,8 +390,8 @@ def test_the_scale_tier_pages_through_vmalert_past_a_lost_vmagent_and_a_store_ou
     - one vmagent is stopped once the targets are shared out: a fault on a node it scraped must page;
     - then VictoriaMetrics is stopped for a minute while that page stands, and a second node faults meanwhile:
       the standing page must stay at Alertmanager, unresolved and with its start (no second page), the new
-      fault must page once the store is back, nothing else may page (no page while the store is down), and the vmagents' disk buffers must
-      leave no node's series with a hole, from the vmagent's stop to the store's return."""
+      fault must page once the store is back and not before, nothing else may page, and the vmagents' disk
+      buffers must leave no node's series with a hole, from the vmagent's stop to the store's return."""
     named = {"sim-targets": tmp_path / "sim-targets", "victoriametrics-data": tmp_path / "vm",
              **{volume: tmp_path / volume for volume in COMPOSE["volumes"] if volume.endswith("-buffer")}}
     with compose_alertmanager_and_simulator(tmp_path) as (am_url, sim_url, _), contextlib.ExitStack() as stack:
