@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-from support import binary, cpu_seconds, free_port, peak_rss_mib, query, stop, wait_ready
+from support import binary, cpu_seconds, free_port, peak_rss_mib, query, serve, stop, wait_ready
 
 from gpufleet.duration import parse as parse_duration
 
@@ -47,13 +47,6 @@ class Program:
 
     def metric(self, promql: str) -> float:
         return query(self.source, promql) or 0.0
-
-
-def start(argv: list[str], port: int, ready: str) -> tuple[subprocess.Popen, str]:
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(url + ready, process, 60)
-    return process, url
 
 
 def scrape_config(targets: Path, own: list[tuple[str, int]], path: Path) -> Path:
@@ -81,16 +74,16 @@ def measure_size(nodes: int, warm_up: float, seconds: float, workdir: Path) -> l
         own = [("prometheus", prom_port), ("victoriametrics", vm_port), ("vmagent", agent_port)]
         prom_config = scrape_config(targets, own[:1], workdir / "prometheus.yml")
         agent_config = scrape_config(targets, own[1:], workdir / "vmagent.yml")
-        prom, prom_url = start([
+        prom, prom_url = serve([
             binary("prometheus", "prometheus"), f"--config.file={prom_config}",
             f"--storage.tsdb.path={workdir / 'prometheus'}", f"--web.listen-address=127.0.0.1:{prom_port}",
             "--log.level=warn"], prom_port, "/-/ready")
         running.append(prom)
-        vm, vm_url = start([
+        vm, vm_url = serve([
             binary("victoria-metrics", "victoria-metrics"), f"-storageDataPath={workdir / 'victoriametrics'}",
             f"-httpListenAddr=127.0.0.1:{vm_port}", "-loggerLevel=ERROR"], vm_port, "/health")
         running.append(vm)
-        agent, _ = start([
+        agent, _ = serve([
             binary("vmagent", "victoria-metrics"), f"-promscrape.config={agent_config}",
             f"-remoteWrite.url={vm_url}/api/v1/write", f"-remoteWrite.tmpDataPath={workdir / 'vmagent'}",
             f"-httpListenAddr=127.0.0.1:{agent_port}", "-loggerLevel=ERROR"], agent_port, "/health")

@@ -36,7 +36,6 @@ import json
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,7 +48,7 @@ from pathlib import Path
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
-from support import binary, cpu_seconds, free_port, get, peak_rss_mib, query, stop, wait_ready
+from support import binary, cpu_seconds, free_port, get, peak_rss_mib, percentile, query, stop, wait_ready
 
 from gpufleet.duration import parse as parse_duration
 
@@ -57,12 +56,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRAPE_SECONDS = 15
 SAMPLE_SECONDS = 5
 TIMEOUT = 60.0  # Prometheus answers slowly while it evaluates the rules of a 1,000-node fleet.
-
-
-def percentile(values: list[float], share: float) -> float:
-    if len(values) < 2:
-        return values[0] if values else float("nan")
-    return statistics.quantiles(values, n=100, method="inclusive")[round(share * 100) - 1]
 
 
 @dataclass

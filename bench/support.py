@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import statistics
 import subprocess
 import time
 import urllib.parse
@@ -15,6 +16,10 @@ import urllib.request
 from pathlib import Path
 
 import psutil
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+COMPOSE = yaml.safe_load((Path(__file__).resolve().parent.parent / "compose" / "docker-compose.yml").read_text())
 
 
 def free_port() -> int:
@@ -78,3 +83,65 @@ def stop(process: subprocess.Popen, seconds: float = 60) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(10)
+
+
+class VmalertIterations:
+    """Each rule group's evaluations in a running vmalert, from the sums and counts of its own
+    `vmalert_iteration_duration_seconds`: vmalert keeps no last duration per group as Prometheus does, and
+    its summary's quantiles cover a sliding window. Read more often than the shortest interval, each new
+    count is one evaluation and the sum's step its duration."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.durations: dict[str, list[float]] = {}
+        self.first = self.last = self._totals()
+
+    def _totals(self) -> dict[tuple[str, str], float]:
+        totals: dict[tuple[str, str], float] = {}
+        for family in text_string_to_metric_families(get(f"{self.url}/metrics", 30).decode()):
+            for sample in family.samples:
+                if sample.name.startswith(("vmalert_iteration_", "vmalert_execution_errors_total")):
+                    key = (sample.name, sample.labels.get("group", ""))
+                    totals[key] = totals.get(key, 0.0) + sample.value
+        return totals
+
+    def sample(self) -> None:
+        now = self._totals()
+        for (name, group), count in now.items():
+            if name == "vmalert_iteration_duration_seconds_count" and group:
+                runs = count - self.last.get((name, group), 0.0)
+                spent = now[("vmalert_iteration_duration_seconds_sum", group)] - self.last.get(
+                    ("vmalert_iteration_duration_seconds_sum", group), 0.0)
+                if runs > 0:
+                    self.durations.setdefault(group, []).extend([spent / runs] * int(runs))
+        self.last = now
+
+    def since_start(self, name: str, group: str = "") -> float:
+        """How much a counter of vmalert's (missed iterations, failed executions) grew while it was sampled."""
+        return self.last.get((name, group), 0.0) - self.first.get((name, group), 0.0)
+
+
+def compose_flags(service: str, dropped: tuple[str, ...]) -> list[str]:
+    """The service's compose flags, less those the bench sets itself, with compose's defaults for ${VAR:-x}."""
+    flags = []
+    for arg in COMPOSE["services"][service]["command"]:
+        if not arg.startswith(dropped):
+            name, _, value = arg.partition("=")
+            if "${" in value:
+                value = value.split(":-", 1)[1].rstrip("}")
+            flags.append(f"{name}={value}" if value else name)
+    return flags
+
+
+def serve(argv: list[str], port: int, ready: str = "/health") -> tuple[subprocess.Popen, str]:
+    """Start a server quietly and return it with its URL once `ready` answers."""
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_ready(url + ready, process, 120)
+    return process, url
+
+
+def percentile(values: list[float], share: float) -> float:
+    if len(values) < 2:
+        return values[0] if values else float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[round(share * 100) - 1]

@@ -1,0 +1,258 @@
+"""The global tier at 100,000 GPUs: vmalert's straggler evaluation over the per-node series of 12,500 nodes.
+
+Usage: .venv/bin/python bench/global_tier_bench.py [--nodes 12500] [--minutes 8]
+
+Past one store, the rules that reduce a node's own series (a GPU's clock, a port's wait) run near the
+data, and only the rules that compare nodes with each other (job medians, stragglers) must see the
+whole fleet. This bench takes those from the committed rule file: the rules of the straggler groups
+(`gpufleet-recording`, `gpufleet-stragglers`) that read no exporter series, only the per-node series
+recorded near the data, `up` and `ALERTS`. It writes those per-node series for N nodes of 8 GPUs
+into a single-node VictoriaMetrics 1.79.5 (Debian's), from 12 minutes before the start to 2 minutes
+past the end at the rate they are recorded (a minute; `up` every 15 s), so that every window is full
+from the first evaluation and the store takes no writes but vmalert's while it is measured. Then
+vmalert evaluates those groups at their own interval, with the compose file's flags, for --minutes.
+
+The fleet is one cluster of Slurm jobs: one of 2,048 nodes, two of 1,024, six of 512, twenty of 128
+and fifty of 16, as many as fit; of the nodes left, half are busy without a job (compared by GPU
+model) and half idle. One node of the largest job runs at 85 % of its peers' clocks and utilisation,
+with a GPU in thermal slowdown, and the bench says whether vmalert found it.
+
+It prints, per group, every evaluation's duration (from the sums and counts of vmalert's own
+`vmalert_iteration_duration_seconds`, read every 2 s) as p50/max and as a share of the interval,
+missed iterations and failed rule executions; the series written; and the CPU and peak memory of
+VictoriaMetrics and vmalert. Everything listens on 127.0.0.1; every loop is bounded by count and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import yaml
+from support import (
+    VmalertIterations,
+    binary,
+    compose_flags,
+    cpu_seconds,
+    free_port,
+    get,
+    peak_rss_mib,
+    query,
+    serve,
+    stop,
+)
+
+from gpufleet.alerts.cli import RULES_FILE
+
+GROUPS = ("gpufleet-recording", "gpufleet-stragglers")
+CLUSTER = "global"
+JOB_SIZES = [2048] + [1024] * 2 + [512] * 6 + [128] * 20 + [16] * 50
+MODEL = "NVIDIA H100 80GB HBM3"
+PORTS = [f"mlx5_{n}" for n in range(8)]
+HISTORY = 12 * 60  # Seconds of series before the start: the longest window read (6 minutes back, 2 wide) and more.
+RECORD_STEP, UP_STEP = 60, 15
+SLOW = 0.85  # The straggler's share of its peers' clocks, power and utilisation.
+SAMPLE_SECONDS = 2.0
+
+
+def exporter_series(expr: str) -> set[str]:
+    """The exporter's own series (named gpufleet_..., recorded ones have a colon) that a PromQL expression reads."""
+    bare = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    return set(re.findall(r"(?<![\w:])gpufleet_\w+", bare))
+
+
+def global_groups(rules: dict) -> dict:
+    """The rules of GROUPS that read only recorded series, in their groups, order and intervals."""
+    groups = []
+    for group in rules["groups"]:
+        if group["name"] in GROUPS:
+            kept = [rule for rule in group["rules"] if not exporter_series(rule["expr"])]
+            groups.append({**group, "rules": kept})
+    return {"groups": groups}
+
+
+def read_series(groups: dict) -> set[str]:
+    """The series the groups read and do not record themselves: what the near tier must deliver."""
+    recorded = {rule["record"] for group in groups["groups"] for rule in group["rules"] if "record" in rule}
+    read = set()
+    for group in groups["groups"]:
+        for rule in group["rules"]:
+            bare = re.sub(r'"(?:[^"\\]|\\.)*"', '""', rule["expr"])
+            read |= set(re.findall(r"(?<![\w:])([A-Za-z_]\w*:[\w:]+|up|ALERTS)(?=[\s{\[)]|$)", bare))
+    return read - recorded - {"ALERTS"}
+
+
+@dataclass(frozen=True)
+class Node:
+    instance: str
+    job_id: str | None  # None: no job.
+    busy: bool
+
+
+def fleet(nodes: int) -> list[Node]:
+    fleet: list[Node] = []
+    job = 0
+    for size in JOB_SIZES:
+        if len(fleet) + size > nodes:
+            continue
+        job += 1
+        fleet += [Node(f"gpu-node-{len(fleet) + n + 1:05d}", str(100000 + job), True) for n in range(size)]
+    rest = nodes - len(fleet)
+    fleet += [Node(f"gpu-node-{len(fleet) + n + 1:05d}", None, n < rest // 2) for n in range(rest)]
+    return fleet
+
+
+Series = tuple[dict[str, str], Callable[[float], float]]
+
+
+def node_series(node: Node, straggler: bool, rng: random.Random) -> Iterator[tuple[str, Series]]:
+    """Each per-node series the near tier records for `node`, with a function of time that gives its value."""
+    def noisy(level: float, spread: float) -> Callable[[float], float]:
+        seed = rng.random()
+        return lambda t: level * (1 + spread * random.Random(hash((seed, t))).uniform(-1, 1))
+
+    base = {"cluster": CLUSTER, "instance": node.instance}
+    scale = SLOW if straggler else 1.0
+    yield "up", ({**base, "job": "gpufleet"}, lambda t: 1.0)
+    yield "instance:gpufleet_gpus_up:sum", (base, lambda t: 8.0)
+    for port in PORTS:
+        yield "instance_port:gpufleet_infiniband_xmit_wait:rate5m", (
+            {**base, "job": "gpufleet", "device": port, "port": "1"}, noisy(2e5, 0.3))
+    if straggler:
+        yield "instance_gpu:gpufleet_gpu_clock_slowdown:active", (
+            {**base, "job": "gpufleet", "gpu": "3", "uuid": f"GPU-{node.instance}-3", "reason": "hw_thermal_slowdown"},
+            lambda t: 1.0)
+    if not node.busy:
+        return
+    peers = ({"scheduler": "slurm", "job_id": node.job_id, "peers": "job"} if node.job_id
+             else {"model": MODEL, "peers": "model"})
+    if node.job_id:
+        yield "instance_job:gpufleet_gpu_job_info:count", (
+            {**base, "scheduler": "slurm", "job_id": node.job_id}, lambda t: 8.0)
+    for signal, level, spread in (("sm_clock", 1.98e9, 0.003), ("power", 650.0, 0.02), ("utilization", 0.97, 0.01)):
+        yield "job_instance:gpufleet_straggler_signal:avg", (
+            {**base, **peers, "signal": signal}, noisy(level * scale, spread))
+
+
+def import_lines(fleet_nodes: list[Node], start: float, end: float, wanted: set[str]) -> Iterator[str]:
+    """VictoriaMetrics's JSON-lines import of every series in `wanted`, sampled at its recording step."""
+    rng = random.Random(0)
+    made: set[str] = set()
+    for index, node in enumerate(fleet_nodes):
+        for name, (labels, value) in node_series(node, index == 0, rng):
+            made.add(name)
+            step = UP_STEP if name == "up" else RECORD_STEP
+            times = [float(t) for t in range(int(start) // step * step, int(end), step)]
+            yield json.dumps({"metric": {"__name__": name, **labels}, "values": [round(value(t), 6) for t in times],
+                              "timestamps": [int(t * 1000) for t in times]})
+    missing = wanted - made - {"instance_gpu:gpufleet_gpu_pcie_link:degraded",
+                               "instance_gpu:gpufleet_gpu_pcie_replays:rate5m"}  # None here: no PCIe fault.
+    if missing:
+        raise SystemExit(f"the rules read series this bench does not write: {sorted(missing)}")
+
+
+def write(vm_url: str, lines: Iterator[str], batch: int = 5000) -> int:
+    count, chunk = 0, []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == batch:
+            count += _post(vm_url, chunk)
+            chunk = []
+    return count + (_post(vm_url, chunk) if chunk else 0)
+
+
+def _post(vm_url: str, chunk: list[str]) -> int:
+    request = urllib.request.Request(f"{vm_url}/api/v1/import", data="\n".join(chunk).encode(), method="POST")
+    with urllib.request.urlopen(request, timeout=120) as response:
+        if response.status != 204:
+            raise SystemExit(f"import answered {response.status}")
+    return len(chunk)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=12500)
+    parser.add_argument("--minutes", type=float, default=8.0)
+    args = parser.parse_args()
+    groups = global_groups(yaml.safe_load(RULES_FILE.read_text()))
+    intervals = {g["name"]: float(g["interval"].removesuffix("m")) * 60 for g in groups["groups"]}
+    nodes = fleet(args.nodes)
+    print(f"{len(nodes)} nodes x 8 GPUs: jobs {[s for s in JOB_SIZES if s <= args.nodes][:3]}... "
+          f"{len({n.job_id for n in nodes if n.job_id})} jobs, {sum(not n.job_id and n.busy for n in nodes)} busy "
+          f"without one, {sum(not n.busy for n in nodes)} idle; straggler {nodes[0].instance} (job {nodes[0].job_id})")
+    print("global rules: " + "; ".join(f"{g['name']} every {g['interval']}: {len(g['rules'])}"
+                                       for g in groups["groups"]))
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        rules = workdir / "global-rules.yml"
+        rules.write_text(yaml.safe_dump(groups, sort_keys=False))
+        routing = workdir / "alertmanager.yml"
+        routing.write_text("route: {receiver: nowhere}\nreceivers: [{name: nowhere}]\n")
+        vm_port, vmalert_port, am_port, cluster_port = (free_port() for _ in range(4))
+        running: list[subprocess.Popen] = []
+        try:
+            vm, vm_url = serve([binary("victoria-metrics", "victoria-metrics"), f"-storageDataPath={workdir / 'vm'}",
+                                f"-httpListenAddr=127.0.0.1:{vm_port}", "-loggerLevel=ERROR",
+                                *compose_flags("victoriametrics", ("-storageDataPath", "-httpListenAddr"))],
+                               vm_port)
+            running.append(vm)
+            now = time.time()
+            began = time.monotonic()
+            written = write(vm_url, import_lines(nodes, now - HISTORY, now + args.minutes * 60 + 120,
+                                                 read_series(groups)))
+            print(f"wrote {written:,} series in {time.monotonic() - began:.0f} s")
+            am, am_url = serve([binary("prometheus-alertmanager", "prometheus-alertmanager"),
+                                f"--config.file={routing}", f"--storage.path={workdir / 'am'}",
+                                f"--web.listen-address=127.0.0.1:{am_port}",
+                                f"--cluster.listen-address=127.0.0.1:{cluster_port}", "--log.level=warn"],
+                               am_port, "/-/ready")
+            running.append(am)
+            vmalert, vmalert_url = serve([
+                binary("vmalert", "victoria-metrics"), f"-rule={rules}", f"-datasource.url={vm_url}",
+                f"-remoteWrite.url={vm_url}", f"-remoteRead.url={vm_url}", f"-notifier.url={am_url}",
+                f"-httpListenAddr=127.0.0.1:{vmalert_port}", "-loggerLevel=ERROR",
+                *compose_flags("vmalert", ("-rule", "-datasource.url", "-remoteWrite.url", "-remoteRead.url",
+                                           "-notifier.url", "-httpListenAddr", "-external.url"))], vmalert_port)
+            running.append(vmalert)
+            processes = {"victoriametrics": psutil.Process(vm.pid), "vmalert": psutil.Process(vmalert.pid)}
+            cpu_before = {name: cpu_seconds(p) for name, p in processes.items()}
+            iterations = VmalertIterations(vmalert_url)
+            for _ in range(int(args.minutes * 60 / SAMPLE_SECONDS)):
+                time.sleep(SAMPLE_SECONDS)
+                iterations.sample()
+            cpu = {name: (cpu_seconds(p) - cpu_before[name]) / (args.minutes * 60) for name, p in processes.items()}
+            rss = {name: peak_rss_mib(p.pid) for name, p in processes.items()}
+            alerts = json.loads(get(f"{vmalert_url}/api/v1/alerts"))["data"]["alerts"] or []
+            recorded = {name: query(vm_url, f"count({name})") or 0.0 for name in sorted(
+                {rule["record"] for group in groups["groups"] for rule in group["rules"] if "record" in rule})}
+        finally:
+            for process in reversed(running):
+                stop(process)
+    print(f"\n{'group':<22}{'interval':>9}{'runs':>6}{'p50 s':>8}{'max s':>8}{'max/interval':>14}{'missed':>8}")
+    for group, interval in intervals.items():
+        seen = sorted(iterations.durations.get(group, [])) or [float("nan")]
+        missed = iterations.since_start("vmalert_iteration_missed_total", group)
+        print(f"{group:<22}{interval:>8.0f}s{len(seen):>6}{seen[len(seen) // 2]:>8.2f}{seen[-1]:>8.2f}"
+              f"{seen[-1] / interval:>14.1%}{missed:>8.0f}")
+    print(f"failed rule executions: {iterations.since_start('vmalert_execution_errors_total'):.0f}")
+    for name in processes:
+        print(f"{name}: {cpu[name]:.2f} cores, peak RSS {rss[name]:.0f} MiB")
+    print("series each recording rule wrote at the end: "
+          + ", ".join(f"{name} {count:,.0f}" for name, count in recorded.items()))
+    found = [(a["labels"].get("instance"), a["labels"].get("signal"), a["state"]) for a in alerts
+             if a["labels"].get("alertname") == "NodeStraggler"]
+    print(f"NodeStraggler: {sorted(found) or 'none'} (planted: {nodes[0].instance})")
+
+
+if __name__ == "__main__":
+    main()

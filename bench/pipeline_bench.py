@@ -1,0 +1,159 @@
+"""The scale tier end to end at 10,000 GPUs: simulated nodes, three vmagents, VictoriaMetrics, vmalert.
+
+Usage: .venv/bin/python bench/pipeline_bench.py [--nodes 1250] [--simulators 2] [--warm-up 12m] [--seconds 300]
+
+Runs the compose file's `scale` tier on this machine, each program with the flags compose gives it
+(Debian's victoria-metrics 1.79.5 for all three kinds): three vmagents that share the targets with
+each target scraped by two of them, scraping the `gpufleet` job of `compose/vmagent/scrape.yml` every
+15 s; one VictoriaMetrics; vmalert evaluating the committed `alerts/gpufleet-rules.yml` and notifying
+an Alertmanager that routes nowhere. The fleet is --nodes nodes of 8 GPUs served by --simulators
+`gpufleet simulate` processes (one cannot serve 1,250 nodes on one core), each its own cluster
+(sim-0, sim-1, ...), so that node names repeat and series do not.
+
+After --warm-up (12 minutes: the straggler rules read 11 minutes back) it measures over --seconds and
+prints, per rule group, every evaluation's duration (p50, p99, max, and max as a share of the group's
+interval), missed iterations and failed rule executions; the active series and the samples a second
+VictoriaMetrics took in; each program's CPU and peak memory; and whether the simulators kept up (the
+oldest GPU snapshot scraped). Everything listens on 127.0.0.1; every loop is bounded by count and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+from support import (
+    COMPOSE,
+    VmalertIterations,
+    binary,
+    compose_flags,
+    cpu_seconds,
+    free_port,
+    get,
+    peak_rss_mib,
+    percentile,
+    query,
+    serve,
+    stop,
+)
+
+from gpufleet.alerts.cli import RULES_FILE
+from gpufleet.duration import parse as parse_duration
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRAPE = yaml.safe_load((ROOT / "compose" / "vmagent" / "scrape.yml").read_text())
+AGENTS = sorted(name for name in COMPOSE["services"] if name.startswith("vmagent-"))
+SAMPLE_SECONDS = 2.0
+TIMEOUT = 60.0
+
+
+def own_metric(url: str, name: str) -> float:
+    """The sum of a program's own metric over its labels, from its /metrics (nothing here scrapes them)."""
+    return sum(sample.value for family in text_string_to_metric_families(get(f"{url}/metrics", TIMEOUT).decode())
+               for sample in family.samples if sample.name == name)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1250)
+    parser.add_argument("--simulators", type=int, default=2)
+    parser.add_argument("--warm-up", type=parse_duration, default=parse_duration("12m"), help="default 12m")
+    parser.add_argument("--seconds", type=float, default=300.0)
+    args = parser.parse_args()
+    intervals = {g["name"]: parse_duration(g.get("interval", "15s"))
+                 for g in yaml.safe_load(RULES_FILE.read_text())["groups"]}
+    running: list[tuple[str, subprocess.Popen]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        try:
+            targets = []
+            share = [args.nodes // args.simulators + (n < args.nodes % args.simulators) for n in range(args.simulators)]
+            for n, nodes in enumerate(share):
+                port, targets_file = free_port(), workdir / f"sim-{n}.json"
+                running.append((f"simulator {n}", serve([
+                    sys.executable, "-m", "gpufleet", "simulate", f"--nodes={nodes}", f"--cluster=sim-{n}",
+                    f"--seed={n}", f"--file-sd={targets_file}", f"--web.listen-address=127.0.0.1:{port}",
+                    "--log.level=warn"], port, "/healthz")[0]))
+                targets.append(str(targets_file))
+            job = next(j for j in SCRAPE["scrape_configs"] if j["job_name"] == "gpufleet")
+            scrape = workdir / "scrape.yml"
+            scrape.write_text(yaml.safe_dump({"global": SCRAPE["global"], "scrape_configs": [
+                {**job, "file_sd_configs": [{"files": targets}]}]}))
+            vm_port = free_port()
+            vm_url = f"http://127.0.0.1:{vm_port}"
+            running.append(("victoriametrics", serve([
+                binary("victoria-metrics", "victoria-metrics"), f"-storageDataPath={workdir / 'vm'}",
+                f"-httpListenAddr=127.0.0.1:{vm_port}", "-loggerLevel=ERROR",
+                *compose_flags("victoriametrics", ("-storageDataPath", "-httpListenAddr"))], vm_port)[0]))
+            for name in AGENTS:
+                port = free_port()
+                running.append((name, serve([
+                    binary("vmagent", "victoria-metrics"), f"-promscrape.config={scrape}",
+                    f"-remoteWrite.url={vm_url}/api/v1/write", f"-remoteWrite.tmpDataPath={workdir / name}",
+                    f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=ERROR",
+                    *compose_flags(name, ("-promscrape.config", "-remoteWrite.url", "-remoteWrite.tmpDataPath",
+                                          "-httpListenAddr"))], port)[0]))
+            am_port, cluster_port, vmalert_port = free_port(), free_port(), free_port()
+            routing = workdir / "alertmanager.yml"
+            routing.write_text("route: {receiver: nowhere}\nreceivers: [{name: nowhere}]\n")
+            running.append(("alertmanager", serve([
+                binary("prometheus-alertmanager", "prometheus-alertmanager"), f"--config.file={routing}",
+                f"--storage.path={workdir / 'am'}", f"--web.listen-address=127.0.0.1:{am_port}",
+                f"--cluster.listen-address=127.0.0.1:{cluster_port}", "--log.level=warn"], am_port, "/-/ready")[0]))
+            running.append(("vmalert", serve([
+                binary("vmalert", "victoria-metrics"), f"-rule={RULES_FILE}", f"-datasource.url={vm_url}",
+                f"-remoteWrite.url={vm_url}", f"-remoteRead.url={vm_url}",
+                f"-notifier.url=http://127.0.0.1:{am_port}", f"-httpListenAddr=127.0.0.1:{vmalert_port}",
+                "-loggerLevel=ERROR",
+                *compose_flags("vmalert", ("-rule", "-datasource.url", "-remoteWrite.url", "-remoteRead.url",
+                                           "-notifier.url", "-httpListenAddr", "-external.url"))], vmalert_port)[0]))
+            print(f"{args.nodes} nodes x 8 GPUs from {args.simulators} simulators; warming up for "
+                  f"{args.warm_up:g} s", flush=True)
+            time.sleep(args.warm_up)
+            processes = {name: psutil.Process(p.pid) for name, p in running}
+            cpu0 = {name: cpu_seconds(p) for name, p in processes.items()}
+            rows0 = own_metric(vm_url, "vm_rows_inserted_total")
+            iterations = VmalertIterations(f"http://127.0.0.1:{vmalert_port}")
+            began = time.monotonic()
+            for tick in range(int(args.seconds / SAMPLE_SECONDS)):
+                time.sleep(max(0.0, began + (tick + 1) * SAMPLE_SECONDS - time.monotonic()))
+                iterations.sample()
+            elapsed = time.monotonic() - began
+            cpu = {name: (cpu_seconds(p) - cpu0[name]) / elapsed for name, p in processes.items()}
+            rss = {name: peak_rss_mib(p.pid) for name, p in processes.items()}
+            window = f"{int(args.seconds)}s"
+            series = query(vm_url, 'count({__name__=~"gpufleet_.+"})', TIMEOUT)
+            rows = (own_metric(vm_url, "vm_rows_inserted_total") - rows0) / elapsed
+            oldest = query(vm_url, 'max(max_over_time((timestamp(gpufleet_collector_last_success_timestamp_seconds'
+                                   '{collector="gpu"}) - gpufleet_collector_last_success_timestamp_seconds'
+                                   f'{{collector="gpu"}})[{window}:]))', TIMEOUT)
+        finally:
+            for _, process in reversed(running):
+                stop(process)
+    print(f"\n{'rule group':<24}{'interval':>9}{'runs':>6}{'p50 s':>9}{'p99 s':>9}{'max s':>9}{'max/int':>9}"
+          f"{'missed':>8}")
+    for group, interval in intervals.items():
+        seen = iterations.durations.get(group, [])
+        missed = iterations.since_start("vmalert_iteration_missed_total", group)
+        print(f"{group:<24}{interval:>9g}{len(seen):>6}{percentile(seen, 0.5):>9.3f}{percentile(seen, 0.99):>9.3f}"
+              f"{max(seen, default=float('nan')):>9.3f}{max(seen, default=float('nan')) / interval:>9.1%}"
+              f"{missed:>8.0f}")
+    print(f"failed rule executions: {iterations.since_start('vmalert_execution_errors_total'):.0f}")
+    print(f"exporter series in VictoriaMetrics: {series or 0:,.0f}; rows taken in: {rows:,.0f}/s "
+          "(both copies of each scraped sample, before deduplication)")
+    print(f"oldest GPU snapshot scraped: {oldest or float('nan'):.1f} s (collection every 15 s)")
+    print(f"\n{'program':<18}{'cores':>8}{'peak RSS MiB':>14}")
+    for name in processes:
+        print(f"{name:<18}{cpu[name]:>8.2f}{rss[name]:>14.0f}")
+    print(f"{'all':<18}{sum(cpu.values()):>8.2f}{sum(rss.values()):>14.0f}")
+
+
+if __name__ == "__main__":
+    main()
