@@ -54,10 +54,11 @@ SAMPLE_SECONDS = 2.0
 TIMEOUT = 60.0
 
 
-def own_metric(url: str, name: str) -> float:
-    """The sum of a program's own metric over its labels, from its /metrics (nothing here scrapes them)."""
+def own_metric(url: str, name: str, **labels: str) -> float:
+    """The sum of a program's own metric over the samples with `labels`, from its /metrics (nothing here
+    scrapes them)."""
     return sum(sample.value for family in text_string_to_metric_families(get(f"{url}/metrics", TIMEOUT).decode())
-               for sample in family.samples if sample.name == name)
+               for sample in family.samples if sample.name == name and labels.items() <= sample.labels.items())
 
 
 def main() -> None:
@@ -129,7 +130,8 @@ def main() -> None:
             cpu = {name: (cpu_seconds(p) - cpu0[name]) / elapsed for name, p in processes.items()}
             rss = {name: peak_rss_mib(p.pid) for name, p in processes.items()}
             window = f"{int(args.seconds)}s"
-            series = query(vm_url, 'count({__name__=~"gpufleet_.+"})', TIMEOUT)
+            # A count() over every series is refused past -search.maxUniqueTimeseries: ask the store's own cache.
+            series = own_metric(vm_url, "vm_cache_entries", type="storage/hour_metric_ids")
             rows = (own_metric(vm_url, "vm_rows_inserted_total") - rows0) / elapsed
             oldest = query(vm_url, 'max(max_over_time((timestamp(gpufleet_collector_last_success_timestamp_seconds'
                                    '{collector="gpu"}) - gpufleet_collector_last_success_timestamp_seconds'
@@ -146,7 +148,7 @@ def main() -> None:
               f"{max(seen, default=float('nan')):>9.3f}{max(seen, default=float('nan')) / interval:>9.1%}"
               f"{missed:>8.0f}")
     print(f"failed rule executions: {iterations.since_start('vmalert_execution_errors_total'):.0f}")
-    print(f"exporter series in VictoriaMetrics: {series or 0:,.0f}; rows taken in: {rows:,.0f}/s "
+    print(f"active series in VictoriaMetrics: {series:,.0f}; rows taken in: {rows:,.0f}/s "
           "(both copies of each scraped sample, before deduplication)")
     print(f"oldest GPU snapshot scraped: {oldest or float('nan'):.1f} s (collection every 15 s)")
     print(f"\n{'program':<18}{'cores':>8}{'peak RSS MiB':>14}")
