@@ -33,6 +33,7 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,18 +42,18 @@ import psutil
 import yaml
 from support import (
     VmalertIterations,
-    binary,
-    compose_flags,
     cpu_seconds,
-    free_port,
     get,
     peak_rss_mib,
     query,
-    serve,
+    serve_alertmanager,
+    serve_victoriametrics,
+    serve_vmalert,
     stop,
 )
 
 from gpufleet.alerts.cli import RULES_FILE
+from gpufleet.duration import parse as parse_duration
 
 GROUPS = ("gpufleet-recording", "gpufleet-stragglers")
 CLUSTER = "global"
@@ -65,10 +66,14 @@ SLOW = 0.85  # The straggler's share of its peers' clocks, power and utilisation
 SAMPLE_SECONDS = 2.0
 
 
+def _unquoted(expr: str) -> str:
+    """A PromQL expression with its string literals emptied, so that label values are not read as names."""
+    return re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+
+
 def exporter_series(expr: str) -> set[str]:
     """The exporter's own series (named gpufleet_..., recorded ones have a colon) that a PromQL expression reads."""
-    bare = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
-    return set(re.findall(r"(?<![\w:])gpufleet_\w+", bare))
+    return set(re.findall(r"(?<![\w:])gpufleet_\w+", _unquoted(expr)))
 
 
 def global_groups(rules: dict) -> dict:
@@ -87,8 +92,8 @@ def read_series(groups: dict) -> set[str]:
     read = set()
     for group in groups["groups"]:
         for rule in group["rules"]:
-            bare = re.sub(r'"(?:[^"\\]|\\.)*"', '""', rule["expr"])
-            read |= set(re.findall(r"(?<![\w:])([A-Za-z_]\w*:[\w:]+|up|ALERTS)(?=[\s{\[)]|$)", bare))
+            read |= set(re.findall(r"(?<![\w:])([A-Za-z_]\w*:[\w:]+|up|ALERTS)(?=[\s{\[)]|$)",
+                                   _unquoted(rule["expr"])))
     return read - recorded - {"ALERTS"}
 
 
@@ -185,10 +190,11 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=8.0)
     args = parser.parse_args()
     groups = global_groups(yaml.safe_load(RULES_FILE.read_text()))
-    intervals = {g["name"]: float(g["interval"].removesuffix("m")) * 60 for g in groups["groups"]}
+    intervals = {g["name"]: parse_duration(g["interval"]) for g in groups["groups"]}
     nodes = fleet(args.nodes)
-    print(f"{len(nodes)} nodes x 8 GPUs: jobs {[s for s in JOB_SIZES if s <= args.nodes][:3]}... "
-          f"{len({n.job_id for n in nodes if n.job_id})} jobs, {sum(not n.job_id and n.busy for n in nodes)} busy "
+    sizes = sorted(Counter(n.job_id for n in nodes if n.job_id).values(), reverse=True)
+    print(f"{len(nodes)} nodes x 8 GPUs: {len(sizes)} jobs of {sizes[:3]}...{sizes[-1:]} nodes, "
+          f"{sum(not n.job_id and n.busy for n in nodes)} busy "
           f"without one, {sum(not n.busy for n in nodes)} idle; straggler {nodes[0].instance} (job {nodes[0].job_id})")
     print("global rules: " + "; ".join(f"{g['name']} every {g['interval']}: {len(g['rules'])}"
                                        for g in groups["groups"]))
@@ -196,33 +202,18 @@ def main() -> None:
         workdir = Path(tmp)
         rules = workdir / "global-rules.yml"
         rules.write_text(yaml.safe_dump(groups, sort_keys=False))
-        routing = workdir / "alertmanager.yml"
-        routing.write_text("route: {receiver: nowhere}\nreceivers: [{name: nowhere}]\n")
-        vm_port, vmalert_port, am_port, cluster_port = (free_port() for _ in range(4))
         running: list[subprocess.Popen] = []
         try:
-            vm, vm_url = serve([binary("victoria-metrics", "victoria-metrics"), f"-storageDataPath={workdir / 'vm'}",
-                                f"-httpListenAddr=127.0.0.1:{vm_port}", "-loggerLevel=ERROR",
-                                *compose_flags("victoriametrics", ("-storageDataPath", "-httpListenAddr"))],
-                               vm_port)
+            vm, vm_url = serve_victoriametrics(workdir / "vm")
             running.append(vm)
             now = time.time()
             began = time.monotonic()
             written = write(vm_url, import_lines(nodes, now - HISTORY, now + args.minutes * 60 + 120,
                                                  read_series(groups)))
             print(f"wrote {written:,} series in {time.monotonic() - began:.0f} s")
-            am, am_url = serve([binary("prometheus-alertmanager", "prometheus-alertmanager"),
-                                f"--config.file={routing}", f"--storage.path={workdir / 'am'}",
-                                f"--web.listen-address=127.0.0.1:{am_port}",
-                                f"--cluster.listen-address=127.0.0.1:{cluster_port}", "--log.level=warn"],
-                               am_port, "/-/ready")
+            am, am_url = serve_alertmanager(workdir)
             running.append(am)
-            vmalert, vmalert_url = serve([
-                binary("vmalert", "victoria-metrics"), f"-rule={rules}", f"-datasource.url={vm_url}",
-                f"-remoteWrite.url={vm_url}", f"-remoteRead.url={vm_url}", f"-notifier.url={am_url}",
-                f"-httpListenAddr=127.0.0.1:{vmalert_port}", "-loggerLevel=ERROR",
-                *compose_flags("vmalert", ("-rule", "-datasource.url", "-remoteWrite.url", "-remoteRead.url",
-                                           "-notifier.url", "-httpListenAddr", "-external.url"))], vmalert_port)
+            vmalert, vmalert_url = serve_vmalert(rules, vm_url, am_url)
             running.append(vmalert)
             processes = {"victoriametrics": psutil.Process(vm.pid), "vmalert": psutil.Process(vmalert.pid)}
             cpu_before = {name: cpu_seconds(p) for name, p in processes.items()}

@@ -41,6 +41,9 @@ from support import (
     percentile,
     query,
     serve,
+    serve_alertmanager,
+    serve_victoriametrics,
+    serve_vmalert,
     stop,
 )
 
@@ -87,12 +90,8 @@ def main() -> None:
             scrape = workdir / "scrape.yml"
             scrape.write_text(yaml.safe_dump({"global": SCRAPE["global"], "scrape_configs": [
                 {**job, "file_sd_configs": [{"files": targets}]}]}))
-            vm_port = free_port()
-            vm_url = f"http://127.0.0.1:{vm_port}"
-            running.append(("victoriametrics", serve([
-                binary("victoria-metrics", "victoria-metrics"), f"-storageDataPath={workdir / 'vm'}",
-                f"-httpListenAddr=127.0.0.1:{vm_port}", "-loggerLevel=ERROR",
-                *compose_flags("victoriametrics", ("-storageDataPath", "-httpListenAddr"))], vm_port)[0]))
+            vm, vm_url = serve_victoriametrics(workdir / "vm")
+            running.append(("victoriametrics", vm))
             for name in AGENTS:
                 port = free_port()
                 running.append((name, serve([
@@ -101,27 +100,17 @@ def main() -> None:
                     f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=ERROR",
                     *compose_flags(name, ("-promscrape.config", "-remoteWrite.url", "-remoteWrite.tmpDataPath",
                                           "-httpListenAddr"))], port)[0]))
-            am_port, cluster_port, vmalert_port = free_port(), free_port(), free_port()
-            routing = workdir / "alertmanager.yml"
-            routing.write_text("route: {receiver: nowhere}\nreceivers: [{name: nowhere}]\n")
-            running.append(("alertmanager", serve([
-                binary("prometheus-alertmanager", "prometheus-alertmanager"), f"--config.file={routing}",
-                f"--storage.path={workdir / 'am'}", f"--web.listen-address=127.0.0.1:{am_port}",
-                f"--cluster.listen-address=127.0.0.1:{cluster_port}", "--log.level=warn"], am_port, "/-/ready")[0]))
-            running.append(("vmalert", serve([
-                binary("vmalert", "victoria-metrics"), f"-rule={RULES_FILE}", f"-datasource.url={vm_url}",
-                f"-remoteWrite.url={vm_url}", f"-remoteRead.url={vm_url}",
-                f"-notifier.url=http://127.0.0.1:{am_port}", f"-httpListenAddr=127.0.0.1:{vmalert_port}",
-                "-loggerLevel=ERROR",
-                *compose_flags("vmalert", ("-rule", "-datasource.url", "-remoteWrite.url", "-remoteRead.url",
-                                           "-notifier.url", "-httpListenAddr", "-external.url"))], vmalert_port)[0]))
+            am, am_url = serve_alertmanager(workdir)
+            running.append(("alertmanager", am))
+            vmalert, vmalert_url = serve_vmalert(RULES_FILE, vm_url, am_url)
+            running.append(("vmalert", vmalert))
             print(f"{args.nodes} nodes x 8 GPUs from {args.simulators} simulators; warming up for "
                   f"{args.warm_up:g} s", flush=True)
             time.sleep(args.warm_up)
             processes = {name: psutil.Process(p.pid) for name, p in running}
             cpu0 = {name: cpu_seconds(p) for name, p in processes.items()}
             rows0 = own_metric(vm_url, "vm_rows_inserted_total")
-            iterations = VmalertIterations(f"http://127.0.0.1:{vmalert_port}")
+            iterations = VmalertIterations(vmalert_url)
             began = time.monotonic()
             for tick in range(int(args.seconds / SAMPLE_SECONDS)):
                 time.sleep(max(0.0, began + (tick + 1) * SAMPLE_SECONDS - time.monotonic()))

@@ -145,3 +145,31 @@ def percentile(values: list[float], share: float) -> float:
     if len(values) < 2:
         return values[0] if values else float("nan")
     return statistics.quantiles(values, n=100, method="inclusive")[round(share * 100) - 1]
+
+
+def serve_victoriametrics(storage: Path) -> tuple[subprocess.Popen, str]:
+    """A single-node VictoriaMetrics on fresh `storage`, with the compose file's flags."""
+    port = free_port()
+    return serve([binary("victoria-metrics", "victoria-metrics"), f"-storageDataPath={storage}",
+                  f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=ERROR",
+                  *compose_flags("victoriametrics", ("-storageDataPath", "-httpListenAddr"))], port)
+
+
+def serve_alertmanager(workdir: Path) -> tuple[subprocess.Popen, str]:
+    """An Alertmanager that routes every alert nowhere: vmalert needs one to notify, the benches no pages."""
+    routing = workdir / "alertmanager.yml"
+    routing.write_text("route: {receiver: nowhere}\nreceivers: [{name: nowhere}]\n")
+    port = free_port()
+    return serve([binary("prometheus-alertmanager", "prometheus-alertmanager"), f"--config.file={routing}",
+                  f"--storage.path={workdir / 'alertmanager'}", f"--web.listen-address=127.0.0.1:{port}",
+                  f"--cluster.listen-address=127.0.0.1:{free_port()}", "--log.level=warn"], port, "/-/ready")
+
+
+def serve_vmalert(rules: Path, vm_url: str, am_url: str) -> tuple[subprocess.Popen, str]:
+    """vmalert over `rules`, reading from and writing to VictoriaMetrics, with the compose file's other flags."""
+    port = free_port()
+    return serve([binary("vmalert", "victoria-metrics"), f"-rule={rules}", f"-datasource.url={vm_url}",
+                  f"-remoteWrite.url={vm_url}", f"-remoteRead.url={vm_url}", f"-notifier.url={am_url}",
+                  f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=ERROR",
+                  *compose_flags("vmalert", ("-rule", "-datasource.url", "-remoteWrite.url", "-remoteRead.url",
+                                             "-notifier.url", "-httpListenAddr", "-external.url"))], port)
