@@ -26,6 +26,7 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.recording import (
     JOB_XMIT_WAIT,
     NODE_SIGNAL,
+    NODE_XMIT_WAIT_MAX,
     PCIE_DEGRADED,
     PCIE_REPLAYS,
     SLOWDOWN,
@@ -57,7 +58,7 @@ def _causes(c: Config) -> list[dict[str, Any]]:
 
     pcie = (f"count by ({c.by('instance')}) ({PCIE_DEGRADED}) or max by ({c.by('instance')}) "
             f"({PCIE_REPLAYS} * 60) > {c.pcie_replays_per_minute:g}")
-    nic = f"max by ({c.by('instance')}) ({congested(c)})"
+    nic = f"max by ({c.by('instance')}) ({congested(c, NODE_XMIT_WAIT_MAX)})"
     # Its GPUs ran nothing for part of each step while its peers' spun: they waited on their host (data
     # loading, the CPU, storage) or on a slow PCIe link, which is named beside it where one is degraded.
     idle = f'min by ({c.by("instance")}) ({RELATIVE}{{signal="utilization"}}) < {c.straggler_relative:g}'
