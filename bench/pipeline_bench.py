@@ -13,8 +13,9 @@ an Alertmanager that routes nowhere. The fleet is --nodes nodes of 8 GPUs served
 After --warm-up (12 minutes: the straggler rules read 11 minutes back) it measures over --seconds and
 prints, per rule group, every evaluation's duration (p50, p99, max, and max as a share of the group's
 interval), missed iterations and failed rule executions; the active series and the samples a second
-VictoriaMetrics took in; each program's CPU and peak memory; and whether the simulators kept up (the
-oldest GPU snapshot scraped). Everything listens on 127.0.0.1; every loop is bounded by count and time.
+VictoriaMetrics took in; each program's CPU and peak memory; whether the simulators kept up (the
+oldest GPU snapshot scraped); and the ten slowest rules, each asked alone once vmalert has stopped.
+Everything listens on 127.0.0.1; every loop is bounded by count and time.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from support import (
     peak_rss_mib,
     percentile,
     query,
+    rule_times,
     serve,
     serve_alertmanager,
     serve_victoriametrics,
@@ -54,6 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRAPE = yaml.safe_load((ROOT / "compose" / "vmagent" / "scrape.yml").read_text())
 AGENTS = sorted(name for name in COMPOSE["services"] if name.startswith("vmagent-"))
 SAMPLE_SECONDS = 2.0
+SCRAPE_SECONDS = 15  # compose's scrape interval and vmalert's -evaluationInterval.
 TIMEOUT = 60.0
 
 
@@ -71,8 +74,8 @@ def main() -> None:
     parser.add_argument("--warm-up", type=parse_duration, default=parse_duration("12m"), help="default 12m")
     parser.add_argument("--seconds", type=float, default=300.0)
     args = parser.parse_args()
-    intervals = {g["name"]: parse_duration(g.get("interval", "15s"))
-                 for g in yaml.safe_load(RULES_FILE.read_text())["groups"]}
+    rules = yaml.safe_load(RULES_FILE.read_text())
+    intervals = {g["name"]: parse_duration(g.get("interval", f"{SCRAPE_SECONDS}s")) for g in rules["groups"]}
     running: list[tuple[str, subprocess.Popen]] = []
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
@@ -124,7 +127,9 @@ def main() -> None:
             rows = (own_metric(vm_url, "vm_rows_inserted_total") - rows0) / elapsed
             oldest = query(vm_url, 'max(max_over_time((timestamp(gpufleet_collector_last_success_timestamp_seconds'
                                    '{collector="gpu"}) - gpufleet_collector_last_success_timestamp_seconds'
-                                   f'{{collector="gpu"}})[{window}:]))', TIMEOUT)
+                                   f'{{collector="gpu"}})[{window}:{SCRAPE_SECONDS}s]))', TIMEOUT)
+            stop(vmalert)
+            slowest = rule_times(vm_url, rules, time.time() // SCRAPE_SECONDS * SCRAPE_SECONDS)[:10]
         finally:
             for _, process in reversed(running):
                 stop(process)
@@ -140,6 +145,9 @@ def main() -> None:
     print(f"active series in VictoriaMetrics: {series:,.0f}; rows taken in: {rows:,.0f}/s "
           "(both copies of each scraped sample, before deduplication)")
     print(f"oldest GPU snapshot scraped: {oldest or float('nan'):.1f} s (collection every 15 s)")
+    print("\nten slowest rules, each asked alone after vmalert stopped (median of three):")
+    for seconds, group, name in slowest:
+        print(f"{seconds:>8.3f} s  {group:<24}{name}")
     print(f"\n{'program':<18}{'cores':>8}{'peak RSS MiB':>14}")
     for name in processes:
         print(f"{name:<18}{cpu[name]:>8.2f}{rss[name]:>14.0f}")
