@@ -64,7 +64,6 @@ GROUPS = ("gpufleet-recording", "gpufleet-stragglers")
 CLUSTER = "global"
 JOB_SIZES = [2048] + [1024] * 2 + [512] * 6 + [128] * 20 + [16] * 50
 MODEL = "NVIDIA H100 80GB HBM3"
-PORTS = [f"mlx5_{n}" for n in range(8)]
 HISTORY = 12 * 60  # Seconds of series before the start: the longest window read (6 minutes back, 2 wide) and more.
 RECORD_STEP, UP_STEP = 60, 15
 SLOW = 0.85  # The straggler's share of its peers' clocks, power and utilisation.
@@ -106,19 +105,18 @@ def global_groups(rules: dict) -> dict:
     A rule runs near the data, and is left out, when it keeps nodes apart and reads only exporter series or
     series recorded near the data. A name recorded by several rules is near only if all of them are.
     """
-    rows = [(group["name"], rule) for group in rules["groups"] for rule in group["rules"]]
-    near = {rule["record"] for _, rule in rows if "record" in rule}
-    while True:
-        far = {rule["record"] for _, rule in rows if "record" in rule and not (
-            keeps_nodes_apart(rule) and recorded_series(rule["expr"]) - {"up"} <= near)}
-        if not far & near:
-            break
+    every = [rule for group in rules["groups"] for rule in group["rules"]]
+    near = {rule["record"] for rule in every if "record" in rule}
+
+    def runs_near(rule: dict) -> bool:
+        return keeps_nodes_apart(rule) and recorded_series(rule["expr"]) - {"up"} <= near
+
+    while far := {rule["record"] for rule in every if "record" in rule and not runs_near(rule)} & near:
         near -= far
     groups = []
     for group in rules["groups"]:
         if group["name"] in GROUPS:
-            kept = [rule for rule in group["rules"] if not (
-                keeps_nodes_apart(rule) and recorded_series(rule["expr"]) - {"up"} <= near)]
+            kept = [rule for rule in group["rules"] if not runs_near(rule)]
             if any(exporter_series(rule["expr"]) for rule in kept):
                 raise SystemExit(f"a rule of {group['name']} compares nodes over exporter series")
             groups.append({**group, "rules": kept})

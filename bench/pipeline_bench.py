@@ -73,6 +73,8 @@ def main() -> None:
     parser.add_argument("--simulators", type=int, default=2)
     parser.add_argument("--warm-up", type=parse_duration, default=parse_duration("12m"), help="default 12m")
     parser.add_argument("--seconds", type=float, default=300.0)
+    parser.add_argument("--victoriametrics-flag", action="append", default=[], metavar="FLAG",
+                        help="a flag for VictoriaMetrics besides compose's, to try a setting (repeatable)")
     args = parser.parse_args()
     rules = yaml.safe_load(RULES_FILE.read_text())
     intervals = {g["name"]: parse_duration(g.get("interval", f"{SCRAPE_SECONDS}s")) for g in rules["groups"]}
@@ -93,7 +95,7 @@ def main() -> None:
             scrape = workdir / "scrape.yml"
             scrape.write_text(yaml.safe_dump({"global": SCRAPE["global"], "scrape_configs": [
                 {**job, "file_sd_configs": [{"files": targets}]}]}))
-            vm, vm_url = serve_victoriametrics(workdir / "vm")
+            vm, vm_url = serve_victoriametrics(workdir / "vm", tuple(args.victoriametrics_flag))
             running.append(("victoriametrics", vm))
             for name in AGENTS:
                 port = free_port()
@@ -107,8 +109,9 @@ def main() -> None:
             running.append(("alertmanager", am))
             vmalert, vmalert_url = serve_vmalert(RULES_FILE, vm_url, am_url)
             running.append(("vmalert", vmalert))
-            print(f"{args.nodes} nodes x 8 GPUs from {args.simulators} simulators; warming up for "
-                  f"{args.warm_up:g} s", flush=True)
+            print(f"{args.nodes} nodes x 8 GPUs from {args.simulators} simulators; VictoriaMetrics flags beside "
+                  f"compose's: {' '.join(args.victoriametrics_flag) or 'none'}; warming up for {args.warm_up:g} s",
+                  flush=True)
             time.sleep(args.warm_up)
             processes = {name: psutil.Process(p.pid) for name, p in running}
             cpu0 = {name: cpu_seconds(p) for name, p in processes.items()}

@@ -148,12 +148,12 @@ def percentile(values: list[float], share: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[round(share * 100) - 1]
 
 
-def serve_victoriametrics(storage: Path) -> tuple[subprocess.Popen, str]:
-    """A single-node VictoriaMetrics on fresh `storage`, with the compose file's flags."""
+def serve_victoriametrics(storage: Path, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
+    """A single-node VictoriaMetrics on fresh `storage`, with the compose file's flags and `extra`."""
     port = free_port()
     return serve([binary("victoria-metrics", "victoria-metrics"), f"-storageDataPath={storage}",
                   f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=ERROR",
-                  *compose_flags("victoriametrics", ("-storageDataPath", "-httpListenAddr"))], port)
+                  *compose_flags("victoriametrics", ("-storageDataPath", "-httpListenAddr")), *extra], port)
 
 
 def serve_alertmanager(workdir: Path) -> tuple[subprocess.Popen, str]:
