@@ -75,6 +75,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=300.0)
     parser.add_argument("--victoriametrics-flag", action="append", default=[], metavar="FLAG",
                         help="a flag for VictoriaMetrics besides compose's, to try a setting (repeatable)")
+    parser.add_argument("--vmagent-flag", action="append", default=[], metavar="FLAG",
+                        help="a flag for every vmagent after compose's, which it overrides (repeatable)")
     args = parser.parse_args()
     rules = yaml.safe_load(RULES_FILE.read_text())
     intervals = {g["name"]: parse_duration(g.get("interval", f"{SCRAPE_SECONDS}s")) for g in rules["groups"]}
@@ -104,14 +106,14 @@ def main() -> None:
                     f"-remoteWrite.url={vm_url}/api/v1/write", f"-remoteWrite.tmpDataPath={workdir / name}",
                     f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=ERROR",
                     *compose_flags(name, ("-promscrape.config", "-remoteWrite.url", "-remoteWrite.tmpDataPath",
-                                          "-httpListenAddr"))], port)[0]))
+                                          "-httpListenAddr")), *args.vmagent_flag], port)[0]))
             am, am_url = serve_alertmanager(workdir)
             running.append(("alertmanager", am))
             vmalert, vmalert_url = serve_vmalert(RULES_FILE, vm_url, am_url)
             running.append(("vmalert", vmalert))
-            print(f"{args.nodes} nodes x 8 GPUs from {args.simulators} simulators; VictoriaMetrics flags beside "
-                  f"compose's: {' '.join(args.victoriametrics_flag) or 'none'}; warming up for {args.warm_up:g} s",
-                  flush=True)
+            print(f"{args.nodes} nodes x 8 GPUs from {args.simulators} simulators; flags beside compose's: "
+                  f"VictoriaMetrics {' '.join(args.victoriametrics_flag) or 'none'}, vmagents "
+                  f"{' '.join(args.vmagent_flag) or 'none'}; warming up for {args.warm_up:g} s", flush=True)
             time.sleep(args.warm_up)
             processes = {name: psutil.Process(p.pid) for name, p in running}
             cpu0 = {name: cpu_seconds(p) for name, p in processes.items()}
