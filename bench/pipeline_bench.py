@@ -148,7 +148,7 @@ def main() -> None:
               f"{missed:>8.0f}")
     print(f"failed rule executions: {iterations.since_start('vmalert_execution_errors_total'):.0f}")
     print(f"active series in VictoriaMetrics: {series:,.0f}; rows taken in: {rows:,.0f}/s "
-          "(both copies of each scraped sample, before deduplication)")
+          "(every vmagent's copy of each sample, before deduplication)")
     print(f"oldest GPU snapshot scraped: {oldest or float('nan'):.1f} s (collection every 15 s)")
     print("\nten slowest rules, each asked alone after vmalert stopped (median of three):")
     for seconds, group, name in slowest:
