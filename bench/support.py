@@ -188,7 +188,10 @@ def rule_times(vm_url: str, groups: dict, at: float, runs: int = 3) -> list[tupl
                 began = time.monotonic()
                 get(f"{vm_url}/api/v1/query?{params}", 120)
                 seen.append(time.monotonic() - began)
-            labels = ",".join(f'{k}="{v}"' for k, v in rule.get("labels", {}).items() if "record" in rule)
-            name = (rule.get("record") or rule["alert"]) + (f"{{{labels}}}" if labels else "")
+            if "record" in rule:  # A recording rule's labels tell its rules apart (a cause, a signal).
+                labels = ",".join(f'{k}="{v}"' for k, v in rule.get("labels", {}).items())
+                name = rule["record"] + (f"{{{labels}}}" if labels else "")
+            else:
+                name = rule["alert"]
             times.append((sorted(seen)[runs // 2], group["name"], name))
     return sorted(times, reverse=True)
