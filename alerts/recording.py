@@ -3,8 +3,7 @@
 At 1,000 nodes a per-GPU metric is 8,000 series and a clock-event reason 72,000. This group reads
 them once a minute (`TREND_INTERVAL`), with instant selectors or windows of at most 5 minutes, and
 records what the trend alerts, the straggler maths and the dashboards then read: per-node
-aggregates, link utilisation (in a group of its own at the scrape interval: `links`), and, for the
-checks that look back further, series that exist only
+aggregates, link utilisation, and, for the checks that look back further, series that exist only
 while something is wrong (a slowdown reason active, PCIe replays). Three sparse series are recorded
 in the group of the alerts that read them instead: new ECC errors, a degraded PCIe link and the
 node straggler signals (`ecc_new`, `pcie_degraded`, `node_signals`).
@@ -164,26 +163,20 @@ _LINKS = (
 )
 
 
-def link_utilization(c: Config, name: str, window: str, known_speed: bool = False) -> list[dict[str, Any]]:
-    """Throughput as a share of link speed, one rule per link class and direction. `known_speed` leaves out
-    links that report a speed of 0, rather than recording them as infinitely busy."""
-    rules = []
+def link_ratios(c: Config, window: str, known_speed: bool = False) -> list[tuple[str, dict[str, str]]]:
+    """Throughput as a share of link speed, one expression per link class and direction, with the labels
+    that say which. `known_speed` leaves out links that report a speed of 0, rather than calling them
+    infinitely busy."""
+    ratios = []
     for counter, speed, port, class_, direction in _LINKS:
         divisor = f"({c.metric(speed)} > 0)" if known_speed else c.metric(speed)
         ratio = f"rate({c.metric(counter)}[{c.d(window)}]) / on ({c.by(*port)}) {divisor}"
-        rules.append(record(name, ratio, direction=direction, **{"class": class_}))
-    return rules
+        ratios.append((ratio, {"direction": direction, "class": class_}))
+    return ratios
 
 
-def links(c: Config) -> dict[str, Any]:
-    """Link utilisation, recorded at the scrape interval although the first tier runs every minute.
-
-    A rate over an exporter's snapshots wobbles by up to a collection interval over the rate window
-    (±5 % at 15 s over 5 minutes), and the saturation alerts judge a 10-minute average of it against
-    thresholds 2 points below a saturated link. Forty points average the wobble out; ten points, from
-    evaluations a minute apart, may not: with them, a link at 97 % in the end-to-end test did not page.
-    """
-    return {"name": "gpufleet-links", "rules": link_utilization(c, LINK_UTILIZATION, "5m")}
+def link_utilization(c: Config, name: str, window: str, known_speed: bool = False) -> list[dict[str, Any]]:
+    return [record(name, ratio, **labels) for ratio, labels in link_ratios(c, window, known_speed)]
 
 
 def shared(c: Config) -> dict[str, Any]:
@@ -202,6 +195,7 @@ def shared(c: Config) -> dict[str, Any]:
         record(NODE_XMIT_WAIT_MAX, f"max by ({c.by('instance')}) ({XMIT_WAIT})"),
         record(JOB_XMIT_WAIT, _per_job(c, f"sum by ({c.by('instance')}) ({XMIT_WAIT})")),
         record(JOB_XMIT_WAIT_MEDIAN, f"quantile by ({c.by('scheduler', 'job_id')}) (0.5, {JOB_XMIT_WAIT})"),
+        *link_utilization(c, LINK_UTILIZATION, "5m"),
         *_gpu_health(c),
     ]
     return {"name": "gpufleet-recording", "interval": c.d(TREND_INTERVAL), "rules": rules}

@@ -16,16 +16,16 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.exporter import exporter_health
 from gpufleet.alerts.fabric import fabric, fabric_trends
 from gpufleet.alerts.gpu import gpu_failures, gpu_trends
-from gpufleet.alerts.recording import links, shared
+from gpufleet.alerts.recording import shared
 from gpufleet.alerts.reliability import reliability
 from gpufleet.alerts.stragglers import stragglers
 
 
 def groups(config: Config) -> list[dict[str, Any]]:
-    """Two speeds (see `rule.TREND_INTERVAL`): the pager's groups and link utilisation run at Prometheus's
-    `evaluation_interval`, which should be the scrape interval; the rest of the first tier and every group
-    that judges minutes of data run every minute; capacity and reliability, which the reports read, every five."""
-    return [links(config), shared(config), stragglers(config), gpu_failures(config), fabric(config),
+    """Two speeds (see `rule.TREND_INTERVAL`): the pager's groups run at Prometheus's `evaluation_interval`,
+    which should be the scrape interval; the first tier and every group that judges minutes of data run every
+    minute; capacity and reliability, which the reports read, every five."""
+    return [shared(config), stragglers(config), gpu_failures(config), fabric(config),
             exporter_health(config), gpu_trends(config), fabric_trends(config), capacity(config),
             reliability(config)]
 
