@@ -6,18 +6,18 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.alerts.config import Config
+from gpufleet.alerts.recording import EXPORTERS_SEEN, SEEN_WINDOW
 from gpufleet.alerts.rule import alert
 
-# The share of a cluster's nodes, seen within the window, that may vanish from the scrape at once before it
-# pages: more than one node in twenty (and at least two), as a lost scrape shard, a partition or a broken
-# service discovery would take; fewer is a node or two decommissioned.
+# The share of a cluster's nodes, seen within the first tier's window (SEEN_WINDOW), that may vanish from the
+# scrape at once before it pages: more than one node in twenty (and at least two), as a lost scrape shard, a
+# partition or a broken service discovery would take; fewer is a node or two decommissioned.
 UNSCRAPED_SHARE = 0.05
-UNSCRAPED_WINDOW = "1h"
 
 
 def exporter_health(c: Config) -> dict[str, Any]:
     up = c.up()
-    seen = f"max_over_time({up}[{c.d(UNSCRAPED_WINDOW)}])"
+    seen = EXPORTERS_SEEN
     last_success = c.metric("gpufleet_collector_last_success_timestamp_seconds")
     unscraped = f"count by ({c.cluster_label}) ({seen} unless on ({c.by('instance')}) {up})"
     rules = [
@@ -32,7 +32,7 @@ def exporter_health(c: Config) -> dict[str, Any]:
               f"and on ({c.cluster_label}) {unscraped} >= 2", "critical",
               "A share of the fleet's nodes is no longer scraped.",
               f"{{{{ $value | humanizePercentage }}}} of the nodes of {{{{ $labels.{c.cluster_label} }}}} that were "
-              f"scraped within {UNSCRAPED_WINDOW} have no `up` at all: a scrape shard, its network or service "
+              f"scraped within {SEEN_WINDOW} have no `up` at all: a scrape shard, its network or service "
               "discovery lost them. No alert can fire for them, and theirs resolved without a repair.",
               for_="5m", held=False),
         alert(c, "NodeCollectorFailing", f"{c.metric('gpufleet_collector_success')} == 0", "warning",

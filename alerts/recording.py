@@ -41,6 +41,11 @@ XMIT_WAIT = "instance_port:gpufleet_infiniband_xmit_wait:rate5m"
 NODE_XMIT_WAIT_MAX = "instance:gpufleet_infiniband_xmit_wait:max_rate5m"
 JOB_XMIT_WAIT = "job_instance:gpufleet_infiniband_xmit_wait:rate5m"
 JOB_XMIT_WAIT_MEDIAN = "job:gpufleet_infiniband_xmit_wait:median_rate5m"
+# Per node: present while its exporter was a scrape target at any time within SEEN_WINDOW. The alert that
+# counts the nodes that vanished from the scrape reads it three times an evaluation, at the scrape interval:
+# an hour of `up` read once a minute here, where the alert read it twelve times a minute.
+EXPORTERS_SEEN = "instance:gpufleet_up:max1h"
+SEEN_WINDOW = "1h"
 
 
 SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
@@ -196,6 +201,7 @@ def shared(c: Config) -> dict[str, Any]:
         record(JOB_XMIT_WAIT, _per_job(c, f"sum by ({c.by('instance')}) ({XMIT_WAIT})")),
         record(JOB_XMIT_WAIT_MEDIAN, f"quantile by ({c.by('scheduler', 'job_id')}) (0.5, {JOB_XMIT_WAIT})"),
         *link_utilization(c, LINK_UTILIZATION, "5m"),
+        record(EXPORTERS_SEEN, f"max_over_time({c.up()}[{c.d(SEEN_WINDOW)}])"),
         *_gpu_health(c),
     ]
     return {"name": "gpufleet-recording", "interval": c.d(TREND_INTERVAL), "rules": rules}
