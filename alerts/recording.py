@@ -8,7 +8,8 @@ while something is wrong (a slowdown reason active, PCIe replays). Three sparse 
 in the group of the alerts that read them instead: new ECC errors, a degraded PCIe link and the
 node straggler signals (`ecc_new`, `pcie_degraded`, `node_signals`).
 A window of 10 or 15 minutes over those sparse series costs nothing on a healthy fleet, where the
-same window over the raw series would decode every GPU's samples at every evaluation.
+same window over the raw series would decode every GPU's samples at every evaluation. One window is
+longer: the nodes scraped within the hour (`EXPORTERS_SEEN`) read an hour of `up`, one series per node.
 Names follow `level:metric:operations`.
 """
 
