@@ -48,6 +48,9 @@ JOB_XMIT_WAIT_MEDIAN = "job:gpufleet_infiniband_xmit_wait:median_rate5m"
 # an hour of `up` read once a minute here, where the alert read it twelve times a minute.
 EXPORTERS_SEEN = "instance:gpufleet_up:max1h"
 SEEN_WINDOW = "1h"
+# Per node: the rate of its fastest InfiniBand port, which a port that trained down is compared with. Rates
+# change only when a link retrains, so a minute-old figure serves the pager's 15 s group.
+NODE_IB_RATE = "instance:gpufleet_infiniband_rate_bytes_per_second:max"
 
 
 SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
@@ -225,6 +228,7 @@ def shared(c: Config) -> dict[str, Any]:
         record(JOB_XMIT_WAIT_MEDIAN, f"quantile by ({c.by('scheduler', 'job_id')}) (0.5, {JOB_XMIT_WAIT})"),
         *link_utilization(c, LINK_UTILIZATION, "5m"),
         record(EXPORTERS_SEEN, f"max_over_time({c.up()}[{c.d(SEEN_WINDOW)}])"),
+        record(NODE_IB_RATE, f"max by ({c.by('instance')}) ({c.metric('gpufleet_infiniband_rate_bytes_per_second')})"),
         *_gpu_health(c),
     ]
     return {"name": "gpufleet-recording", "interval": c.d(TREND_INTERVAL), "rules": rules}
