@@ -18,9 +18,20 @@ _LINK = ("{{ $labels.device }}{{ with $labels.port }} port {{ . }}{{ end }} of {
 # and the link-downs in the link-downed window while there are any (fabric).
 SATURATED = "instance_port:gpufleet_link_utilization:saturated"
 LINK_DOWNS = "instance_port:gpufleet_infiniband_link_downed:increase"
-# Sparse, per port: its state while it is not ACTIVE. Three alerts of the fabric group ask for every port's
-# state at the scrape interval; recorded first, it is read once an evaluation instead of three times.
+# Sparse, per port: its state while it is not ACTIVE, for the alerts that need a port to be up. The page for a
+# port that is down reads the state itself: read from this series, it fired 8 s later with vmalert in the
+# end-to-end test (two runs of two), where a series recorded for the first time is not found at once.
 NOT_ACTIVE = "instance_port:gpufleet_infiniband_state:not_active"
+# The saturation window's utilisation is the 5-minute rate averaged over the window as if taken at every
+# scrape. A rate over an exporter's snapshots wobbles by up to a collection interval over its window (±5 % at
+# 15 s over 5 minutes), and the thresholds sit 2 points below a saturated link: the average of every
+# scrape's rate evens the wobble out, where ten rates a minute apart did not (a link at 97 % did not page in
+# the end-to-end test). Over evenly spaced points, the mean of the 5-minute rate over 10 minutes equals the
+# mean of the 10-minute rate over 5 minutes (each is the counter's mean over the last 5 minutes less its
+# mean 10 minutes earlier, over 10 minutes), so the subquery takes the second: twenty rates at this step
+# instead of forty, and rate() still follows counter resets and series younger than the windows.
+RATE_WINDOW = "5m"
+SATURATION_STEP = "15s"
 
 
 def _rate_above(c: Config, name: str, counter: str, per_second: float, summary: str, what: str,
@@ -32,7 +43,7 @@ def _rate_above(c: Config, name: str, counter: str, per_second: float, summary: 
 def fabric(c: Config) -> dict[str, Any]:
     """What pages for a port the moment it fails, evaluated at the scrape interval: a port down or trained
     down, and a link's downs over a window. Two sparse series, recorded first, read the link-downs' window
-    and the ports' state once for all of them."""
+    once for two alerts and the ports' state once for two."""
     ib = "gpufleet_infiniband_"
     port = c.by("instance", "device", "port")
     # Rounded: increase() extrapolates to the window's edges, which can make 2 link-downs read 2.1.
@@ -41,7 +52,8 @@ def fabric(c: Config) -> dict[str, Any]:
         record(LINK_DOWNS, f"{downed} > 0"),
         record(NOT_ACTIVE, f"{c.metric(ib + 'state_id')} != 4"),
         alert(c, "NicInfinibandPortDown",
-              f"{NOT_ACTIVE} unless on ({port}) {c.metric(ib + 'physical_state_id')} == 3", "critical",
+              f"{c.metric(ib + 'state_id')} != 4 unless on ({port}) {c.metric(ib + 'physical_state_id')} == 3",
+              "critical",
               "An InfiniBand port is not active.",
               f"{PORT} is in state {{{{ $value }}}}, not 4 (ACTIVE).", for_="2m"),
         # Against the fastest rate of the node's ports as the first tier recorded it, up to a minute ago: a
@@ -76,15 +88,10 @@ def fabric_trends(c: Config) -> dict[str, Any]:
     node = c.by("instance")
     # The job with the most GPUs on the node names the training job a saturated port slows down.
     main_job = f"0 * topk by ({node}) (1, {NODE_JOBS})"
-    # The 5-minute utilisation averaged over the saturation window, as if taken at every scrape. A rate over
-    # an exporter's snapshots wobbles by up to a collection interval over its window (±5 % at 15 s over 5
-    # minutes), and the thresholds sit 2 points below a saturated link: an average of every scrape's rate
-    # evens the wobble out, where ten rates a minute apart did not (a link at 97 % did not page in the
-    # end-to-end test). `mean_rate` takes that average in two 5-minute reads of each counter; a subquery
-    # at the scrape interval computed forty rates, and was the slowest rule at 1,000 nodes.
+    window, step = c.d(RATE_WINDOW), c.d(SATURATION_STEP)
     rules = [
-        *(record(SATURATED, f"{ratio} > {c.saturation_warning:g}", **labels)
-          for ratio, labels in link_ratios(c, "5m", mean_over=c.saturation_window)),
+        *(record(SATURATED, f"avg_over_time(({ratio})[{window}:{step}]) > {c.saturation_warning:g}", **labels)
+          for ratio, labels in link_ratios(c, c.saturation_window)),
         # Not where NicSaturatedTrainingJob's condition already holds on the latest utilisation: the
         # 10-minute average of a port that jumps to 97% passes 80% a minute and a half before 95%, and the
         # ticket would leave Alertmanager before the page that inhibits it exists.

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet import duration
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.rule import TREND_INTERVAL, record
 
@@ -173,35 +172,14 @@ _LINKS = (
 )
 
 
-def mean_rate(c: Config, counter: str, window: str, span: str) -> str:
-    """The mean of `rate(counter[window])` over the last `span`, taken at every sample, in two reads of the
-    shorter duration: a subquery computing the rate at every scrape was the slowest rule at 1,000 nodes.
-
-    Summed over evenly spaced samples, the rates' differences telescope: all but the newest and the oldest
-    `window` of samples cancel, leaving the counter's mean over the last `window` less its mean `span`
-    earlier, over `span` (or the same with the two durations swapped). Exact for evenly spaced samples,
-    which scrapes are. Unlike rate() it does not follow a counter reset, and missing samples bias it: a
-    counter that restarts, a series younger than both windows and a node leaving the scrape all read low
-    until the windows pass; a scrape gap reads a few percent high while it sits near a window's edge, a
-    shorter time than any `for` of the alerts that read it.
-    """
-    shorter, longer = sorted((window, span), key=duration.parse)
-    seconds = duration.parse(c.d(longer))
-    return (f"(avg_over_time({counter}[{c.d(shorter)}]) - avg_over_time({counter}[{c.d(shorter)}] "
-            f"offset {c.d(longer)})) / {seconds:g}")
-
-
-def link_ratios(c: Config, window: str, known_speed: bool = False,
-                mean_over: str | None = None) -> list[tuple[str, dict[str, str]]]:
+def link_ratios(c: Config, window: str, known_speed: bool = False) -> list[tuple[str, dict[str, str]]]:
     """Throughput as a share of link speed, one expression per link class and direction, with the labels
     that say which. `known_speed` leaves out links that report a speed of 0, rather than calling them
-    infinitely busy; `mean_over` averages the `window` rate over that span (`mean_rate`)."""
+    infinitely busy."""
     ratios = []
     for counter, speed, port, class_, direction in _LINKS:
         divisor = f"({c.metric(speed)} > 0)" if known_speed else c.metric(speed)
-        throughput = (f"rate({c.metric(counter)}[{c.d(window)}])" if mean_over is None
-                      else mean_rate(c, c.metric(counter), window, mean_over))
-        ratio = f"{throughput} / on ({c.by(*port)}) {divisor}"
+        ratio = f"rate({c.metric(counter)}[{c.d(window)}]) / on ({c.by(*port)}) {divisor}"
         ratios.append((ratio, {"direction": direction, "class": class_}))
     return ratios
 
