@@ -48,12 +48,12 @@ def fabric(c: Config) -> dict[str, Any]:
     port = c.by("instance", "device", "port")
     # Rounded: increase() extrapolates to the window's edges, which can make 2 link-downs read 2.1.
     downed = f"round(increase({c.metric(ib + 'link_downed_total')}[{c.d(c.link_downed_window)}]))"
+    not_active = f"{c.metric(ib + 'state_id')} != 4"
     rules = [
         record(LINK_DOWNS, f"{downed} > 0"),
-        record(NOT_ACTIVE, f"{c.metric(ib + 'state_id')} != 4"),
+        record(NOT_ACTIVE, not_active),
         alert(c, "NicInfinibandPortDown",
-              f"{c.metric(ib + 'state_id')} != 4 unless on ({port}) {c.metric(ib + 'physical_state_id')} == 3",
-              "critical",
+              f"{not_active} unless on ({port}) {c.metric(ib + 'physical_state_id')} == 3", "critical",
               "An InfiniBand port is not active.",
               f"{PORT} is in state {{{{ $value }}}}, not 4 (ACTIVE).", for_="2m"),
         # Against the fastest rate of the node's ports as the first tier recorded it, up to a minute ago: a
