@@ -232,6 +232,11 @@ def main() -> None:
     parser.add_argument("--node-exporter", default=shutil.which("prometheus-node-exporter") or "node_exporter")
     parser.add_argument("--gpm-rounds", type=int, default=5)
     args = parser.parse_args()
+    node_exporter = shutil.which(args.node_exporter)
+    if node_exporter is None:
+        # The comparison is what tells a slow machine from a slow exporter: without it the figures mislead.
+        raise SystemExit(f"{args.node_exporter}: not found. Install Debian's node_exporter "
+                         "(apt-get install prometheus-node-exporter) or pass --node-exporter PATH.")
 
     without, with_gpm = gpm_cost(args.gpm_rounds)
     print(f"GPU collection of 8 simulated GPUs: {without:.2f} ms without GPM, {with_gpm:.2f} ms with it "
@@ -248,7 +253,7 @@ def main() -> None:
              f"--web.listen-address=127.0.0.1:{ours_port}", "--log.level=warn",
              f"--web.max-requests={connections}", f"--web.max-connections={connections}"])
         theirs = subprocess.Popen(
-            [args.node_exporter, "--collector.disable-defaults", "--collector.netclass", "--collector.infiniband",
+            [node_exporter, "--collector.disable-defaults", "--collector.netclass", "--collector.infiniband",
              "--collector.hwmon", "--collector.thermal_zone", f"--path.sysfs={sysfs}",
              "--web.max-requests=0",  # Its default of 40 answers 503 to the 50-scraper run.
              f"--web.listen-address=127.0.0.1:{theirs_port}", "--log.level=warn"],
