@@ -3,16 +3,18 @@
 Throughput is shown as a share of the link's own speed, so a 100 GbE port and a 400 Gb/s
 InfiniBand port read on one scale; congestion is `port_xmit_wait`, the time a port had data
 to send and no credits, which rises before throughput falls. Utilisation and congestion come from
-the recorded per-port series the alerts read (5-minute rates), the InfiniBand errors from the capacity
-rules' sparse per-port series: at All, a rate over every port's raw counters would cost Prometheus
-seconds per refresh.
+the recorded per-port series the alerts read (5-minute rates), the fleet's ports from their per-node
+counts by utilisation, the InfiniBand errors from the capacity rules' sparse per-port series, and the
+ports not active from the pager's: at All, a rate over every port's raw counters would cost Prometheus
+seconds per refresh. The tables drop metric names, so that Grafana merges a port's columns into one row.
 """
 
 from grafanalib.core import Dashboard
 
 from gpufleet.alerts.capacity import IB_ERRORS
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.recording import LINK_UTILIZATION, XMIT_WAIT
+from gpufleet.alerts.fabric import NOT_ACTIVE
+from gpufleet.alerts.recording import LINK_UTILIZATION, NODE_IB_RATE, PORT_BUCKETS, XMIT_WAIT
 from gpufleet.dashboards.panels import PORT_LEGEND, Scope, dashboard, heatmap, table, timeseries
 
 
@@ -37,9 +39,13 @@ def build(config: Config) -> Dashboard:
                  (share("net", "transmit"), "{{instance}} {{device}} tx"),
                  (share("net", "receive"), "{{instance}} {{device}} rx"),
              ], "percentunit", max_value=1, description="Over 5 minutes, as the saturation alerts see it.")],
-            [heatmap("Busiest direction per InfiniBand port",
-                     f'max by (instance, device, port) ({LINK_UTILIZATION}{{{s.recorded_node}, class="infiniband"}})',
-                     PORT_LEGEND, "percentunit")],
+            [heatmap("InfiniBand ports by utilisation of their busier direction",
+                     f"sum by (bucket) ({PORT_BUCKETS}{{{s.recorded_node}}})", "{{bucket}}", "percentunit",
+                     buckets=True,
+                     description="How many of the selected nodes' ports ran at each share of their link rate, in "
+                                 "steps of 5 %, over 5 minutes and in the busier direction; a row is a step. A "
+                                 "band near the top is a saturated fabric; a few ports there, a hot spot, which "
+                                 "the throughput panel above names.")],
             [timeseries("InfiniBand congestion (port_xmit_wait)", [
                 (f"{XMIT_WAIT}{{{s.recorded_node}}}", PORT_LEGEND)], "short",
                 description="Ticks per second a port waited for credits with data to send, over 5 minutes. The "
@@ -71,15 +77,15 @@ def build(config: Config) -> Dashboard:
              ], "ops", description="HCA counters of RoCE ports: packets lost for want of buffers, and what the "
                                    "transport did about it.")],
             [table("Ports not active", [
-                (f"gpufleet_infiniband_state_id{{{node}}} != 4", "state (4 active)"),
-                (f"gpufleet_infiniband_physical_state_id{{{node}}} and on ({ib_key}) "
-                 f"gpufleet_infiniband_state_id{{{node}}} != 4", "physical state (5 link up)"),
+                (f"max by ({ib_key}) ({NOT_ACTIVE}{{{s.recorded_node}}})", "state (4 active)"),
+                (f"max by ({ib_key}) (gpufleet_infiniband_physical_state_id{{{node}}}) and on ({ib_key}) "
+                 f"{NOT_ACTIVE}{{{s.recorded_node}}}", "physical state (5 link up)"),
             ], width=12, node_link=s,
                 description="InfiniBand ports whose logical state is not Active; physical state 2 (Polling) means "
                             "no link partner, 3 (Disabled) a port switched off on purpose."),
              table("Ports below the node's fastest rate", [
                  (f"gpufleet_infiniband_rate_bytes_per_second{{{node}}} < on ({s.by('instance')}) group_left "
-                  f"max by ({s.by('instance')}) (gpufleet_infiniband_rate_bytes_per_second{{{node}}})", "rate")],
+                  f"{NODE_IB_RATE}{{{s.recorded_node}}}", "rate")],
                  "Bps", width=12, node_link=s, description="Links trained down to a slower rate than their peers.")],
             [table("Flapping and erroring ports, last 24h", [
                 (f"increase(gpufleet_infiniband_link_downed_total{{{node}}}[24h]) > 0", "link downed"),

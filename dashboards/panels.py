@@ -141,15 +141,22 @@ def table(title: str, queries: Sequence[tuple[str, str]], unit: str = "none", wi
 
 
 def heatmap(title: str, expr: str, legend: str, unit: str, width: int = 24, height: int = 9,
-            description: str = "") -> Sized:
-    """One row per series (per node), coloured by value: Grafana's heatmap with no bucketing of its own."""
+            description: str = "", buckets: bool = False) -> Sized:
+    """One row per series, coloured by value: Grafana's heatmap with no bucketing of its own.
+
+    Each row is a node (a value in `unit`, from 0 to 1), or with `buckets` a bucket: the series count what
+    falls in it, the legend is its lower bound in `unit`, and the colours follow the counts. Grafana sorts
+    numeric legends, so the rows stand in order even when a bucket is empty for the whole range.
+    """
+    color = {"mode": "scheme", "scheme": "Turbo"} | ({} if buckets else {"min": 0, "max": 1})
+    options = {"calculate": False, "yAxis": {"unit": unit}, "color": color,
+               "cellValues": {"unit": "short" if buckets else unit}, "tooltip": {"show": True, "yHistogram": False}}
+    if buckets:
+        options["rowsFrame"] = {"layout": "ge"}
     panel = core.Heatmap(title=title, description=description, dataSource=DATASOURCE,
                          targets=[target(expr, legend)],
-                         extraJson={"type": "heatmap", "options": {
-                             "calculate": False, "yAxis": {"unit": unit},
-                             "color": {"mode": "scheme", "scheme": "Turbo", "min": 0, "max": 1},
-                             "cellValues": {"unit": unit}, "tooltip": {"show": True, "yHistogram": False}},
-                             "fieldConfig": {"defaults": {"unit": unit}, "overrides": []}})
+                         extraJson={"type": "heatmap", "options": options,
+                                    "fieldConfig": {"defaults": {"unit": unit}, "overrides": []}})
     return Sized(panel, width, height)
 
 
