@@ -39,8 +39,14 @@ class DiskTree:
         self.root = os.fspath(root)
 
     def read(self, path: str) -> bytes:
-        with open(f"{self.root}/{path}", "rb") as handle:
-            return handle.read(_MAX_READ)
+        # One read(2) on a bare descriptor: a sysfs attribute comes whole from the first read, and a node reads
+        # some 400 files a collection, where `open()`'s buffered file object costs twice the system calls' time.
+        # A directory fails at the read with EISDIR, as it fails at `open()`.
+        fd = os.open(f"{self.root}/{path}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return os.read(fd, _MAX_READ)
+        finally:
+            os.close(fd)
 
     def listdir(self, path: str) -> list[str]:
         return os.listdir(f"{self.root}/{path}")
