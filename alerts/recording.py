@@ -195,8 +195,9 @@ def link_utilization(c: Config, name: str, window: str, known_speed: bool = Fals
 
 
 def port_buckets(c: Config) -> dict[str, Any]:
-    """PORT_BUCKETS, from LINK_UTILIZATION as the same group has just recorded it. A port that reports a rate
-    of 0 (a link down) has no utilisation (+Inf or NaN) and is left out, not counted as saturated."""
+    """PORT_BUCKETS, from LINK_UTILIZATION, which the same group records just before it (Prometheus reads this
+    evaluation's values, vmalert what its storage returns by then). A port that reports a rate of 0 (a link
+    down) has no utilisation (+Inf or NaN) and is left out, not counted as saturated."""
     busiest = (f'max by ({c.by("instance", "device", "port")}) ({LINK_UTILIZATION}{{class="infiniband"}}) '
                f">= 0 < Inf")
     bucket = f"clamp_max(floor({PORT_BUCKET_COUNT} * ({busiest})), {PORT_BUCKET_COUNT - 1}) / {PORT_BUCKET_COUNT}"
