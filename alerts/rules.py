@@ -26,7 +26,7 @@ def groups(config: Config) -> list[dict[str, Any]]:
     which should be the scrape interval; the first tier and every group that judges minutes of data run every
     minute; capacity and reliability, which the reports read, every five."""
     return [shared(config), stragglers(config), gpu_failures(config), fabric(config),
-            exporter_health(config), gpu_trends(config), fabric_trends(config), capacity(config),
+            exporter_health(config), gpu_trends(config), fabric_trends(config), *capacity(config),
             reliability(config)]
 
 

@@ -2,7 +2,7 @@
 
 Usage: .venv/bin/python bench/report_bench.py [--nodes 1000] [--days 30] [--keep DIR]
 
-The report reads what the `gpufleet-capacity` rule group records every 5 minutes, so this writes
+The report reads what the `gpufleet-capacity-*` rule groups record every 5 minutes, so this writes
 those series directly, as Prometheus would hold them after the rules ran for the whole range: the
 per-cluster and per-model aggregates, one series per job, per link (8 InfiniBand ports a node, both
 directions: 16,000 series at 1,000 nodes, most of the data), and the sparse per-GPU series of a

@@ -1,6 +1,6 @@
 """The capacity report's sections: what the fleet has, what jobs hold, what they make of it, and the trend.
 
-Every section reads the series of the `gpufleet-capacity` rule group (alerts/capacity.py), not the
+Every section reads the series of the `gpufleet-capacity-*` rule groups (alerts/capacity.py), not the
 exporters' raw series: the joins and aggregations over every GPU are paid once per evaluation as
 the data arrives, so a month of a thousand nodes is a few thousand small series to read here.
 Figures are per cluster and GPU model, over GPU-hours: a subquery reads the GPUs in each state at
@@ -471,7 +471,7 @@ async def trend(q: Queries) -> Section:
 
 def _method(window: Window, config: Config) -> list[str]:
     return [f"Figures over the range are sampled every {window.step // 60} minutes (a Prometheus subquery at that "
-            "step) from the series that the gpufleet-capacity rules record every 5 minutes; GPU-hours are samples "
+            "step) from the series that the gpufleet-capacity-* rules record every 5 minutes; GPU-hours are samples "
             "times the step.",
             "A GPU is allocated while gpufleet_gpu_job_info attributes a job to it, idle while it is healthy and "
             "has none, and lost while gpufleet_gpu_up is 0.",
@@ -492,4 +492,4 @@ SECTIONS = (
     SectionSpec("jobs", "Top jobs by GPU-hours", (rec.JOB_GPUS,), jobs),
     SectionSpec("trend", "Trend and projection", (rec.GPUS, rec.USED), trend),
 )
-CAPACITY = ReportSpec("capacity", "GPU fleet capacity report", ("gpufleet-capacity",), SECTIONS, _method)
+CAPACITY = ReportSpec("capacity", "GPU fleet capacity report", SECTIONS, _method)

@@ -1,7 +1,7 @@
 """The report's window onto Prometheus: one time range, one step, and each distinct query asked once.
 
 Every figure over the range is an instant query at its end, over the recorded series of the
-`gpufleet-capacity` rule group: a subquery `[range:step]` where a figure is a sum over time (so a
+`gpufleet-capacity-*` rule groups: a subquery `[range:step]` where a figure is a sum over time (so a
 30-day range at 30 minutes is 1,440 points a series), a raw range where every evaluation counts (a
 peak, a p95). Sections that need the same expression share one request.
 """

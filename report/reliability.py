@@ -249,5 +249,4 @@ SECTIONS = (
     SectionSpec("jobs", "Jobs hit", (rec.OBSERVED, "gpufleet_gpu_job_info", cap.JOB_GPUS), jobs),
     SectionSpec("mtti", "Mean time to interruption by job size", (rec.OBSERVED,), mtti),
 )
-RELIABILITY = ReportSpec("reliability", "GPU fleet reliability report", ("gpufleet-reliability", "gpufleet-capacity"),
-                         SECTIONS, _method)
+RELIABILITY = ReportSpec("reliability", "GPU fleet reliability report", SECTIONS, _method)

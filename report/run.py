@@ -11,6 +11,7 @@ import logging
 import time
 
 from gpufleet.alerts.config import Config
+from gpufleet.alerts.rules import groups as rule_groups
 from gpufleet.report.document import Failure, Report, Section
 from gpufleet.report.progress import Progress
 from gpufleet.report.prometheus import Prometheus, QueryFailed, Unreachable
@@ -29,14 +30,21 @@ def _stamp(t: float) -> str:
 
 
 def _missing(spec: SectionSpec, names: set[str]) -> list[str]:
-    return [need.replace("|", " or ") for need in spec.requires if not any(n in names for n in need.split("|"))]
+    return [need for need in spec.requires if not any(n in names for n in need.split("|"))]
 
 
-def _hint(missing: list[str], report: ReportSpec) -> str:
-    if not any(":" in name for name in missing):
-        return ""
-    groups = " and ".join(report.groups)
-    return (f" (recorded by the rule group{'s' if len(report.groups) > 1 else ''} {groups} in "
+def _why(missing: list[str], config: Config) -> str:
+    """What a section lacks, and which rule groups record it: a report run before the rules were loaded, or
+    over a range from before then, finds the exporters' raw series but none of what it reads."""
+    recorded_by = {rule["record"]: group["name"] for group in rule_groups(config) for rule in group["rules"]
+                   if "record" in rule}
+    groups = list(dict.fromkeys(recorded_by[name] for need in missing for name in need.split("|")
+                                if name in recorded_by))
+    why = f"no samples of {', '.join(need.replace('|', ' or ') for need in missing)} in the range"
+    if not groups:
+        return why
+    listed = groups[0] if len(groups) == 1 else f"{', '.join(groups[:-1])} and {groups[-1]}"
+    return (f"{why} (recorded by the rule group{'s' if len(groups) > 1 else ''} {listed} in "
             "alerts/gpufleet-rules.yml: load it into this Prometheus; the report covers the time since)")
 
 
@@ -73,8 +81,7 @@ async def build(report_spec: ReportSpec, prometheus: Prometheus, window: Window,
     for spec in report_spec.sections:
         missing = _missing(spec, names)
         if missing:
-            why = f"no samples of {', '.join(missing)} in the range{_hint(missing, report_spec)}"
-            report.failures.append(Failure(spec.title, why))
+            report.failures.append(Failure(spec.title, _why(missing, config)))
             progress.section_done()
         else:
             runnable.append(spec)

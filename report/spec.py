@@ -31,7 +31,6 @@ class SectionSpec:
 class ReportSpec:
     name: str  # The subcommand, and the stem of the files written: capacity-report.html.
     title: str
-    groups: tuple[str, ...]  # The rule groups that record what the sections read, for the missing-series hint.
     sections: Sequence[SectionSpec]
     method: Callable[[Window, Config], list[str]]  # How the figures were computed, for the report's end.
 

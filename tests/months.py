@@ -30,9 +30,9 @@ PROFILE = Path(__file__).resolve().parent.parent / "simulator" / "fault-rates" /
 METRICS = re.compile(
     r"gpufleet_gpu_(info|up|job_info|xid_errors_total|ecc_errors_total|row_remap_failed|nvlink_up|clock_event_active)"
     r"|gpufleet_infiniband_(state_id|link_downed_total)")
-GROUPS = ("gpufleet-reliability", "gpufleet-capacity")
-# What the report reads: the reliability group's series, and the capacity group's GPUs per job. The rest of
-# the capacity group would be a few hundred more blocks for promtool to write and Prometheus to open.
+GROUPS = ("gpufleet-reliability", capacity.GROUP.format("jobs"))
+# What the report reads: the reliability group's series, and the capacity rules' GPUs per job. The rest of
+# the capacity rules would be a few hundred more blocks for promtool to write and Prometheus to open.
 RECORDS = frozenset({rules.GPU_EVENTS, rules.PORT_EVENTS, rules.NODE_EVENTS, rules.OBSERVED, capacity.JOB_GPUS})
 PORTS_PER_GPU, NODES_PER_GPU = 1.0, 1 / 8  # The simulated node: 8 GPUs, 8 InfiniBand ports.
 

@@ -115,7 +115,7 @@ def test_before_the_rules_were_loaded_the_report_says_what_is_missing(simulated:
     code, err = _report(capsys, tmp_path, "--prometheus", url, "--range", "12h", "--end", str(end - DAYS * DAY - H))
     assert code == 1, err
     assert ("Interruptions by cause: no samples of cluster:gpufleet_observed_units:count in the range (recorded by "
-            "the rule groups gpufleet-reliability and gpufleet-capacity in alerts/gpufleet-rules.yml") in err
+            "the rule group gpufleet-reliability in alerts/gpufleet-rules.yml") in err
     assert "no section could be computed; nothing written" in err and not list(tmp_path.iterdir())
 
 

@@ -1,7 +1,7 @@
 """`gpufleet report capacity` against a real Prometheus holding two days of simulated fleet history.
 
 The history is written by the simulator for past timestamps and imported with `promtool tsdb
-create-blocks-from openmetrics`; the committed `gpufleet-capacity` rules are then evaluated over it
+create-blocks-from openmetrics`; the committed `gpufleet-capacity-*` rules are then evaluated over it
 with `promtool tsdb create-blocks-from rules`, as Prometheus would have recorded them, so every
 figure can be checked against what the simulator was told: 8 nodes of 8 GPUs, two of them idle
 throughout (25% of GPU-hours), and a known list of faults.
@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from gpufleet import cli as gpufleet_cli
+from gpufleet.alerts.capacity import GROUPS
 from gpufleet.report.figures import project, quantile_from_buckets
 from gpufleet.simulator.faults import Fault
 from gpufleet.simulator.fleet import COMM, COMPUTE, NODE_HOST_WATTS, Fleet
@@ -34,7 +35,6 @@ from reports import HtmlTables, backfill, drawn, markdown_tables, number, opened
 
 H = 3600
 STEP = 300  # The capacity rules' interval: the history holds a sample at every evaluation.
-GROUPS = ("gpufleet-capacity",)
 DAYS = 2
 METRICS = re.compile(
     r"gpufleet_gpu_(info|up|job_info|utilization_ratio|sm_active_ratio|tensor_active_ratio|memory_(free|total)_bytes|power_watts|power_limit_watts"
@@ -243,7 +243,7 @@ def test_missing_metrics_name_the_sections_that_failed(partial_prometheus, tmp_p
     assert inventory["Installed"] == "16"
     assert number(inventory["GPU-hours installed"]) == pytest.approx(16 * 3, abs=16 * STEP / H)  # Recorded hours.
     assert ("not computed: Network links: no samples of instance_port:gpufleet_link_utilization:ratio_rate10m in "
-            "the range (recorded by the rule group gpufleet-capacity in alerts/gpufleet-rules.yml") in err
+            "the range (recorded by the rule group gpufleet-capacity-links in alerts/gpufleet-rules.yml") in err
     assert "- Top jobs by GPU-hours: no samples of cluster_job:gpufleet_gpus:count in the range" in text
     assert "## Inventory" in text and "## Top jobs by GPU-hours" not in text
 
