@@ -21,8 +21,9 @@ It prints:
 * with --profiles DIR, each server's heap profile and a 30 s CPU profile at the end of its measurement,
   saved for `go tool pprof` (Debian's golang-go), to see where the rules' CPU and memory go.
 * every dashboard target as Grafana sends it (variables at All or, where a dashboard picks one
-  value, the first node; a graph's target over the last hour at a 15 s step, a table's or stat's
-  `instant` target at the end of that hour; `$__rate_interval` 1m), and every query of
+  value, the first node; a graph's target over the last hour at a 15 s step, or the panel's minimum
+  interval where it sets one, a table's or stat's `instant` target at the end of that hour;
+  `$__interval` the step and `$__rate_interval` as Grafana derives them), and every query of
   `gpufleet report capacity --range 1h`, each timed by Prometheus's own query log; the ten slowest
   of each, and their p99.
 
@@ -166,9 +167,11 @@ def _substitute(values: dict[str, str], variable: re.Match[str]) -> str:
     return values.get(variable[1], ".*")
 
 
-def dashboard_targets(prom_url: str) -> list[tuple[str, str, bool]]:
-    """(dashboard/panel, expression, instant) of every target, with what Grafana substitutes over an hour: All for
-    a multi-select variable, the first value Prometheus lists for a single-select one (the node dashboard's node)."""
+def dashboard_targets(prom_url: str) -> list[tuple[str, str, bool, int]]:
+    """(dashboard/panel, expression, instant, step in seconds) of every target, with what Grafana substitutes over
+    an hour: All for a multi-select variable, the first value Prometheus lists for a single-select one (the node
+    dashboard's node), and a step of the scrape interval or the panel's own minimum interval, whichever is longer
+    (an hour is fewer points than a panel is pixels wide, so the width does not set it)."""
     targets = []
     for path in sorted((ROOT / "dashboards" / "json").glob("*.json")):
         model = json.loads(path.read_text())
@@ -178,13 +181,15 @@ def dashboard_targets(prom_url: str) -> list[tuple[str, str, bool]]:
                 listed = json.loads(get(f"{prom_url}/api/v1/label/{variable['name']}/values", TIMEOUT))["data"]
                 values[variable["name"]] = listed[0]  # Grafana escapes no single value.
         for panel in model["panels"]:
+            step = max(SCRAPE_SECONDS, round(parse_duration(panel.get("interval") or f"{SCRAPE_SECONDS}s")))
+            rate_interval = max(step + SCRAPE_SECONDS, 4 * SCRAPE_SECONDS)
             for target in panel.get("targets", []):
                 expr = target["expr"]
-                for name, value in (("$__rate_interval", "1m"), ("$__interval_ms", "15000"), ("$__interval", "15s"),
-                                    ("$__range", "1h")):
+                for name, value in (("$__rate_interval", f"{rate_interval}s"), ("$__interval_ms", f"{step * 1000}"),
+                                    ("$__interval", f"{step}s"), ("$__range", "1h")):
                     expr = expr.replace(name, value)
                 expr = re.sub(r"\$\{?(cluster|instance|gpu|job_id)\}?", partial(_substitute, values), expr)
-                targets.append((f"{model['uid']}/{panel['title']}", expr, target.get("instant", False)))
+                targets.append((f"{model['uid']}/{panel['title']}", expr, target.get("instant", False), step))
     return targets
 
 
@@ -210,11 +215,11 @@ def time_dashboards_and_report(prom_url: str, process: subprocess.Popen, querylo
     end = time.time()
     offset = querylog.stat().st_size if querylog.exists() else 0
     targets = dashboard_targets(prom_url)
-    for _, expr, instant in targets:
+    for _, expr, instant, step in targets:
         if instant:  # Grafana asks a table or stat with an instant target for one point, not a range.
             get(f"{prom_url}/api/v1/query?{urllib.parse.urlencode({'query': expr, 'time': end})}", timeout=300)
         else:
-            params = urllib.parse.urlencode({"query": expr, "start": end - 3600, "end": end, "step": SCRAPE_SECONDS})
+            params = urllib.parse.urlencode({"query": expr, "start": end - 3600, "end": end, "step": step})
             get(f"{prom_url}/api/v1/query_range?{params}", timeout=300)
     board = timed_queries(querylog, offset)
     offset = querylog.stat().st_size
@@ -222,7 +227,7 @@ def time_dashboards_and_report(prom_url: str, process: subprocess.Popen, querylo
         subprocess.run([sys.executable, "-m", "gpufleet", "report", "capacity", f"--prometheus={prom_url}",
                         "--range=1h", f"--out={out}"], check=False, stdout=subprocess.DEVNULL, timeout=600)
     report = timed_queries(querylog, offset)
-    names = {expr: name for name, expr, _ in targets}
+    names = {expr: name for name, expr, *_ in targets}
     for title, timings in (("dashboard targets", board), ("capacity report queries", report)):
         durations = [t for t, _ in timings]
         print(f"\n{title}: {len(timings)}, p50 {percentile(durations, 0.5) * 1000:.0f} ms, "
