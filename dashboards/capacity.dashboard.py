@@ -77,8 +77,9 @@ def build(config: Config) -> Dashboard:
                              "costs a thousand-node Prometheus seconds.")],
             [timeseries("Utilisation distribution", [
                 (f"quantile({q}, {utilization})", f"p{round(q * 100)}") for q in (0.1, 0.5, 0.9)
-            ] + [(f"avg({utilization})", "mean")], "percentunit", max_value=1,
-                description="Quantiles over all GPUs at each instant."),
+            ] + [(f"avg({utilization})", "mean")], "percentunit", max_value=1, min_step="1m",
+                description="Quantiles over all GPUs, at most one point a minute: each point sorts every GPU's "
+                            "utilisation, and a capacity view gains nothing from more."),
              timeseries("Allocated GPUs below 10% utilisation", [
                  (f"sum by (name) ({below_tenth}) or 0 * sum by (name) ({buckets})", "{{name}}")], "short",
                  description="From the capacity rules' utilisation buckets (every 5m): GPUs jobs hold and barely use. "

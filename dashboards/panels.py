@@ -90,12 +90,15 @@ class Sized:
 
 
 def timeseries(title: str, queries: Sequence[tuple[str, str]], unit: str, width: int = 12, height: int = 8,
-               description: str = "", stacked: bool = False, max_value: int | None = None) -> Sized:
+               description: str = "", stacked: bool = False, max_value: int | None = None,
+               min_step: str | None = None) -> Sized:
+    """`min_step`, the panel's minimum interval, keeps a graph over every GPU's raw series from being asked at
+    every scrape of a short range: Grafana's step is the longer of it and the range over the panel's width."""
     panel = core.TimeSeries(
         title=title, description=description, dataSource=DATASOURCE, targets=_targets(queries), unit=unit,
         legendDisplayMode="table", legendPlacement="right" if width >= 16 else "bottom", legendCalcs=["mean", "max"],
         tooltipMode="multi", tooltipSort="desc", stacking={"mode": "normal" if stacked else "none"},
-        fillOpacity=10, lineWidth=1, spanNulls=False, valueMin=0, valueMax=max_value)
+        fillOpacity=10, lineWidth=1, spanNulls=False, valueMin=0, valueMax=max_value, interval=min_step)
     return Sized(panel, width, height)
 
 
