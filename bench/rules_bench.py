@@ -170,8 +170,9 @@ def _substitute(values: dict[str, str], variable: re.Match[str]) -> str:
 def dashboard_targets(prom_url: str) -> list[tuple[str, str, bool, int]]:
     """(dashboard/panel, expression, instant, step in seconds) of every target, with what Grafana substitutes over
     an hour: All for a multi-select variable, the first value Prometheus lists for a single-select one (the node
-    dashboard's node), and a step of the scrape interval or the panel's own minimum interval, whichever is longer
-    (an hour is fewer points than a panel is pixels wide, so the width does not set it)."""
+    dashboard's node), and a step of the scrape interval or the panel's own minimum interval, whichever is longer.
+    Grafana would ask an hour at 30 s where a panel sets no minimum (a step of the range over its 100 data
+    points, rounded); 15 s is the stricter of the two."""
     targets = []
     for path in sorted((ROOT / "dashboards" / "json").glob("*.json")):
         model = json.loads(path.read_text())

@@ -93,7 +93,8 @@ def timeseries(title: str, queries: Sequence[tuple[str, str]], unit: str, width:
                description: str = "", stacked: bool = False, max_value: int | None = None,
                min_step: str | None = None) -> Sized:
     """`min_step`, the panel's minimum interval, keeps a graph over every GPU's raw series from being asked at
-    every scrape of a short range: Grafana's step is the longer of it and the range over the panel's width."""
+    every scrape of a short range: Grafana's step is the longer of it and the range over the panel's maximum
+    data points."""
     panel = core.TimeSeries(
         title=title, description=description, dataSource=DATASOURCE, targets=_targets(queries), unit=unit,
         legendDisplayMode="table", legendPlacement="right" if width >= 16 else "bottom", legendCalcs=["mean", "max"],
