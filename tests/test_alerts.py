@@ -10,10 +10,12 @@ import pytest
 import yaml
 
 from gpufleet import cli
+from gpufleet.alerts import capacity as rec
 from gpufleet.alerts.cli import RULES_FILE
 from gpufleet.alerts.config import Config, load
 from gpufleet.alerts.rules import render
 from gpufleet.alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH
+from gpufleet.report.capacity import CAPACITY
 
 from programs import binary
 
@@ -127,6 +129,27 @@ ROUTING = Path(__file__).parent.parent / "compose" / "alertmanager" / "alertmana
 def amtool(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([binary("amtool", "prometheus-alertmanager"), *args], capture_output=True, text=True,
                           timeout=60)
+
+
+# Series of the capacity rules that exist only while there is something to count, and the report section that
+# reads their absence as "none" (no GPU with errors, no straggler, no GPM, no node meter).
+READ_AS_NONE = {
+    "health": (rec.ECC, rec.REMAP_PENDING, rec.REMAP_FAILED, rec.LOST, rec.PCI_MISSING),
+    "stragglers": (rec.STRAGGLING,),
+    "utilisation": (rec.GPM_GPUS, rec.GPM_USED, rec.SM_ACTIVE, rec.TENSOR_ACTIVE),
+    "energy": (rec.METERED_NODES, rec.NODE_POWER, rec.METERED_GPU_POWER),
+}
+
+
+@pytest.mark.parametrize("section", sorted(READ_AS_NONE))
+def test_what_the_report_reads_as_none_is_recorded_beside_what_it_checks_first(section):
+    """The report computes a section once the series it requires are there, and then reads a missing problem
+    series as good news. Recorded by another capacity group, a Prometheus that loaded one group and not the
+    other would report a fleet without a fault."""
+    group_of = {rule["record"]: group["name"] for group in rec.capacity(Config()) for rule in group["rules"]}
+    [spec] = [spec for spec in CAPACITY.sections if spec.key == section]
+    checked = {group_of[name] for need in spec.requires for name in need.split("|") if name in group_of}
+    assert {name: group_of[name] for name in READ_AS_NONE[section] if group_of[name] not in checked} == {}
 
 
 @pytest.mark.e2e
