@@ -17,7 +17,7 @@ of series, so the report's cost follows clusters, jobs and links, not GPUs times
 Every per-GPU series carries the GPU's model (`name`), so the report never joins over the range.
 The report's step must not be finer than `INTERVAL`, or its points would miss samples.
 
-The rules are cut into groups, one per kind of figure (`GROUPS`). Prometheus starts each group at its own
+The rules are cut into groups, one per kind of figure. Prometheus starts each group at its own
 offset within the interval (a hash of its name), so their work is spread over the five minutes: as one
 group, at 1,000 nodes, it took 14 s in one block, and every 15 s group evaluated in that block waited for
 a CPU. A series whose absence means good news (a GPU's errors, a straggling node) is in the group of the
@@ -39,7 +39,6 @@ TIGHT_MEMORY = 0.1  # Free memory share under which an allocated GPU counts as m
 CAPPED_POWER = 0.95  # Share of the enforced power limit at which a GPU is likely being capped.
 POWER_METER = 'chip="power_meter"'  # The hwmon chip of a node's own meter (Linux's acpi_power_meter driver).
 GROUP = "gpufleet-capacity-{}"
-GROUPS = tuple(GROUP.format(part) for part in ("gpus", "usage", "memory", "power", "jobs", "links"))
 
 GPUS = "cluster_name:gpufleet_gpus:count"  # Label `state`: installed, allocated, idle or lost.
 USED = "cluster_name:gpufleet_gpu_utilization_ratio:sum"

@@ -12,6 +12,7 @@ import time
 
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.rules import groups as rule_groups
+from gpufleet.alerts.rules import recorded_by
 from gpufleet.report.document import Failure, Report, Section
 from gpufleet.report.progress import Progress
 from gpufleet.report.prometheus import Prometheus, QueryFailed, Unreachable
@@ -36,10 +37,8 @@ def _missing(spec: SectionSpec, names: set[str]) -> list[str]:
 def _why(missing: list[str], config: Config) -> str:
     """What a section lacks, and which rule groups record it: a report run before the rules were loaded, or
     over a range from before then, finds the exporters' raw series but none of what it reads."""
-    recorded_by = {rule["record"]: group["name"] for group in rule_groups(config) for rule in group["rules"]
-                   if "record" in rule}
-    groups = list(dict.fromkeys(recorded_by[name] for need in missing for name in need.split("|")
-                                if name in recorded_by))
+    group_of = recorded_by(rule_groups(config))
+    groups = list(dict.fromkeys(group_of[name] for need in missing for name in need.split("|") if name in group_of))
     why = f"no samples of {', '.join(need.replace('|', ' or ') for need in missing)} in the range"
     if not groups:
         return why

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from gpufleet.alerts import capacity
 from gpufleet.alerts import reliability as rules
+from gpufleet.alerts.config import Config
+from gpufleet.alerts.rules import recorded_by
 from gpufleet.simulator.fleet import Fleet
 from gpufleet.simulator.layout import Job
 from gpufleet.simulator.rates import Rate, load_rates
@@ -30,7 +32,7 @@ PROFILE = Path(__file__).resolve().parent.parent / "simulator" / "fault-rates" /
 METRICS = re.compile(
     r"gpufleet_gpu_(info|up|job_info|xid_errors_total|ecc_errors_total|row_remap_failed|nvlink_up|clock_event_active)"
     r"|gpufleet_infiniband_(state_id|link_downed_total)")
-GROUPS = ("gpufleet-reliability", capacity.GROUP.format("jobs"))
+GROUPS = ("gpufleet-reliability", recorded_by(capacity.capacity(Config()))[capacity.JOB_GPUS])
 # What the report reads: the reliability group's series, and the capacity rules' GPUs per job. The rest of
 # the capacity rules would be a few hundred more blocks for promtool to write and Prometheus to open.
 RECORDS = frozenset({rules.GPU_EVENTS, rules.PORT_EVENTS, rules.NODE_EVENTS, rules.OBSERVED, capacity.JOB_GPUS})

@@ -13,7 +13,7 @@ from gpufleet import cli
 from gpufleet.alerts import capacity as rec
 from gpufleet.alerts.cli import RULES_FILE
 from gpufleet.alerts.config import Config, load
-from gpufleet.alerts.rules import render
+from gpufleet.alerts.rules import recorded_by, render
 from gpufleet.alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH
 from gpufleet.report.capacity import CAPACITY
 
@@ -146,7 +146,7 @@ def test_what_the_report_reads_as_none_is_recorded_beside_what_it_checks_first(s
     """The report computes a section once the series it requires are there, and then reads a missing problem
     series as good news. Recorded by another capacity group, a Prometheus that loaded one group and not the
     other would report a fleet without a fault."""
-    group_of = {rule["record"]: group["name"] for group in rec.capacity(Config()) for rule in group["rules"]}
+    group_of = recorded_by(rec.capacity(Config()))
     [spec] = [spec for spec in CAPACITY.sections if spec.key == section]
     checked = {group_of[name] for need in spec.requires for name in need.split("|") if name in group_of}
     assert {name: group_of[name] for name in READ_AS_NONE[section] if group_of[name] not in checked} == {}

@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 from gpufleet import cli as gpufleet_cli
-from gpufleet.alerts.capacity import GROUPS
+from gpufleet.alerts.capacity import capacity
+from gpufleet.alerts.config import Config
 from gpufleet.report.figures import project, quantile_from_buckets
 from gpufleet.simulator.faults import Fault
 from gpufleet.simulator.fleet import COMM, COMPUTE, NODE_HOST_WATTS, Fleet
@@ -35,6 +36,7 @@ from reports import HtmlTables, backfill, drawn, markdown_tables, number, opened
 
 H = 3600
 STEP = 300  # The capacity rules' interval: the history holds a sample at every evaluation.
+GROUPS = tuple(group["name"] for group in capacity(Config()))
 DAYS = 2
 METRICS = re.compile(
     r"gpufleet_gpu_(info|up|job_info|utilization_ratio|sm_active_ratio|tensor_active_ratio|memory_(free|total)_bytes|power_watts|power_limit_watts"
