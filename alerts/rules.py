@@ -13,7 +13,7 @@ import yaml
 
 from gpufleet.alerts.capacity import capacity
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.exporter import exporter_health
+from gpufleet.alerts.exporter import collector_health, exporter_health
 from gpufleet.alerts.fabric import fabric, fabric_trends
 from gpufleet.alerts.gpu import gpu_failures, gpu_trends
 from gpufleet.alerts.recording import shared
@@ -25,9 +25,8 @@ def groups(config: Config) -> list[dict[str, Any]]:
     """Two speeds (see `rule.TREND_INTERVAL`): the pager's groups run at Prometheus's `evaluation_interval`,
     which should be the scrape interval; the first tier and every group that judges minutes of data run every
     minute; capacity and reliability, which the reports read, every five."""
-    return [shared(config), stragglers(config), gpu_failures(config), fabric(config),
-            exporter_health(config), gpu_trends(config), fabric_trends(config), *capacity(config),
-            reliability(config)]
+    return [shared(config), stragglers(config), gpu_failures(config), fabric(config), exporter_health(config),
+            collector_health(config), gpu_trends(config), fabric_trends(config), *capacity(config), reliability(config)]
 
 
 def recorded_by(rule_groups: list[dict[str, Any]]) -> dict[str, str]:
