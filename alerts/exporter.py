@@ -16,8 +16,7 @@ UNSCRAPED_SHARE = 0.05
 
 
 def exporter_health(c: Config) -> dict[str, Any]:
-    """The pages for nodes that went dark: every other alert of such a node is blind, so they run at the
-    scrape interval, where every held alert reads the same `up`."""
+    """The pages for nodes gone dark, at the scrape interval: every other alert of such a node is blind."""
     up = c.up()
     seen = EXPORTERS_SEEN
     unscraped = f"count by ({c.cluster_label}) ({seen} unless on ({c.by('instance')}) {up})"
