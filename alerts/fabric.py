@@ -9,14 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.recording import (
-    LINK_UTILIZATION,
-    NODE_IB_RATE,
-    NODE_JOBS,
-    NOT_ACTIVE,
-    congested,
-    link_ratios,
-)
+from gpufleet.alerts.recording import LINK_UTILIZATION, NODE_IB_RATE, NODE_JOBS, congested, link_ratios
 from gpufleet.alerts.rule import PORT, TREND_INTERVAL, alert, record
 
 _LINK = ("{{ $labels.device }}{{ with $labels.port }} port {{ . }}{{ end }} of {{ $labels.instance }}")
@@ -25,6 +18,10 @@ _LINK = ("{{ $labels.device }}{{ with $labels.port }} port {{ . }}{{ end }} of {
 # and the link-downs in the link-downed window while there are any (fabric).
 SATURATED = "instance_port:gpufleet_link_utilization:saturated"
 LINK_DOWNS = "instance_port:gpufleet_infiniband_link_downed:increase"
+# Sparse, per port: its state while it is not ACTIVE, for the alerts that need a port to be up. The page for a
+# port that is down reads the state itself: read from this series, it fired 8 s later with vmalert in the
+# end-to-end test (two runs of two), where a series recorded for the first time is not found at once.
+NOT_ACTIVE = "instance_port:gpufleet_infiniband_state:not_active"
 # The saturation window's utilisation is the 5-minute rate averaged over the window as if taken at every
 # scrape. A rate over an exporter's snapshots wobbles by up to a collection interval over its window (±5 % at
 # 15 s over 5 minutes), and the thresholds sit 2 points below a saturated link: the average of every
@@ -45,19 +42,18 @@ def _rate_above(c: Config, name: str, counter: str, per_second: float, summary: 
 
 def fabric(c: Config) -> dict[str, Any]:
     """What pages for a port the moment it fails, evaluated at the scrape interval: a port down or trained
-    down, and a link's downs over a window. A sparse series, recorded first, reads the link-downs' window once
-    for two alerts; the two that leave a port that is not active to the page read that from the first tier."""
+    down, and a link's downs over a window. Two sparse series, recorded first, read the link-downs' window
+    once for two alerts and the ports' state once for two."""
     ib = "gpufleet_infiniband_"
     port = c.by("instance", "device", "port")
     # Rounded: increase() extrapolates to the window's edges, which can make 2 link-downs read 2.1.
     downed = f"round(increase({c.metric(ib + 'link_downed_total')}[{c.d(c.link_downed_window)}]))"
+    not_active = f"{c.metric(ib + 'state_id')} != 4"
     rules = [
         record(LINK_DOWNS, f"{downed} > 0"),
-        # The state read here, not from the first tier's NOT_ACTIVE: read from a recorded series, this page fired
-        # 8 s later with vmalert in the end-to-end test (two runs of two), where a new series is not found at once.
+        record(NOT_ACTIVE, not_active),
         alert(c, "NicInfinibandPortDown",
-              f"{c.metric(ib + 'state_id')} != 4 unless on ({port}) {c.metric(ib + 'physical_state_id')} == 3",
-              "critical",
+              f"{not_active} unless on ({port}) {c.metric(ib + 'physical_state_id')} == 3", "critical",
               "An InfiniBand port is not active.",
               f"{PORT} is in state {{{{ $value }}}}, not 4 (ACTIVE).", for_="2m"),
         # Against the fastest rate of the node's ports as the first tier recorded it, up to a minute ago: a

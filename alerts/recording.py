@@ -56,10 +56,6 @@ SEEN_WINDOW = "1h"
 # Per node: the rate of its fastest InfiniBand port, which a port that trained down is compared with. Rates
 # change only when a link retrains, so a minute-old figure serves the pager's 15 s group.
 NODE_IB_RATE = "instance:gpufleet_infiniband_rate_bytes_per_second:max"
-# Sparse, per port: its state while it is not ACTIVE, for the fabric alerts that must leave such a port to
-# NicInfinibandPortDown, both with a `for` of 5 minutes: a minute-old state only lets one go pending for
-# that minute. The page itself reads the state raw, at the scrape interval.
-NOT_ACTIVE = "instance_port:gpufleet_infiniband_state:not_active"
 
 
 SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
@@ -228,7 +224,6 @@ def shared(c: Config) -> dict[str, Any]:
         port_buckets(c),
         record(EXPORTERS_SEEN, f"max_over_time({c.up()}[{c.d(SEEN_WINDOW)}])"),
         record(NODE_IB_RATE, f"max by ({c.by('instance')}) ({c.metric('gpufleet_infiniband_rate_bytes_per_second')})"),
-        record(NOT_ACTIVE, f"{c.metric('gpufleet_infiniband_state_id')} != 4"),
         *_gpu_health(c),
     ]
     return {"name": "gpufleet-recording", "interval": c.d(TREND_INTERVAL), "rules": rules}

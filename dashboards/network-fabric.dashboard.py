@@ -13,7 +13,8 @@ from grafanalib.core import Dashboard
 
 from gpufleet.alerts.capacity import IB_ERRORS
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.recording import LINK_UTILIZATION, NODE_IB_RATE, NOT_ACTIVE, PORT_BUCKETS, XMIT_WAIT
+from gpufleet.alerts.fabric import NOT_ACTIVE
+from gpufleet.alerts.recording import LINK_UTILIZATION, NODE_IB_RATE, PORT_BUCKETS, XMIT_WAIT
 from gpufleet.dashboards.panels import PORT_LEGEND, Scope, dashboard, heatmap, table, timeseries
 
 
