@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-from support import binary, cpu_seconds, free_port, peak_rss_mib, query, serve, stop, wait_ready
+from support import binary, cpu_seconds, free_port, peak_rss_mib, query, serve, start_simulator, stop
 
 from gpufleet.duration import parse as parse_duration
 
@@ -64,13 +63,10 @@ def disk_bytes(path: Path) -> int:
 
 def measure_size(nodes: int, warm_up: float, seconds: float, workdir: Path) -> list[dict[str, float | str]]:
     targets = workdir / "targets.json"
-    sim_port, prom_port, vm_port, agent_port = (free_port() for _ in range(4))
-    simulator = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet", "simulate", f"--nodes={nodes}", f"--file-sd={targets}",
-         f"--web.listen-address=127.0.0.1:{sim_port}", f"--collect-interval={SCRAPE_SECONDS}s", "--log.level=warn"])
+    prom_port, vm_port, agent_port = (free_port() for _ in range(3))
+    simulator = start_simulator(nodes, targets, SCRAPE_SECONDS)
     running: list[subprocess.Popen] = [simulator]
     try:
-        wait_ready(f"http://127.0.0.1:{sim_port}/healthz", simulator, 300)
         own = [("prometheus", prom_port), ("victoriametrics", vm_port), ("vmagent", agent_port)]
         prom_config = scrape_config(targets, own[:1], workdir / "prometheus.yml")
         agent_config = scrape_config(targets, own[1:], workdir / "vmagent.yml")

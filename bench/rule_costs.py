@@ -19,9 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.parse
@@ -29,8 +26,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import yaml
-from rules_bench import ROOT, SCRAPE_SECONDS, start_prometheus
-from support import binary, free_port, get, stop, wait_ready
+from rules_bench import ROOT, SCRAPE_SECONDS, self_metrics, start_prometheus
+from support import get, start_simulator, stop
 
 from gpufleet.duration import parse as parse_duration
 
@@ -38,22 +35,17 @@ RUNS = 3
 
 
 def allocated(url: str) -> float:
-    text = get(f"{url}/metrics").decode()
-    match = re.search(r"^go_memstats_alloc_bytes_total (\S+)$", text, re.MULTILINE)
-    if match is None:
+    value = self_metrics(url).get(("go_memstats_alloc_bytes_total", ""))
+    if value is None:
         raise SystemExit("Prometheus did not export go_memstats_alloc_bytes_total")
-    return float(match.group(1))
+    return value
 
 
 def record_history(workdir: Path, nodes: int, rules: Path, warm_up: float) -> None:
     """Scrape and evaluate for `warm_up`, then stop, leaving the storage in `workdir`/data."""
     targets = workdir / "targets.json"
-    port = free_port()
-    simulator = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet", "simulate", f"--nodes={nodes}", f"--file-sd={targets}",
-         f"--web.listen-address=127.0.0.1:{port}", f"--collect-interval={SCRAPE_SECONDS}s", "--log.level=warn"])
+    simulator = start_simulator(nodes, targets, SCRAPE_SECONDS)
     try:
-        wait_ready(f"http://127.0.0.1:{port}/healthz", simulator, 300)
         process, _ = start_prometheus(workdir, targets, rules)
         print(f"recording {warm_up:g} s of history", flush=True)
         time.sleep(warm_up)
@@ -82,15 +74,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         record_history(workdir, args.nodes, args.rules, args.warm_up)
-        config = workdir / "quiet.yml"
-        config.write_text(f"global: {{scrape_interval: {SCRAPE_SECONDS}s}}\n")
-        port = free_port()
-        process = subprocess.Popen([binary("prometheus", "prometheus"), f"--config.file={config}",
-                                    f"--storage.tsdb.path={workdir}/data", f"--web.listen-address=127.0.0.1:{port}",
-                                    "--log.level=warn"])
-        url = f"http://127.0.0.1:{port}"
+        nothing = workdir / "no-targets.json"
+        nothing.write_text("[]\n")
+        # The same storage, no target and no rule; replaying a 1,000-node head takes minutes.
+        process, url = start_prometheus(workdir, nothing, None, ready_seconds=600)
         try:
-            wait_ready(f"{url}/-/ready", process, 600)
             at = json.loads(get(f"{url}/api/v1/query?query={urllib.parse.quote('max(timestamp(up))')}"))
             when = float(at["data"]["result"][0]["value"][1])
             reading = reading_cost(url)

@@ -49,7 +49,18 @@ from pathlib import Path
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
-from support import binary, cpu_seconds, free_port, get, peak_rss_mib, percentile, query, stop, wait_ready
+from support import (
+    binary,
+    cpu_seconds,
+    free_port,
+    get,
+    peak_rss_mib,
+    percentile,
+    query,
+    start_simulator,
+    stop,
+    wait_ready,
+)
 
 from gpufleet.duration import parse as parse_duration
 
@@ -152,14 +163,15 @@ def write_config(workdir: Path, targets: Path, rules: Path | None, querylog: Pat
     return config
 
 
-def start_prometheus(workdir: Path, targets: Path, rules: Path | None) -> tuple[subprocess.Popen, str]:
+def start_prometheus(workdir: Path, targets: Path, rules: Path | None,
+                     ready_seconds: float = 60) -> tuple[subprocess.Popen, str]:
     port = free_port()
     config = write_config(workdir, targets, rules)
     process = subprocess.Popen([binary("prometheus", "prometheus"), f"--config.file={config}",
                                 f"--storage.tsdb.path={workdir}/data", f"--web.listen-address=127.0.0.1:{port}",
                                 "--log.level=warn"])
     url = f"http://127.0.0.1:{port}"
-    wait_ready(f"{url}/-/ready", process, 60)
+    wait_ready(f"{url}/-/ready", process, ready_seconds)
     return process, url
 
 
@@ -276,13 +288,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         targets = Path(tmp) / "targets.json"
-        sim_port = free_port()
-        simulator = subprocess.Popen(
-            [sys.executable, "-m", "gpufleet", "simulate", f"--nodes={args.nodes}", f"--file-sd={targets}",
-             f"--web.listen-address=127.0.0.1:{sim_port}", f"--collect-interval={SCRAPE_SECONDS}s",
-             "--log.level=warn"])
+        simulator = start_simulator(args.nodes, targets, SCRAPE_SECONDS)
         try:
-            wait_ready(f"http://127.0.0.1:{sim_port}/healthz", simulator, 300)
             runs = []
             for name, rules in ((("without rules", None),) if not args.skip_baseline else ()) + (
                     ("with rules", args.rules),):

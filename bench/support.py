@@ -10,6 +10,7 @@ import shutil
 import socket
 import statistics
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -50,6 +51,20 @@ def wait_ready(url: str, process: subprocess.Popen, seconds: float = 20) -> None
         except OSError:
             time.sleep(0.1)
     raise SystemExit(f"{url} did not answer within {seconds}s")
+
+
+def start_simulator(nodes: int, targets: Path, collect_seconds: int) -> subprocess.Popen:
+    """The simulator with `nodes` nodes of 8 GPUs, its targets written to `targets`, once it answers."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", "simulate", f"--nodes={nodes}", f"--file-sd={targets}",
+         f"--web.listen-address=127.0.0.1:{port}", f"--collect-interval={collect_seconds}s", "--log.level=warn"])
+    try:
+        wait_ready(f"http://127.0.0.1:{port}/healthz", process, 300)
+    except BaseException:
+        stop(process)
+        raise
+    return process
 
 
 def get(url: str, timeout: float = 10.0) -> bytes:
