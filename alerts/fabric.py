@@ -29,7 +29,9 @@ NOT_ACTIVE = "instance_port:gpufleet_infiniband_state:not_active"
 # the end-to-end test). Over evenly spaced points, the mean of the 5-minute rate over 10 minutes equals the
 # mean of the 10-minute rate over 5 minutes (each is the counter's mean over the last 5 minutes less its
 # mean 10 minutes earlier, over 10 minutes), so the subquery takes the second: twenty rates at this step
-# instead of forty, and rate() still follows counter resets and series younger than the windows.
+# instead of forty, and rate() still follows counter resets and series younger than the windows. The mean
+# is divided by the port's speed now, once: a link that trained down is as busy as its traffic is against
+# the speed it has.
 RATE_WINDOW = "5m"
 SATURATION_STEP = "15s"
 
@@ -88,10 +90,9 @@ def fabric_trends(c: Config) -> dict[str, Any]:
     node = c.by("instance")
     # The job with the most GPUs on the node names the training job a saturated port slows down.
     main_job = f"0 * topk by ({node}) (1, {NODE_JOBS})"
-    window, step = c.d(RATE_WINDOW), c.d(SATURATION_STEP)
     rules = [
-        *(record(SATURATED, f"avg_over_time(({ratio})[{window}:{step}]) > {c.saturation_warning:g}", **labels)
-          for ratio, labels in link_ratios(c, c.saturation_window)),
+        *(record(SATURATED, f"{ratio} > {c.saturation_warning:g}", **labels)
+          for ratio, labels in link_ratios(c, c.saturation_window, averaged=(c.d(RATE_WINDOW), c.d(SATURATION_STEP)))),
         # Not where NicSaturatedTrainingJob's condition already holds on the latest utilisation: the
         # 10-minute average of a port that jumps to 97% passes 80% a minute and a half before 95%, and the
         # ticket would leave Alertmanager before the page that inhibits it exists.

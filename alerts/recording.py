@@ -178,14 +178,20 @@ _LINKS = (
 )
 
 
-def link_ratios(c: Config, window: str, known_speed: bool = False) -> list[tuple[str, dict[str, str]]]:
+def link_ratios(c: Config, window: str, known_speed: bool = False,
+                averaged: tuple[str, str] | None = None) -> list[tuple[str, dict[str, str]]]:
     """Throughput as a share of link speed, one expression per link class and direction, with the labels
     that say which. `known_speed` leaves out links that report a speed of 0, rather than calling them
-    infinitely busy."""
+    infinitely busy. `averaged` (a subquery's range and step) averages the rate over its points before it
+    divides: the speed changes only when a link retrains, and a division at every point matches every port
+    once per point, which cost more than the rates themselves."""
     ratios = []
     for counter, speed, port, class_, direction in _LINKS:
         divisor = f"({c.metric(speed)} > 0)" if known_speed else c.metric(speed)
-        ratio = f"rate({c.metric(counter)}[{c.d(window)}]) / on ({c.by(*port)}) {divisor}"
+        rate = f"rate({c.metric(counter)}[{c.d(window)}])"
+        if averaged is not None:
+            rate = f"avg_over_time({rate}[{averaged[0]}:{averaged[1]}])"
+        ratio = f"{rate} / on ({c.by(*port)}) {divisor}"
         ratios.append((ratio, {"direction": direction, "class": class_}))
     return ratios
 
