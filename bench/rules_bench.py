@@ -2,6 +2,7 @@
 
 Usage: .venv/bin/python bench/rules_bench.py [--nodes 1000] [--warm-up 15m] [--seconds 600]
                                              [--rules alerts/gpufleet-rules.yml] [--skip-baseline]
+                                             [--gomemlimit 2560MiB]
 
 Starts the simulator with N nodes of 8 GPUs, then, one after the other, two Prometheus servers
 (127.0.0.1, fresh storage each) that scrape it every 15 s and evaluate every 15 s: the first without
@@ -18,6 +19,9 @@ It prints:
 * for both servers: head series, series per node, CPU as a share of one core over the
   measurement, and peak resident memory; the rules' cost is the difference;
 * whether the simulator kept up: the oldest GPU snapshot Prometheus scraped, and its CPU share;
+* with --gomemlimit, both servers run under that soft memory limit of Go's runtime (the `GOMEMLIMIT`
+  variable, Go 1.19 and later: Debian's Prometheus 2.42 is built with 1.19), which collects garbage
+  more often as the heap nears it, instead of letting the heap grow to twice its live data;
 * with --profiles DIR, each server's heap profile and a 30 s CPU profile at the end of its measurement,
   saved for `go tool pprof` (Debian's golang-go), to see where the rules' CPU and memory go.
 * every dashboard target as Grafana sends it (variables at All or, where a dashboard picks one
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import signal
@@ -163,13 +168,14 @@ def write_config(workdir: Path, targets: Path, rules: Path | None, querylog: Pat
     return config
 
 
-def start_prometheus(workdir: Path, targets: Path, rules: Path | None,
-                     ready_seconds: float = 60) -> tuple[subprocess.Popen, str]:
+def start_prometheus(workdir: Path, targets: Path, rules: Path | None, ready_seconds: float = 60,
+                     gomemlimit: str | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     config = write_config(workdir, targets, rules)
+    env = {**os.environ, "GOMEMLIMIT": gomemlimit} if gomemlimit else None
     process = subprocess.Popen([binary("prometheus", "prometheus"), f"--config.file={config}",
                                 f"--storage.tsdb.path={workdir}/data", f"--web.listen-address=127.0.0.1:{port}",
-                                "--log.level=warn"])
+                                "--log.level=warn"], env=env)
     url = f"http://127.0.0.1:{port}"
     wait_ready(f"{url}/-/ready", process, ready_seconds)
     return process, url
@@ -284,6 +290,7 @@ def main() -> None:
     parser.add_argument("--rules", type=Path, default=ROOT / "alerts" / "gpufleet-rules.yml")
     parser.add_argument("--skip-baseline", action="store_true", help="only the run with rules")
     parser.add_argument("--profiles", type=Path, help="save each server's heap and CPU profiles here")
+    parser.add_argument("--gomemlimit", help="GOMEMLIMIT for both servers, as Go writes it (2560MiB, 3GiB)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -295,7 +302,7 @@ def main() -> None:
                     ("with rules", args.rules),):
                 workdir = Path(tmp) / name.replace(" ", "-")
                 workdir.mkdir()
-                process, url = start_prometheus(workdir, targets, rules)
+                process, url = start_prometheus(workdir, targets, rules, gomemlimit=args.gomemlimit)
                 try:
                     run = measure(name, url, process, psutil.Process(simulator.pid), args.warm_up, args.seconds,
                                   args.profiles)
@@ -308,7 +315,7 @@ def main() -> None:
                     stop(process)
                     shutil.rmtree(workdir / "data", ignore_errors=True)
             print(f"\n{args.nodes} nodes x 8 GPUs, scraped and evaluated every {SCRAPE_SECONDS} s; "
-                  f"rules: {args.rules.name}")
+                  f"rules: {args.rules.name}" + (f"; GOMEMLIMIT={args.gomemlimit}" if args.gomemlimit else ""))
             report_runs(runs)
         finally:
             stop(simulator)
