@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import collections
 import os
+import platform
 import shutil
 import statistics
 import subprocess
@@ -42,6 +43,8 @@ import urllib.request
 from pathlib import Path
 
 import aiohttp
+import aiohttp.http_parser
+import multidict
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 from support import cpu_seconds, free_port, peak_rss_mib, wait_ready
@@ -166,17 +169,40 @@ async def sustained(url: str, scrapers: int, seconds: float) -> tuple[list[float
 def load_row(pid: int, url: str, scrapers: int, seconds: float) -> None:
     asyncio.run(sustained(url, scrapers, 3.0))  # Warm up: every collector has run, caches are built.
     process = psutil.Process(pid)
-    rss_before, threads_before = process.memory_info().rss, process.num_threads()
+    rss_before, threads_before = resident(pid), process.num_threads()
     scraped, statuses, failures = asyncio.run(sustained(url, scrapers, seconds))
-    rss_after, threads_after = process.memory_info().rss, process.num_threads()
+    rss_after, threads_after = resident(pid), process.num_threads()
     print(f"load: {scrapers} scrapers for {seconds:g}s: {len(scraped)} scrapes, statuses {statuses}, "
           f"{failures} failed; p50 {percentile(scraped, 0.5) * 1000:.1f} ms, "
-          f"p99 {percentile(scraped, 0.99) * 1000:.1f} ms; RSS {rss_before / 2**20:.1f} -> "
-          f"{rss_after / 2**20:.1f} MiB; threads {threads_before} -> {threads_after}")
+          f"p99 {percentile(scraped, 0.99) * 1000:.1f} ms; RSS {rss_before} -> {rss_after}; "
+          f"threads {threads_before} -> {threads_after}")
 
 
-def rss_mib(pid: int) -> float:
-    return psutil.Process(pid).memory_info().rss / 2**20
+def resident(pid: int) -> str:
+    """Resident memory, and how much of it is the process's own (anonymous: Python's heap) and how much is
+    mapped files (the interpreter and its libraries), which tells a grown heap from a larger install."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile"):
+            fields[key] = int(value.split()[0]) / 1024
+    return f"{fields['VmRSS']:.1f} MiB (anon {fields['RssAnon']:.1f}, file {fields['RssFile']:.1f})"
+
+
+def build() -> str:
+    """What differs between machines and moves an exporter's memory and CPU: the page size (64 KiB pages
+    round every touched allocation up), the interpreter and the settings it inherits (development mode, which
+    brings PYTHONMALLOC=debug, added 6 MiB here and tripled the scrape latency), and whether aiohttp and
+    multidict run their C extensions or their pure-Python fallbacks (wheels missing for this Python or
+    architecture)."""
+    parser = "C" if aiohttp.http_parser.HttpRequestParser.__module__.endswith("_http_parser") else "Python"
+    mapping = "C" if multidict.MultiDict.__module__.endswith("_multidict") else "Python"
+    settings = [f"{name}={os.environ[name]}" for name in ("PYTHONDEVMODE", "PYTHONMALLOC", "PYTHONTRACEMALLOC",
+                                                          "MALLOC_ARENA_MAX") if name in os.environ]
+    return (f"{platform.machine()}, {os.sysconf('SC_PAGE_SIZE') // 1024} KiB pages, "
+            f"{platform.python_implementation()} {platform.python_version()} ({sys.executable}"
+            f"{', ' + ', '.join(settings) if settings else ''}), aiohttp {aiohttp.__version__} with its {parser} "
+            f"HTTP parser, multidict {multidict.__version__} ({mapping})")
 
 
 def cpu_shares(targets: dict[int, str], seconds: float) -> dict[int, float]:
@@ -264,23 +290,23 @@ def main() -> None:
             wait_ready(ours_url, ours)
             wait_ready(theirs_url, theirs)
             time.sleep(6)  # Two GPU collections (every 5 s): GPM's series span two, so they come with the second.
-            phases = [("started", rss_mib(ours.pid))]
+            phases = [("started", resident(ours.pid))]
             with urllib.request.urlopen(ours_url) as response:
                 body = response.read()
             families = series_by_family(body.decode())
-            print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}; "
-                  f"gpufleet /metrics: {len(body)} bytes, {sum(families.values())} series")
+            print(f"machine: {os.cpu_count()} CPUs, {build()}")
+            print(f"gpufleet /metrics: {len(body)} bytes, {sum(families.values())} series")
             print("series by family: " + ", ".join(f"{name} {count}" for name, count in families.most_common()))
             print(f"{'scrape latency':<16} {'p50 1 ms':>9} {'p99 1 ms':>9} {'p50 50 ms':>10} {'p99 50 ms':>10}")
             ours_row = latency_row("gpufleet", ours_url)
-            phases.append(("1 and 50 scrapers", rss_mib(ours.pid)))
+            phases.append(("1 and 50 scrapers", resident(ours.pid)))
             theirs_row = latency_row("node_exporter", theirs_url)
             print(f"p99 at 50 scrapers, gpufleet / node_exporter: {ours_row['p99_50'] / theirs_row['p99_50']:.2f}")
             shares = cpu_shares({ours.pid: ours_url, theirs.pid: theirs_url}, args.cpu_seconds)
-            phases.append((f"{args.cpu_seconds:g}s at default intervals", rss_mib(ours.pid)))
+            phases.append((f"{args.cpu_seconds:g}s at default intervals", resident(ours.pid)))
             print(f"CPU over {args.cpu_seconds:g}s, scraped every 15 s: gpufleet (default intervals) "
                   f"{shares[ours.pid] * 100:.2f}%, node_exporter {shares[theirs.pid] * 100:.2f}% of one core")
-            print("gpufleet RSS after each phase: " + ", ".join(f"{name} {mib:.1f} MiB" for name, mib in phases))
+            print("gpufleet RSS after each phase: " + ", ".join(f"{name} {rss}" for name, rss in phases))
             print(f"peak RSS (VmHWM): gpufleet {peak_rss_mib(ours.pid):.1f} MiB, "
                   f"node_exporter {peak_rss_mib(theirs.pid):.1f} MiB")
             load_row(ours.pid, ours_url, args.load_scrapers, args.load_seconds)
