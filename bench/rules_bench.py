@@ -2,7 +2,7 @@
 
 Usage: .venv/bin/python bench/rules_bench.py [--nodes 1000] [--warm-up 15m] [--seconds 600]
                                              [--rules alerts/gpufleet-rules.yml] [--skip-baseline]
-                                             [--gomemlimit 2560MiB]
+                                             [--gomemlimit 2560MiB] [--simulator-nice 19]
 
 Starts the simulator with N nodes of 8 GPUs, then, one after the other, two Prometheus servers
 (127.0.0.1, fresh storage each) that scrape it every 15 s and evaluate every 15 s: the first without
@@ -22,6 +22,9 @@ It prints:
 * with --gomemlimit, both servers run under that soft memory limit of Go's runtime (the `GOMEMLIMIT`
   variable, Go 1.19 and later: Debian's Prometheus 2.42 is built with 1.19), which collects garbage
   more often as the heap nears it, instead of letting the heap grow to twice its live data;
+* with --simulator-nice N, the simulator runs at that niceness: Prometheus then has the CPU first, as it
+  would on a machine of its own, and what is left of the groups' worst evaluations is Prometheus's own
+  contention (its other groups, its scrapes, its garbage collector), not the stand-in fleet's;
 * with --profiles DIR, each server's heap profile and a 30 s CPU profile at the end of its measurement,
   saved for `go tool pprof` (Debian's golang-go), to see where the rules' CPU and memory go.
 * every dashboard target as Grafana sends it (variables at All or, where a dashboard picks one
@@ -291,11 +294,13 @@ def main() -> None:
     parser.add_argument("--skip-baseline", action="store_true", help="only the run with rules")
     parser.add_argument("--profiles", type=Path, help="save each server's heap and CPU profiles here")
     parser.add_argument("--gomemlimit", help="GOMEMLIMIT for both servers, as Go writes it (2560MiB, 3GiB)")
+    parser.add_argument("--simulator-nice", type=int, default=0, metavar="N",
+                        help="run the simulator at this niceness (1-19), so that Prometheus has the CPU first")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         targets = Path(tmp) / "targets.json"
-        simulator = start_simulator(args.nodes, targets, SCRAPE_SECONDS)
+        simulator = start_simulator(args.nodes, targets, SCRAPE_SECONDS, args.simulator_nice)
         try:
             runs = []
             for name, rules in ((("without rules", None),) if not args.skip_baseline else ()) + (
@@ -315,7 +320,8 @@ def main() -> None:
                     stop(process)
                     shutil.rmtree(workdir / "data", ignore_errors=True)
             print(f"\n{args.nodes} nodes x 8 GPUs, scraped and evaluated every {SCRAPE_SECONDS} s; "
-                  f"rules: {args.rules.name}" + (f"; GOMEMLIMIT={args.gomemlimit}" if args.gomemlimit else ""))
+                  f"rules: {args.rules.name}" + (f"; GOMEMLIMIT={args.gomemlimit}" if args.gomemlimit else "")
+                  + (f"; simulator at nice {args.simulator_nice}" if args.simulator_nice else ""))
             report_runs(runs)
         finally:
             stop(simulator)
