@@ -1,6 +1,7 @@
 """The scale tier end to end at 10,000 GPUs: simulated nodes, three vmagents, VictoriaMetrics, vmalert.
 
 Usage: .venv/bin/python bench/pipeline_bench.py [--nodes 1250] [--simulators 2] [--warm-up 12m] [--seconds 300]
+                                                [--simulator-nice 19]
 
 Runs the compose file's `scale` tier on this machine, each program with the flags compose gives it
 (Debian's victoria-metrics 1.79.5 for all three kinds): three vmagents that share the targets with
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -46,6 +46,7 @@ from support import (
     serve_alertmanager,
     serve_victoriametrics,
     serve_vmalert,
+    simulator_command,
     stop,
 )
 
@@ -77,6 +78,8 @@ def main() -> None:
                         help="a flag for VictoriaMetrics besides compose's, to try a setting (repeatable)")
     parser.add_argument("--vmagent-flag", action="append", default=[], metavar="FLAG",
                         help="a flag for every vmagent after compose's, which it overrides (repeatable)")
+    parser.add_argument("--simulator-nice", type=int, default=0, metavar="N",
+                        help="run the simulators at this niceness (1-19), so that the tier has the CPU first")
     args = parser.parse_args()
     rules = yaml.safe_load(RULES_FILE.read_text())
     intervals = {g["name"]: parse_duration(g.get("interval", f"{SCRAPE_SECONDS}s")) for g in rules["groups"]}
@@ -89,7 +92,7 @@ def main() -> None:
             for n, nodes in enumerate(share):
                 port, targets_file = free_port(), workdir / f"sim-{n}.json"
                 running.append((f"simulator {n}", serve([
-                    sys.executable, "-m", "gpufleet", "simulate", f"--nodes={nodes}", f"--cluster=sim-{n}",
+                    *simulator_command(args.simulator_nice), f"--nodes={nodes}", f"--cluster=sim-{n}",
                     f"--seed={n}", f"--file-sd={targets_file}", f"--web.listen-address=127.0.0.1:{port}",
                     "--log.level=warn"], port, "/healthz")[0]))
                 targets.append(str(targets_file))
@@ -111,7 +114,8 @@ def main() -> None:
             running.append(("alertmanager", am))
             vmalert, vmalert_url = serve_vmalert(RULES_FILE, vm_url, am_url)
             running.append(("vmalert", vmalert))
-            print(f"{args.nodes} nodes x 8 GPUs from {args.simulators} simulators; flags beside compose's: "
+            print(f"{args.nodes} nodes x 8 GPUs from {args.simulators} simulators"
+                  + (f" at nice {args.simulator_nice}" if args.simulator_nice else "") + "; flags beside compose's: "
                   f"VictoriaMetrics {' '.join(args.victoriametrics_flag) or 'none'}, vmagents "
                   f"{' '.join(args.vmagent_flag) or 'none'}; warming up for {args.warm_up:g} s", flush=True)
             time.sleep(args.warm_up)

@@ -53,16 +53,18 @@ def wait_ready(url: str, process: subprocess.Popen, seconds: float = 20) -> None
     raise SystemExit(f"{url} did not answer within {seconds}s")
 
 
-def start_simulator(nodes: int, targets: Path, collect_seconds: int, niceness: int = 0) -> subprocess.Popen:
-    """The simulator with `nodes` nodes of 8 GPUs, its targets written to `targets`, once it answers.
+def simulator_command(niceness: int) -> list[str]:
+    """`gpufleet simulate`, at `niceness` where it is not 0: the simulator and every thread it starts then
+    yield the CPU to the servers under test, as the fleet it stands for would on machines of its own.
+    nice(1) execs, so the process's pid is the simulator's."""
+    return [*(["nice", "-n", str(niceness)] if niceness else []), sys.executable, "-m", "gpufleet", "simulate"]
 
-    With `niceness`, the simulator and every thread it starts yield the CPU to the servers under test (nice(1)
-    execs, so the pid is the simulator's): the fleet it stands for runs on machines of its own.
-    """
+
+def start_simulator(nodes: int, targets: Path, collect_seconds: int, niceness: int = 0) -> subprocess.Popen:
+    """The simulator with `nodes` nodes of 8 GPUs, its targets written to `targets`, once it answers."""
     port = free_port()
     process = subprocess.Popen(
-        [*(["nice", "-n", str(niceness)] if niceness else []),
-         sys.executable, "-m", "gpufleet", "simulate", f"--nodes={nodes}", f"--file-sd={targets}",
+        [*simulator_command(niceness), f"--nodes={nodes}", f"--file-sd={targets}",
          f"--web.listen-address=127.0.0.1:{port}", f"--collect-interval={collect_seconds}s", "--log.level=warn"])
     try:
         wait_ready(f"http://127.0.0.1:{port}/healthz", process, 300)
