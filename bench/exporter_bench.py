@@ -8,6 +8,8 @@ It builds a node-sized sysfs tree (8 InfiniBand ports, 4 Ethernet interfaces,
 node_exporter with the matching collectors (netclass, infiniband, hwmon,
 thermal_zone) and no cap on parallel scrapes, and prints:
 
+* the machine: CPUs, architecture and page size, the interpreter and the memory settings it inherits,
+  and whether aiohttp and multidict run their C extensions;
 * the series count, in all and by metric family;
 * scrape latency p50/p99 with 1 and with 50 concurrent scrapers, for both
   exporters, asking for gzip as Prometheus does;
@@ -17,7 +19,8 @@ thermal_zone) and no cap on parallel scrapes, and prints:
 * sustained load: --load-scrapers scraping without pause for --load-seconds,
   with the scrapes answered, failed and refused, latency p50/p99, and the
   exporter's resident memory and threads before and after;
-* the exporter's resident memory after each phase and its peak (VmHWM), and
+* the exporter's resident memory after each phase (and how much of it is anonymous memory, the heap,
+  and how much mapped files, the interpreter and its libraries) and its peak (VmHWM), and
   node_exporter's peak beside it;
 * what GPM adds to one 8-GPU collection: the GPU collector timed in this process
   over the simulated library, with and without GPM, alternating, best of
@@ -189,7 +192,7 @@ def resident(pid: int) -> str:
     return f"{fields['VmRSS']:.1f} MiB (anon {fields['RssAnon']:.1f}, file {fields['RssFile']:.1f})"
 
 
-def build() -> str:
+def platform_summary() -> str:
     """What differs between machines and moves an exporter's memory and CPU: the page size (64 KiB pages
     round every touched allocation up), the interpreter and the settings it inherits (development mode, which
     brings PYTHONMALLOC=debug, added 6 MiB here and tripled the scrape latency), and whether aiohttp and
@@ -294,7 +297,7 @@ def main() -> None:
             with urllib.request.urlopen(ours_url) as response:
                 body = response.read()
             families = series_by_family(body.decode())
-            print(f"machine: {os.cpu_count()} CPUs, {build()}")
+            print(f"machine: {os.cpu_count()} CPUs, {platform_summary()}")
             print(f"gpufleet /metrics: {len(body)} bytes, {sum(families.values())} series")
             print("series by family: " + ", ".join(f"{name} {count}" for name, count in families.most_common()))
             print(f"{'scrape latency':<16} {'p50 1 ms':>9} {'p99 1 ms':>9} {'p50 50 ms':>10} {'p99 50 ms':>10}")
