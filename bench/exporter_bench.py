@@ -50,7 +50,7 @@ import aiohttp.http_parser
 import multidict
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
-from support import cpu_seconds, free_port, peak_rss_mib, wait_ready
+from support import cpu_seconds, free_port, peak_rss_mib, status_mib, wait_ready
 
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.gpm import metric_set
@@ -184,11 +184,7 @@ def load_row(pid: int, url: str, scrapers: int, seconds: float) -> None:
 def resident(pid: int) -> str:
     """Resident memory, and how much of it is the process's own (anonymous: Python's heap) and how much is
     mapped files (the interpreter and its libraries), which tells a grown heap from a larger install."""
-    fields = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmRSS", "RssAnon", "RssFile"):
-            fields[key] = int(value.split()[0]) / 1024
+    fields = status_mib(pid)
     return f"{fields['VmRSS']:.1f} MiB (anon {fields['RssAnon']:.1f}, file {fields['RssFile']:.1f})"
 
 

@@ -86,11 +86,19 @@ def query(prometheus: str, promql: str, timeout: float = 10.0) -> float | None:
     return float(result[0]["value"][1]) if result else None
 
 
-def peak_rss_mib(pid: int) -> float:
+def status_mib(pid: int) -> dict[str, float]:
+    """The memory fields of /proc/PID/status (VmHWM, VmRSS, RssAnon, RssFile, ...), in MiB."""
+    fields = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return psutil.Process(pid).memory_info().rss / 2**20
+        key, _, value = line.partition(":")
+        if value.endswith(" kB"):
+            fields[key] = int(value.split()[0]) / 1024
+    return fields
+
+
+def peak_rss_mib(pid: int) -> float:
+    peak = status_mib(pid).get("VmHWM")
+    return peak if peak is not None else psutil.Process(pid).memory_info().rss / 2**20
 
 
 def cpu_seconds(process: psutil.Process) -> float:
