@@ -1,4 +1,4 @@
-"""`gpufleet alerts build`: regenerate the committed rule file, or check that it is current."""
+"""`gpufleet alerts build`: regenerate the committed rule files, or check that they are current."""
 
 from __future__ import annotations
 
@@ -7,18 +7,26 @@ import sys
 from pathlib import Path
 
 from gpufleet.alerts import config
-from gpufleet.alerts.rules import render
+from gpufleet.alerts.rules import ENGINES, Engine, render
 
 RULES_FILE = Path(__file__).parent / "gpufleet-rules.yml"
+VMALERT_RULES_FILE = Path(__file__).parent / "gpufleet-vmalert-rules.yml"
+COMMITTED: dict[Engine, Path] = {"prometheus": RULES_FILE, "vmalert": VMALERT_RULES_FILE}
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser("alerts", help="build the Prometheus alerting rules",
-                                   description="Generate the Prometheus rules from alerts/rules.py.")
+    parser = subparsers.add_parser("alerts", help="build the Prometheus and vmalert rules",
+                                   description="Generate the alerting and recording rules from alerts/rules.py.")
     commands = parser.add_subparsers(dest="alerts_command", metavar="COMMAND", required=True)
-    build = commands.add_parser("build", help=f"write {RULES_FILE.name}")
-    build.add_argument("--check", action="store_true", help="exit 1 if the committed file is out of date")
-    build.add_argument("--output", type=Path, default=RULES_FILE, help="where to write (default: %(default)s)")
+    build = commands.add_parser("build", help=f"write {RULES_FILE.name} and {VMALERT_RULES_FILE.name}")
+    build.add_argument("--check", action="store_true",
+                       help="write nothing; exit 1 if a file it would write is out of date")
+    build.add_argument("--engine", choices=ENGINES,
+                       help="build for this evaluator only (default: both committed files, or prometheus with "
+                            "--output); vmalert's file adds each group's `concurrency`, which Prometheus refuses")
+    build.add_argument("--output", type=Path, metavar="FILE",
+                       help=f"write one file here instead of {RULES_FILE.name} and {VMALERT_RULES_FILE.name} "
+                            "beside the code")
     config.add_argument(build)
     build.add_argument("--time-scale", type=_time_scale, default=1.0, metavar="FACTOR",
                        help="divide every window and `for` duration by FACTOR, for tests against a fast "
@@ -36,13 +44,21 @@ def _time_scale(text: str) -> float:
     return value
 
 
+def targets(engine: Engine | None, output: Path | None) -> dict[Engine, Path]:
+    """Where each engine's file goes: --output names one file (Prometheus's unless --engine says otherwise)."""
+    if output is not None:
+        return {engine or "prometheus": output}
+    return {e: path for e, path in COMMITTED.items() if engine in (None, e)}
+
+
 def run_build(args: argparse.Namespace) -> int:
-    text = render(args.config.scaled(args.time_scale))
-    if args.check:
-        current = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
-        if current != text:
-            print(f"gpufleet alerts build: {args.output} is out of date; run `gpufleet alerts build`", file=sys.stderr)
-            return 1
-        return 0
-    args.output.write_text(text, encoding="utf-8")
-    return 0
+    scaled = args.config.scaled(args.time_scale)
+    stale = 0
+    for engine, path in targets(args.engine, args.output).items():
+        text = render(scaled, engine)
+        if not args.check:
+            path.write_text(text, encoding="utf-8")
+        elif (path.read_text(encoding="utf-8") if path.exists() else "") != text:
+            print(f"gpufleet alerts build: {path} is out of date; run `gpufleet alerts build`", file=sys.stderr)
+            stale = 1
+    return stale

@@ -11,7 +11,7 @@ import yaml
 
 from gpufleet import cli
 from gpufleet.alerts import capacity as rec
-from gpufleet.alerts.cli import RULES_FILE
+from gpufleet.alerts.cli import RULES_FILE, VMALERT_RULES_FILE
 from gpufleet.alerts.config import Config, load
 from gpufleet.alerts.rules import recorded_by, render
 from gpufleet.alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH
@@ -26,20 +26,39 @@ def promtool() -> str:
     return binary("promtool", "prometheus")
 
 
-def test_the_committed_rule_file_is_what_the_code_generates():
+def test_the_committed_rule_files_are_what_the_code_generates():
     assert RULES_FILE.read_text(encoding="utf-8") == render(), "run `gpufleet alerts build` and commit the result"
+    assert VMALERT_RULES_FILE.read_text(encoding="utf-8") == render(engine="vmalert")
     check = subprocess.run([sys.executable, "-m", "gpufleet", "alerts", "build", "--check"], capture_output=True,
                            text=True, timeout=60)
     assert check.returncode == 0, check.stderr
 
 
+def test_vmalerts_file_is_prometheus_rules_with_the_pagers_groups_asking_rules_at_once():
+    prometheus = yaml.safe_load(RULES_FILE.read_text())["groups"]
+    vmalert = yaml.safe_load(VMALERT_RULES_FILE.read_text())["groups"]
+    assert [{k: v for k, v in g.items() if k != "concurrency"} for g in vmalert] == prometheus
+    # The pager's groups (no interval of their own) ask up to four rules at once, the two-rule group two; every
+    # group that runs each minute or less often asks one at a time, so that it cannot crowd the pager out.
+    concurrency = {g["name"]: g["concurrency"] for g in vmalert}
+    assert concurrency == {g["name"]: 1 if "interval" in g else min(4, len(g["rules"])) for g in prometheus}
+    assert {concurrency[name] for name in ("gpufleet-gpu-failures", "gpufleet-fabric", "gpufleet-exporter")} == {4, 2}
+    site = yaml.safe_load(render(load_config_text("vmalert_concurrency: 8\n"), "vmalert"))["groups"]
+    assert {g["name"]: g["concurrency"] for g in site if g["concurrency"] > 1} == {
+        "gpufleet-gpu-failures": 8, "gpufleet-fabric": 6, "gpufleet-exporter": 2}
+
+
 @pytest.mark.e2e
-def test_the_check_notices_a_stale_file(tmp_path):
+@pytest.mark.parametrize("engine", ["prometheus", "vmalert"])
+def test_the_check_notices_a_stale_file(tmp_path, engine):
     stale = tmp_path / "rules.yml"
-    stale.write_text("groups: []\n")
-    check = subprocess.run([sys.executable, "-m", "gpufleet", "alerts", "build", "--check", f"--output={stale}"],
-                           capture_output=True, text=True, timeout=60)
-    assert check.returncode == 1 and "is out of date" in check.stderr
+    stale.write_text(render(engine="prometheus" if engine == "vmalert" else "vmalert"))  # The other engine's.
+    check = subprocess.run([sys.executable, "-m", "gpufleet", "alerts", "build", "--check", f"--output={stale}",
+                            f"--engine={engine}"], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 1 and f"{stale} is out of date" in check.stderr, check.stderr
+    built = subprocess.run([sys.executable, "-m", "gpufleet", "alerts", "build", f"--output={stale}",
+                            f"--engine={engine}"], capture_output=True, text=True, timeout=60)
+    assert built.returncode == 0 and stale.read_text() == render(engine=engine), built.stderr
 
 
 @pytest.mark.e2e
@@ -47,16 +66,21 @@ def test_promtool_checks_the_rules():
     result = subprocess.run([promtool(), "check", "rules", str(RULES_FILE)], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+    # Why vmalert has a file of its own: Prometheus refuses the field that lets vmalert ask rules at once.
+    refused = subprocess.run([promtool(), "check", "rules", str(VMALERT_RULES_FILE)], capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode != 0 and "field concurrency not found" in refused.stdout + refused.stderr
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("scale", [1, 8], ids=["production", "time scale 8"])
 def test_vmalert_loads_the_rules(tmp_path, scale):
-    # Past one Prometheus the same file runs in vmalert: its MetricsQL parser and template checks take
-    # every expression and annotation as written. The broken copy shows that the check reads them.
+    # Past one Prometheus the same rules run in vmalert, from its own copy of the file: its MetricsQL parser
+    # and template checks take every expression and annotation as written. The broken copy shows that the
+    # check reads them.
     vmalert = binary("vmalert", "victoria-metrics")
     rules = tmp_path / "rules.yml"
-    rules.write_text(render(Config().scaled(scale)))
+    rules.write_text(render(Config().scaled(scale), "vmalert"))
     broken = tmp_path / "broken.yml"
     broken.write_text(rules.read_text().replace("expr: ", "expr: sum by (", 1))
 
@@ -194,6 +218,7 @@ def test_the_routing_keeps_secrets_out_of_the_repository():
     ("saturation_warning: high\n", "saturation_warning must be a number, not 'high'"),
     ("straggler_for: soon\n", "straggler_for: invalid duration 'soon'"),
     ("cluster_label: 'data centre'\n", "cluster_label 'data centre' is not a Prometheus label name"),
+    ("vmalert_concurrency: 0\n", "vmalert_concurrency must be 1 or more, not 0"),
     ("[1, 2]\n", "expected a mapping of settings"),
 ])
 def test_every_builder_checks_its_config_file_key_by_key(tmp_path, capsys, command, text, message):

@@ -60,9 +60,10 @@ def test_the_wheel_adds_exactly_one_top_level_name(wheel: Path) -> None:
         top_level = archive.read(f"gpufleet-{__version__}.dist-info/top_level.txt").decode().split()
     assert {name.split("/")[0] for name in names if ".dist-info/" not in name} == {"gpufleet"}
     assert top_level == ["gpufleet"]
-    for data in ("gpufleet/py.typed", "gpufleet/alerts/gpufleet-rules.yml", "gpufleet/simulator/scenarios/demo.yml",
-                 "gpufleet/simulator/fault-rates/llama3.yml", "gpufleet/dashboards/json/gpufleet-fleet.json",
-                 "gpufleet/dashboards/fleet-overview.dashboard.py"):
+    for data in ("gpufleet/py.typed", "gpufleet/alerts/gpufleet-rules.yml",
+                 "gpufleet/alerts/gpufleet-vmalert-rules.yml", "gpufleet/simulator/scenarios/demo.yml",
+                 "gpufleet/simulator/fault-rates/llama3.yml",
+                 "gpufleet/dashboards/json/gpufleet-fleet.json", "gpufleet/dashboards/fleet-overview.dashboard.py"):
         assert data in names, data
 
 
