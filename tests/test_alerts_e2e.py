@@ -4,7 +4,8 @@ to Alertmanager.
 The simulator serves a 16-node fleet. A real Prometheus scrapes it through file_sd and evaluates the
 rules generated at time scale 8 (every window and `for` divided by 8, thresholds unchanged); beside it,
 three vmagents scrape a third of the same targets each into one VictoriaMetrics, and vmalert evaluates
-the same rule file over the whole fleet there, so that a job's nodes are compared across shards.
+the same rules (its copy of the file, with each group's concurrency) over the whole fleet there, so that
+a job's nodes are compared across shards.
 Each engine notifies its own real Alertmanager, with the production routing and only its receiver
 addresses pointed here, which delivers to a webhook receiver run by this test. After a healthy first
 minute, one fault of every kind the simulator knows is injected, each on its own node, GPU or port.
@@ -162,12 +163,14 @@ class Engine:
 def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_nothing(tmp_path):
     """Prometheus, and three vmagent shards with VictoriaMetrics and vmalert, watch one simulated fleet at
     once, each engine with its own Alertmanager (the same routing) and receiver: the same rule file must
-    fire the same alerts in both and reach the same receivers. Then vmalert is restarted, and none of its
-    alerts may resolve or start again; and a shard is stopped, which must page with NodesUnscraped."""
+    fire the same alerts in both and reach the same receivers (vmalert's copy has the pager's groups ask up
+    to four rules at once). Then vmalert is restarted, and none of its alerts may resolve or start again;
+    and a shard is stopped, which must page with NodesUnscraped."""
     scenario = tmp_path / "scenario.yml"
     scenario.write_text(yaml.safe_dump({"faults": [{**fault, "start": f"{FAULTS_AT}s"} for fault, _ in SCENARIO]}))
-    rules = tmp_path / "rules.yml"
+    rules, vmalert_rules = tmp_path / "rules.yml", tmp_path / "vmalert-rules.yml"
     rules.write_text(render(Config().scaled(TIME_SCALE)))
+    vmalert_rules.write_text(render(Config().scaled(TIME_SCALE), "vmalert"))  # With each group's concurrency.
     receivers = {name: Receiver() for name in ("prometheus", "vmalert")}
     for name in receivers:
         (tmp_path / name / "am").mkdir(parents=True)
@@ -181,11 +184,11 @@ def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_no
         config = prometheus_config(tmp_path / "prometheus.yml", targets, "1s", rules, prom_am)
         prom_url = stack.enter_context(prometheus(config, tmp_path / "data"))
         evaluating = stack.enter_context(contextlib.ExitStack())  # vmalert alone, for the restart drill.
-        vmalert_url = evaluating.enter_context(vmalert(rules, storage, vm_am, "1s", LOOKBACK))
+        vmalert_url = evaluating.enter_context(vmalert(vmalert_rules, storage, vm_am, "1s", LOOKBACK))
 
         def restart_vmalert() -> None:
             evaluating.close()
-            evaluating.enter_context(vmalert(rules, storage, vm_am, "1s", LOOKBACK,
+            evaluating.enter_context(vmalert(vmalert_rules, storage, vm_am, "1s", LOOKBACK,
                                              port=int(vmalert_url.rsplit(":", 1)[1])))
         engines = [Engine("prometheus", AlertLog(prom_url), receivers["prometheus"], prom_url),
                    Engine("vmalert", AlertLog(vmalert_url), receivers["vmalert"], storage)]

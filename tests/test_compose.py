@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from gpufleet import __version__
+from gpufleet.alerts.cli import RULES_FILE, VMALERT_RULES_FILE
 from gpufleet.cli import build_parser
 from gpufleet.dashboards.cli import OUTPUT as DASHBOARDS
 
@@ -46,8 +47,9 @@ DAEMONSET_CONTAINERS = [c for doc in KUBERNETES if doc["kind"] == "DaemonSet"
 UNIT = ROOT / "deploy" / "systemd" / "gpufleet-exporter.service"
 IMAGE = f"ghcr.io/gpufleet/gpufleet:{__version__}"
 AGENTS = sorted(name for name in SERVICES if name.startswith("vmagent-"))
-RULES = ROOT / "alerts" / "gpufleet-rules.yml"
-COMMITTED_GROUPS = sorted(g["name"] for g in yaml.safe_load(RULES.read_text())["groups"])
+COMMITTED_GROUPS = sorted(g["name"] for g in yaml.safe_load(RULES_FILE.read_text())["groups"])
+# vmalert's copy: the same groups, each with how many of its rules vmalert asks at once.
+CONCURRENCY = {g["name"]: g["concurrency"] for g in yaml.safe_load(VMALERT_RULES_FILE.read_text())["groups"]}
 NODES = {f"gpu-node-{n:04d}" for n in range(1, 17)}  # The compose simulator's 16 nodes.
 
 
@@ -353,7 +355,7 @@ def test_the_scale_tier_scrapes_every_target_twice_and_evaluates_the_same_rules_
         assert scrape["global"]["scrape_interval"] == interval
         assert gpufleet_job(scrape) == gpufleet_job(prometheus_yml), f"{name} scrapes gpufleet unlike Prometheus"
     vmalert = command_flags("vmalert")
-    assert host_path("vmalert", vmalert["-rule"]) == RULES
+    assert host_path("vmalert", vmalert["-rule"]).resolve() == VMALERT_RULES_FILE.resolve()
     assert vmalert["-evaluationInterval"] == prometheus_yml["global"]["evaluation_interval"]
     assert vmalert["-datasource.url"] == vmalert["-remoteWrite.url"] == vmalert["-remoteRead.url"] == storage
     assert vmalert["-notifier.url"] == "http://alertmanager:9093" and "-disableAlertgroupLabel" in vmalert
@@ -466,7 +468,7 @@ def test_the_scale_tier_pages_through_vmalert_past_a_lost_vmagent_and_a_store_ou
         pages = [(a["labels"]["alertname"], a["labels"]["instance"]) for a in alertmanager_alerts(am_url)
                  if [r["name"] for r in a["receivers"]] == ["pager"]]
     assert alert["labels"]["instance"] == node and [r["name"] for r in alert["receivers"]] == ["pager"]
-    assert sorted(g["name"] for g in groups) == COMMITTED_GROUPS
+    assert {g["name"]: g["concurrency"] for g in groups} == CONCURRENCY
     assert [(r["name"], r["lastError"]) for g in groups for r in g["rules"] if r["health"] != "ok"] == []
     assert refused == [], "VictoriaMetrics refused dashboard queries"
     assert dropped == [], "the standing page was resolved or restarted at these seconds of the outage"
