@@ -5,13 +5,14 @@ Usage: .venv/bin/python bench/global_tier_bench.py [--nodes 12500] [--minutes 8]
 Past one store, the rules that reduce a node's own series (a GPU's clock, a port's wait, a node's
 signal averaged over 5 minutes) run near the data, and only the rules that compare nodes with each
 other (job medians, stragglers) must see the whole fleet. This bench takes those from the committed
-rule file: the rules of the straggler groups (`gpufleet-recording`, `gpufleet-stragglers`) that do not
-keep nodes apart (`global_groups` says how that is read from the rules). It writes what they read (the
-per-node series recorded near the data, and `up`) for N nodes of 8 GPUs into a single-node
-VictoriaMetrics 1.79.5 (Debian's), from 12 minutes before the start to 2 minutes past the end at the
-rate they are recorded (a minute; `up` every 15 s), so that every window is full from the first
-evaluation and the store takes no writes but vmalert's while it is measured. Then vmalert evaluates
-those groups at their own interval, with the compose file's flags, for --minutes.
+rule file for vmalert, as compose runs it (these groups ask one rule at a time there): the rules of
+the straggler groups (`gpufleet-recording`, `gpufleet-stragglers`) that do not keep nodes apart
+(`global_groups` says how that is read from the rules). It writes what they read (the per-node series
+recorded near the data, and `up`) for N nodes of 8 GPUs into a single-node VictoriaMetrics 1.79.5
+(Debian's), from 12 minutes before the start to 2 minutes past the end at the rate they are recorded
+(a minute; `up` every 15 s), so that every window is full from the first evaluation and the store takes
+no writes but vmalert's while it is measured. Then vmalert evaluates those groups at their own
+interval, with the compose file's flags, for --minutes.
 
 The fleet is one cluster of Slurm jobs: one of 2,048 nodes, two of 1,024, six of 512, twenty of 128
 and fifty of 16, as many as fit; of the nodes left, half are busy without a job (compared by GPU
@@ -57,7 +58,7 @@ from support import (
     stop,
 )
 
-from gpufleet.alerts.cli import RULES_FILE
+from gpufleet.alerts.cli import VMALERT_RULES_FILE
 from gpufleet.duration import parse as parse_duration
 
 GROUPS = ("gpufleet-recording", "gpufleet-stragglers")
@@ -119,7 +120,7 @@ def global_groups(rules: dict) -> dict:
             kept = [rule for rule in group["rules"] if not runs_near(rule)]
             if any(exporter_series(rule["expr"]) for rule in kept):
                 raise SystemExit(f"a rule of {group['name']} compares nodes over exporter series")
-            groups.append({**group, "rules": kept})
+            groups.append({**group, "concurrency": min(group["concurrency"], len(kept)), "rules": kept})
     return {"groups": groups}
 
 
@@ -217,15 +218,15 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=12500)
     parser.add_argument("--minutes", type=float, default=8.0)
     args = parser.parse_args()
-    groups = global_groups(yaml.safe_load(RULES_FILE.read_text()))
+    groups = global_groups(yaml.safe_load(VMALERT_RULES_FILE.read_text()))
     intervals = {g["name"]: parse_duration(g["interval"]) for g in groups["groups"]}
     nodes = fleet(args.nodes)
     sizes = sorted(Counter(n.job_id for n in nodes if n.job_id).values(), reverse=True)
     print(f"{len(nodes)} nodes x 8 GPUs: {len(sizes)} jobs of {sizes[:3]}...{sizes[-1:]} nodes, "
           f"{sum(not n.job_id and n.busy for n in nodes)} busy "
           f"without one, {sum(not n.busy for n in nodes)} idle; straggler {nodes[0].instance} (job {nodes[0].job_id})")
-    print("global rules: " + "; ".join(f"{g['name']} every {g['interval']}: {len(g['rules'])}"
-                                       for g in groups["groups"]))
+    print("global rules: " + "; ".join(f"{g['name']} every {g['interval']}: {len(g['rules'])}, "
+                                       f"{g['concurrency']} at once" for g in groups["groups"]))
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         rules = workdir / "global-rules.yml"

@@ -6,7 +6,7 @@ Usage: .venv/bin/python bench/pipeline_bench.py [--nodes 1250] [--simulators 2] 
 Runs the compose file's `scale` tier on this machine, each program with the flags compose gives it
 (Debian's victoria-metrics 1.79.5 for all three kinds): three vmagents that share the targets with
 each target scraped by two of them, scraping the `gpufleet` job of `compose/vmagent/scrape.yml` every
-15 s; one VictoriaMetrics; vmalert evaluating the committed `alerts/gpufleet-rules.yml` and notifying
+15 s; one VictoriaMetrics; vmalert evaluating the committed `alerts/gpufleet-vmalert-rules.yml` and notifying
 an Alertmanager that routes nowhere. The fleet is --nodes nodes of 8 GPUs served by --simulators
 `gpufleet simulate` processes (one cannot serve 1,250 nodes on one core), each its own cluster
 (sim-0, sim-1, ...), so that node names repeat and series do not.
@@ -50,7 +50,7 @@ from support import (
     stop,
 )
 
-from gpufleet.alerts.cli import RULES_FILE
+from gpufleet.alerts.cli import VMALERT_RULES_FILE
 from gpufleet.duration import parse as parse_duration
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--simulator-nice", type=int, default=0, metavar="N",
                         help="run the simulators at this niceness (1-19), so that the tier has the CPU first")
     args = parser.parse_args()
-    rules = yaml.safe_load(RULES_FILE.read_text())
+    rules = yaml.safe_load(VMALERT_RULES_FILE.read_text())
     intervals = {g["name"]: parse_duration(g.get("interval", f"{SCRAPE_SECONDS}s")) for g in rules["groups"]}
     running: list[tuple[str, subprocess.Popen]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -112,7 +112,7 @@ def main() -> None:
                                           "-httpListenAddr")), *args.vmagent_flag], port)[0]))
             am, am_url = serve_alertmanager(workdir)
             running.append(("alertmanager", am))
-            vmalert, vmalert_url = serve_vmalert(RULES_FILE, vm_url, am_url)
+            vmalert, vmalert_url = serve_vmalert(VMALERT_RULES_FILE, vm_url, am_url)
             running.append(("vmalert", vmalert))
             print(f"{args.nodes} nodes x 8 GPUs from {args.simulators} simulators"
                   + (f" at nice {args.simulator_nice}" if args.simulator_nice else "") + "; flags beside compose's: "
