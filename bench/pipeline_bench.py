@@ -4,12 +4,12 @@ Usage: .venv/bin/python bench/pipeline_bench.py [--nodes 1250] [--simulators 2] 
                                                 [--simulator-nice 19]
 
 Runs the compose file's `scale` tier on this machine, each program with the flags compose gives it
-(Debian's victoria-metrics 1.79.5 for all three kinds): three vmagents that share the targets with
-each target scraped by two of them, scraping the `gpufleet` job of `compose/vmagent/scrape.yml` every
-15 s; one VictoriaMetrics; vmalert evaluating the committed `alerts/gpufleet-vmalert-rules.yml` and notifying
-an Alertmanager that routes nowhere. The fleet is --nodes nodes of 8 GPUs served by --simulators
-`gpufleet simulate` processes (one cannot serve 1,250 nodes on one core), each its own cluster
-(sim-0, sim-1, ...), so that node names repeat and series do not.
+(Debian's victoria-metrics 1.79.5 for all three kinds): three vmagents that share the targets with each
+target scraped by two of them, scraping the `gpufleet` job of `compose/vmagent/scrape.yml` every 15 s;
+one VictoriaMetrics; vmalert evaluating the committed `alerts/gpufleet-vmalert-rules.yml` (as compose
+runs it) and notifying an Alertmanager that routes nowhere. The fleet is --nodes nodes of 8 GPUs served
+by --simulators `gpufleet simulate` processes (one cannot serve 1,250 nodes on one core), each its own
+cluster (sim-0, sim-1, ...), so that node names repeat and series do not.
 
 After --warm-up (12 minutes: the straggler rules read 11 minutes back) it measures over --seconds and
 prints, per rule group, every evaluation's duration (p50, p99, max, and max as a share of the group's

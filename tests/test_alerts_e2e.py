@@ -162,7 +162,7 @@ class Engine:
 
 def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_nothing(tmp_path):
     """Prometheus, and three vmagent shards with VictoriaMetrics and vmalert, watch one simulated fleet at
-    once, each engine with its own Alertmanager (the same routing) and receiver: the same rule file must
+    once, each engine with its own Alertmanager (the same routing) and receiver: the same rules must
     fire the same alerts in both and reach the same receivers (vmalert's copy has the pager's groups ask up
     to four rules at once). Then vmalert is restarted, and none of its alerts may resolve or start again;
     and a shard is stopped, which must page with NodesUnscraped."""
