@@ -120,7 +120,7 @@ def global_groups(rules: dict) -> dict:
             kept = [rule for rule in group["rules"] if not runs_near(rule)]
             if any(exporter_series(rule["expr"]) for rule in kept):
                 raise SystemExit(f"a rule of {group['name']} compares nodes over exporter series")
-            groups.append({**group, "concurrency": min(group["concurrency"], len(kept)), "rules": kept})
+            groups.append({**group, "rules": kept})  # With the file's concurrency, as compose runs the group.
     return {"groups": groups}
 
 
