@@ -22,6 +22,8 @@ Everything listens on 127.0.0.1; every loop is bounded by count and time.
 from __future__ import annotations
 
 import argparse
+import calendar
+import json
 import subprocess
 import tempfile
 import time
@@ -66,6 +68,28 @@ def own_metric(url: str, name: str, **labels: str) -> float:
     scrapes them)."""
     return sum(sample.value for family in text_string_to_metric_families(get(f"{url}/metrics", TIMEOUT).decode())
                for sample in family.samples if sample.name == name and labels.items() <= sample.labels.items())
+
+
+def group_starts(vmalert_url: str, intervals: dict[str, float]) -> dict[str, float]:
+    """Each group's last evaluation, as seconds into its interval by the clock. Groups that start close
+    together contend for the CPU at every run, and which do depends on where vmalert placed them."""
+    starts = {}
+    for group in json.loads(get(f"{vmalert_url}/api/v1/rules", TIMEOUT))["data"]["groups"]:
+        whole, _, fraction = group.get("lastEvaluation", "0001").rstrip("Z").partition(".")
+        if group["name"] in intervals and not whole.startswith("0001"):  # Go's zero time: not evaluated yet.
+            seconds = calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) + float(f"0.{fraction or 0}")
+            starts[group["name"]] = seconds % intervals[group["name"]]
+    return starts
+
+
+def worst_at(iterations: VmalertIterations, group: str) -> float:
+    """When a group's slowest evaluation began, as seconds into the 5 minutes by the clock: which other groups
+    it met follows from their start columns, since every group starts at the same point of each interval."""
+    seen = iterations.durations.get(group, [])
+    if not seen:
+        return float("nan")
+    worst = max(range(len(seen)), key=seen.__getitem__)
+    return (iterations.ended[group][worst] - seen[worst]) % 300
 
 
 def main() -> None:
@@ -122,6 +146,7 @@ def main() -> None:
             processes = {name: psutil.Process(p.pid) for name, p in running}
             cpu0 = {name: cpu_seconds(p) for name, p in processes.items()}
             rows0 = own_metric(vm_url, "vm_rows_inserted_total")
+            queued0 = own_metric(vm_url, "vm_concurrent_select_limit_reached_total")
             iterations = VmalertIterations(vmalert_url)
             began = time.monotonic()
             for tick in range(int(args.seconds / SAMPLE_SECONDS)):
@@ -134,28 +159,36 @@ def main() -> None:
             # A count() over every series is refused past -search.maxUniqueTimeseries: ask the store's own cache.
             series = own_metric(vm_url, "vm_cache_entries", type="storage/hour_metric_ids")
             rows = (own_metric(vm_url, "vm_rows_inserted_total") - rows0) / elapsed
+            queued = own_metric(vm_url, "vm_concurrent_select_limit_reached_total") - queued0
             oldest = query(vm_url, 'max(max_over_time((timestamp(gpufleet_collector_last_success_timestamp_seconds'
                                    '{collector="gpu"}) - gpufleet_collector_last_success_timestamp_seconds'
                                    f'{{collector="gpu"}})[{window}:{SCRAPE_SECONDS}s]))', TIMEOUT)
+            starts = group_starts(vmalert_url, intervals)
             stop(vmalert)
-            slowest = rule_times(vm_url, rules, time.time() // SCRAPE_SECONDS * SCRAPE_SECONDS)[:10]
+            alone = rule_times(vm_url, rules, time.time() // SCRAPE_SECONDS * SCRAPE_SECONDS)
         finally:
             for _, process in reversed(running):
                 stop(process)
-    print(f"\n{'rule group':<24}{'interval':>9}{'runs':>6}{'p50 s':>9}{'p99 s':>9}{'max s':>9}{'max/int':>9}"
-          f"{'missed':>8}")
+    print(f"\n{'rule group':<24}{'interval':>9}{'starts':>8}{'runs':>6}{'p50 s':>9}{'p99 s':>9}{'max s':>9}"
+          f"{'max/int':>9}{'missed':>8}{'alone s':>9}{'worst at':>10}")
     for group, interval in intervals.items():
         seen = iterations.durations.get(group, [])
         missed = iterations.since_start("vmalert_iteration_missed_total", group)
-        print(f"{group:<24}{interval:>9g}{len(seen):>6}{percentile(seen, 0.5):>9.3f}{percentile(seen, 0.99):>9.3f}"
-              f"{max(seen, default=float('nan')):>9.3f}{max(seen, default=float('nan')) / interval:>9.1%}"
-              f"{missed:>8.0f}")
-    print(f"failed rule executions: {iterations.since_start('vmalert_execution_errors_total'):.0f}")
+        print(f"{group:<24}{interval:>9g}{starts.get(group, float('nan')):>8.1f}{len(seen):>6}"
+              f"{percentile(seen, 0.5):>9.3f}{percentile(seen, 0.99):>9.3f}{max(seen, default=float('nan')):>9.3f}"
+              f"{max(seen, default=float('nan')) / interval:>9.1%}{missed:>8.0f}"
+              f"{sum(t for t, g, _ in alone if g == group):>9.3f}{worst_at(iterations, group):>10.0f}")
+    print("(starts: seconds into its interval, by the clock, at which vmalert 1.79 evaluates the group; it places "
+          "each group by a hash of the rule file's path and the group's name. alone: its rules' times summed, each "
+          "asked alone after vmalert stopped. worst at: seconds into the 5 minutes by the clock at which its slowest "
+          "evaluation began, within 2 s)")
+    print(f"failed rule executions: {iterations.since_start('vmalert_execution_errors_total'):.0f}; queries that "
+          f"waited for one of VictoriaMetrics's query slots: {queued:.0f}")
     print(f"active series in VictoriaMetrics: {series:,.0f}; rows taken in: {rows:,.0f}/s "
           "(every vmagent's copy of each sample, before deduplication)")
     print(f"oldest GPU snapshot scraped: {oldest or float('nan'):.1f} s (collection every 15 s)")
     print("\nten slowest rules, each asked alone after vmalert stopped (median of three):")
-    for seconds, group, name in slowest:
+    for seconds, group, name in alone[:10]:
         print(f"{seconds:>8.3f} s  {group:<24}{name}")
     print(f"\n{'program':<18}{'cores':>8}{'peak RSS MiB':>14}")
     for name in processes:

@@ -120,11 +120,13 @@ class VmalertIterations:
     """Each rule group's evaluations in a running vmalert, from the sums and counts of its own
     `vmalert_iteration_duration_seconds`: vmalert keeps no last duration per group as Prometheus does, and
     its summary's quantiles cover a sliding window. Read more often than the shortest interval, each new
-    count is one evaluation and the sum's step its duration."""
+    count is one evaluation and the sum's step its duration, ended by the time of the read (`ended`, the
+    clock's seconds, within one read's period)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.durations: dict[str, list[float]] = {}
+        self.ended: dict[str, list[float]] = {}
         self.first = self.last = self._totals()
 
     def _totals(self) -> dict[tuple[str, str], float]:
@@ -137,7 +139,7 @@ class VmalertIterations:
         return totals
 
     def sample(self) -> None:
-        now = self._totals()
+        now, at = self._totals(), time.time()
         for (name, group), count in now.items():
             if name == "vmalert_iteration_duration_seconds_count" and group:
                 runs = count - self.last.get((name, group), 0.0)
@@ -145,6 +147,7 @@ class VmalertIterations:
                     ("vmalert_iteration_duration_seconds_sum", group), 0.0)
                 if runs > 0:
                     self.durations.setdefault(group, []).extend([spent / runs] * int(runs))
+                    self.ended.setdefault(group, []).extend([at] * int(runs))
         self.last = now
 
     def since_start(self, name: str, group: str = "") -> float:
