@@ -12,10 +12,12 @@ by --simulators `gpufleet simulate` processes (one cannot serve 1,250 nodes on o
 cluster (sim-0, sim-1, ...), so that node names repeat and series do not.
 
 After --warm-up (12 minutes: the straggler rules read 11 minutes back) it measures over --seconds and
-prints, per rule group, every evaluation's duration (p50, p99, max, and max as a share of the group's
-interval), missed iterations and failed rule executions; the active series and the samples a second
+prints, per rule group, where in its interval vmalert starts it, every evaluation's duration (p50, p99,
+max, and max as a share of the group's interval), missed iterations, its rules' times asked alone once
+vmalert has stopped, and when its worst evaluation began (which groups it met); failed rule executions and
+the queries that waited for a query slot of VictoriaMetrics; the active series and the samples a second
 VictoriaMetrics took in; each program's CPU and peak memory; whether the simulators kept up (the
-oldest GPU snapshot scraped); and the ten slowest rules, each asked alone once vmalert has stopped.
+oldest GPU snapshot scraped); and the ten slowest rules asked alone.
 Everything listens on 127.0.0.1; every loop is bounded by count and time.
 """
 
