@@ -101,11 +101,15 @@ class Config:
     ethernet_error_share: float = 0.01  # Errors per packet, as kube-prometheus.
 
     # vmalert only: how many rules of a pager group (one that runs at the evaluation interval) it asks at once,
-    # its group field `concurrency`, capped at the group's size; the other groups ask one at a time. One after
-    # another, the pager's groups took 0.76 and 0.93 s at p50 in ten and six round trips to VictoriaMetrics at
-    # 10,000 GPUs; four at once, about 0.6 s (README, the scale tier). More than the store's
-    # `-search.maxConcurrentRequests` only queues there.
+    # its group field `concurrency`, capped at the group's size. One after another, the pager's groups took 0.76
+    # and 0.93 s at p50 in ten and six round trips to VictoriaMetrics at 10,000 GPUs; four at once, about 0.6 s
+    # (README, the scale tier). More than the store's `-search.maxConcurrentRequests` only queues there.
     vmalert_concurrency: int = 4
+    # vmalert only: the same for the groups that run every minute (`rule.TREND_INTERVAL`). One at a time,
+    # the first tier, the stragglers and the fabric trends took 4 to 5 s at p50 and up to 16 % of their minute
+    # at 10,000 GPUs; two at once, 1.8 to 3.1 s. Groups that run less often ask one at a time, so that the
+    # capacity and reliability groups cannot take the store's query slots from the pager.
+    vmalert_trend_concurrency: int = 2
 
     def by(self, *labels: str) -> str:
         """A grouping that keeps clusters apart: `cluster, instance` for `by("instance")`."""
@@ -176,8 +180,8 @@ def _check(path: str | Path, key: str, kind: object, value: object) -> None:
             raise ConfigError(f"{path}: {key}: {err}") from None
     if key == "cluster_label" and not _LABEL.fullmatch(str(value)):
         raise ConfigError(f"{path}: cluster_label {value!r} is not a Prometheus label name")
-    if key == "vmalert_concurrency" and isinstance(value, int) and value < 1:
-        raise ConfigError(f"{path}: vmalert_concurrency must be 1 or more, not {value!r}")
+    if key in ("vmalert_concurrency", "vmalert_trend_concurrency") and isinstance(value, int) and value < 1:
+        raise ConfigError(f"{path}: {key} must be 1 or more, not {value!r}")
 
 
 def add_argument(parser: argparse.ArgumentParser) -> None:

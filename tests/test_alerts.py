@@ -38,14 +38,24 @@ def test_vmalerts_file_is_prometheus_rules_with_the_pagers_groups_asking_rules_a
     prometheus = yaml.safe_load(RULES_FILE.read_text())["groups"]
     vmalert = yaml.safe_load(VMALERT_RULES_FILE.read_text())["groups"]
     assert [{k: v for k, v in g.items() if k != "concurrency"} for g in vmalert] == prometheus
-    # The pager's groups (no interval of their own) ask up to four rules at once, the two-rule group two; every
-    # group that runs each minute or less often asks one at a time, so that it cannot crowd the pager out.
+    # The pager's groups (no interval of their own) ask up to four rules at once, the two-rule group two; the
+    # minute groups two; the capacity and reliability groups, which run every 5 or 10 minutes, one at a time, so
+    # that they cannot crowd the pager out.
+    wanted = {None: 4, "1m": 2}
     concurrency = {g["name"]: g["concurrency"] for g in vmalert}
-    assert concurrency == {g["name"]: 1 if "interval" in g else min(4, len(g["rules"])) for g in prometheus}
+    assert concurrency == {g["name"]: min(wanted.get(g.get("interval"), 1), len(g["rules"])) for g in prometheus}
     assert {concurrency[name] for name in ("gpufleet-gpu-failures", "gpufleet-fabric", "gpufleet-exporter")} == {4, 2}
-    site = yaml.safe_load(render(load_config_text("vmalert_concurrency: 8\n"), "vmalert"))["groups"]
+    assert {concurrency[name] for name in ("gpufleet-recording", "gpufleet-stragglers", "gpufleet-fabric-trends",
+                                           "gpufleet-reliability", "gpufleet-capacity-links")} == {2, 1}
+    site = yaml.safe_load(render(load_config_text("vmalert_concurrency: 8\nvmalert_trend_concurrency: 3\n"),
+                                 "vmalert"))["groups"]
     assert {g["name"]: g["concurrency"] for g in site if g["concurrency"] > 1} == {
-        "gpufleet-gpu-failures": 8, "gpufleet-fabric": 6, "gpufleet-exporter": 2}
+        "gpufleet-gpu-failures": 8, "gpufleet-fabric": 6, "gpufleet-exporter": 2, "gpufleet-recording": 3,
+        "gpufleet-stragglers": 3, "gpufleet-exporter-trends": 2, "gpufleet-gpu-trends": 3,
+        "gpufleet-fabric-trends": 3}
+    # Time-scaled (the end-to-end test), the minute groups run every 8 s and keep their concurrency.
+    scaled = yaml.safe_load(render(Config().scaled(8), "vmalert"))["groups"]
+    assert {g["name"]: g["concurrency"] for g in scaled} == concurrency
 
 
 @pytest.mark.e2e
@@ -219,6 +229,7 @@ def test_the_routing_keeps_secrets_out_of_the_repository():
     ("straggler_for: soon\n", "straggler_for: invalid duration 'soon'"),
     ("cluster_label: 'data centre'\n", "cluster_label 'data centre' is not a Prometheus label name"),
     ("vmalert_concurrency: 0\n", "vmalert_concurrency must be 1 or more, not 0"),
+    ("vmalert_trend_concurrency: -1\n", "vmalert_trend_concurrency must be 1 or more, not -1"),
     ("[1, 2]\n", "expected a mapping of settings"),
 ])
 def test_every_builder_checks_its_config_file_key_by_key(tmp_path, capsys, command, text, message):
