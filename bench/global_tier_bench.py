@@ -120,7 +120,8 @@ def global_groups(rules: dict) -> dict:
             kept = [rule for rule in group["rules"] if not runs_near(rule)]
             if any(exporter_series(rule["expr"]) for rule in kept):
                 raise SystemExit(f"a rule of {group['name']} compares nodes over exporter series")
-            groups.append({**group, "rules": kept})  # With the file's concurrency, as compose runs the group.
+            # The file's concurrency, capped at the rules kept: the global part of the recording group is one rule.
+            groups.append({**group, "concurrency": min(group["concurrency"], len(kept)), "rules": kept})
     return {"groups": groups}
 
 
