@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # The month is the report test's, at an
 
 from gpufleet import cli as gpufleet_cli  # noqa: E402
 from gpufleet.alerts import reliability as rules  # noqa: E402
-from gpufleet.exporter.flags import duration  # noqa: E402
+from gpufleet.flags import duration  # noqa: E402
 from gpufleet.simulator.fleet import Fleet  # noqa: E402
 
 from months import STEP, asked_per_gpu_day, jobs, month  # noqa: E402

@@ -13,11 +13,11 @@ from gpufleet.exporter import node
 from gpufleet.exporter.collector import CollectorError
 from gpufleet.exporter.connections import ConnectionGuard
 from gpufleet.exporter.exposition import Exposition
-from gpufleet.exporter.flags import duration, listen_address, non_negative_int
-from gpufleet.exporter.logfmt import configure_logging
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.server import build_app, serve_until_signalled
 from gpufleet.exporter.webconfig import WebConfigError, WebConfigWatcher
+from gpufleet.flags import duration, listen_address, non_negative_int
+from gpufleet.logfmt import configure_logging
 
 DEFAULT_LISTEN_ADDRESS = ":19400"
 # A few Prometheus servers and agents keep a connection each; a hundred is room for them and for people.

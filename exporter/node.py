@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import pynvml
 
@@ -21,12 +20,13 @@ from gpufleet.exporter.collector.hwmon import HwmonCollector
 from gpufleet.exporter.collector.infiniband import InfinibandCollector
 from gpufleet.exporter.collector.network import NetworkCollector
 from gpufleet.exporter.collector.thermal_zone import ThermalZoneCollector
-from gpufleet.exporter.flags import duration, positive_int
 from gpufleet.exporter.gpu.nvml import Nvml
 from gpufleet.exporter.gpu.session import GpuUnavailable, NvmlSession
 from gpufleet.exporter.gpu.simulated import SimulatedNvml, simulated_gpus, simulated_procfs
+from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.scheduler import ScheduledCollector
-from gpufleet.exporter.tree import DiskTree, Tree
+from gpufleet.exporter.tree import DiskTree
+from gpufleet.flags import duration, positive_int
 
 COLLECTORS: tuple[type[Collector], ...] = (
     GpuCollector,
@@ -35,19 +35,6 @@ COLLECTORS: tuple[type[Collector], ...] = (
     HwmonCollector,
     ThermalZoneCollector,
 )
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """The boundary every collector reads through: the only part the simulator and the tests replace."""
-
-    nvml: Nvml
-    sysfs: Tree
-    procfs: Tree
-    # How long one NVML event wait may block. With a real driver it bounds how soon the XID watcher
-    # notices that it should stop. A simulated driver wakes its waiters when it is unloaded, so the
-    # simulator's thousand nodes can wait long and spare their threads a wake-up every second.
-    nvml_event_wait_ms: int = 1000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpufleet.alerts import config as mixin
-from gpufleet.exporter.flags import duration
+from gpufleet.flags import duration
 from gpufleet.report.progress import Progress
 from gpufleet.report.prometheus import Auth, Prometheus, Unreachable
 from gpufleet.report.query import Window, choose_step

@@ -10,9 +10,9 @@ import sys
 
 from aiohttp import web
 
-from gpufleet.exporter.flags import duration, listen_address, positive_int
-from gpufleet.exporter.logfmt import configure_logging
 from gpufleet.exporter.server import serve_until_signalled
+from gpufleet.flags import duration, listen_address, positive_int
+from gpufleet.logfmt import configure_logging
 from gpufleet.simulator.faults import ScenarioError, load_scenario
 from gpufleet.simulator.fleet import Fleet, collector_flags, node_names
 from gpufleet.simulator.layout import Job, LayoutError, load_layout

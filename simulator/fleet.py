@@ -40,6 +40,7 @@ from gpufleet.exporter.gpu.simulated import (
     nvlink_kib_for,
     simulated_board,
 )
+from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.tree import MemoryTree
 from gpufleet.simulator import rates as fault_rates
@@ -151,7 +152,7 @@ class Node:
         self.procfs = MemoryTree()
         self._build_sysfs()
         # The simulated driver wakes the XID watcher's event wait when unloaded (see close()): it can wait long.
-        self.hardware = exporter_node.Hardware(self.nvml, self.sysfs, self.procfs, nvml_event_wait_ms=30_000)
+        self.hardware = Hardware(self.nvml, self.sysfs, self.procfs, nvml_event_wait_ms=30_000)
         self.collectors = exporter_node.build(fleet.exporter_flags, self.hardware)
         self._last_tick = [-_FOREVER] * len(self.collectors)
         self.exposition = Exposition(self.collectors, fleet.process_metrics)

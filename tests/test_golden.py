@@ -31,6 +31,7 @@ from gpufleet.exporter.gpu.simulated import (
     simulated_procfs,
     slurm_cgroup,
 )
+from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.tree import DiskTree
 
 from helpers import FIXTURE_SYSFS, FakeClock, two_boards
@@ -75,7 +76,7 @@ def golden_exposition() -> str:
     gpus = boards()
     clock = FakeClock(1000.0)
     nvml = SimulatedNvml(gpus, clock=clock)
-    hardware = node.Hardware(nvml, DiskTree(FIXTURE_SYSFS), simulated_procfs(gpus), nvml_event_wait_ms=50)
+    hardware = Hardware(nvml, DiskTree(FIXTURE_SYSFS), simulated_procfs(gpus), nvml_event_wait_ms=50)
     flags = node.defaults()
     flags.gpu_gpm_detail = True  # So that every GPM series is in the file, the opt-in ones too.
     collectors = node.build(flags, hardware)

@@ -20,6 +20,7 @@ from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.gpm import DETAIL, METRICS, GpmReader, metric_set
 from gpufleet.exporter.gpu.session import NvmlSession
 from gpufleet.exporter.gpu.simulated import SimulatedNvml, simulated_procfs
+from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.tree import DiskTree
 from gpufleet.simulator.fleet import COMM, COMPUTE
 
@@ -42,7 +43,7 @@ def collector_with(nvml: SimulatedNvml, clock: FakeClock, *flags: str) -> GpuCol
     """The GPU collector as `gpufleet exporter` builds it from these flags."""
     parser = argparse.ArgumentParser()
     node.add_arguments(parser)
-    hardware = node.Hardware(nvml, DiskTree(FIXTURE_SYSFS), simulated_procfs(nvml.gpus))
+    hardware = Hardware(nvml, DiskTree(FIXTURE_SYSFS), simulated_procfs(nvml.gpus))
     return GpuCollector.from_args(parser.parse_args(list(flags)), hardware)
 
 

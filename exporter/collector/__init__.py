@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
+from typing import ClassVar, Protocol, TypeVar
 
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -25,11 +25,9 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
+from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.sysfs import SysfsReader
 from gpufleet.exporter.tree import Tree
-
-if TYPE_CHECKING:
-    from gpufleet.exporter.node import Hardware
 
 _Family = TypeVar("_Family", GaugeMetricFamily, CounterMetricFamily)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 from prometheus_client.metrics_core import GaugeMetricFamily
 from prometheus_client.samples import Sample
@@ -29,11 +29,9 @@ from gpufleet.exporter.gpu.podresources import PodResourcesClient
 from gpufleet.exporter.gpu.probes import GpuMetric
 from gpufleet.exporter.gpu.session import GpuIdentity, GpuUnavailable, NodeSample, NvmlSession
 from gpufleet.exporter.gpu.xid import KmsgXidReader, NvmlXidWatcher, XidLedger
+from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.sysfs import SysfsReader
 from gpufleet.exporter.tree import DiskTree, Tree
-
-if TYPE_CHECKING:
-    from gpufleet.exporter.node import Hardware
 
 _GPU_LABELS = ("gpu", "uuid")
 _INFO_LABELS = ("gpu", "uuid", "name", "pci_bus_id", "serial", "vbios", "driver_version", "cuda_version")

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import TYPE_CHECKING
 
 from gpufleet.exporter.collector import FamilySet, SysfsCollector
-from gpufleet.exporter.flags import regex
+from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.sysfs import SysfsReader
 from gpufleet.exporter.tree import Tree
-
-if TYPE_CHECKING:
-    from gpufleet.exporter.node import Hardware
+from gpufleet.flags import regex
 
 DEFAULT_DEVICE_EXCLUDE = (
     r"^(lo|veth.*|docker\d*|br-.*|virbr\d*|cni\d*|cbr\d*|kube-bridge|flannel\..*|cali.*|tunl\d*|ifb\d*|dummy\d*)$"

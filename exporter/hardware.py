@@ -1,0 +1,22 @@
+"""The hardware a node's collectors read, in a module of its own so that collectors and the node that builds
+them both import it without importing each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpufleet.exporter.gpu.nvml import Nvml
+from gpufleet.exporter.tree import Tree
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The boundary every collector reads through: the only part the simulator and the tests replace."""
+
+    nvml: Nvml
+    sysfs: Tree
+    procfs: Tree
+    # How long one NVML event wait may block. With a real driver it bounds how soon the XID watcher
+    # notices that it should stop. A simulated driver wakes its waiters when it is unloaded, so the
+    # simulator's thousand nodes can wait long and spare their threads a wake-up every second.
+    nvml_event_wait_ms: int = 1000
