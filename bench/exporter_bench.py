@@ -55,7 +55,8 @@ from support import cpu_seconds, free_port, peak_rss_mib, status_mib, wait_ready
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.gpm import metric_set
 from gpufleet.exporter.gpu.session import NvmlSession
-from gpufleet.exporter.gpu.simulated import SimulatedNvml, simulated_gpus
+from gpufleet.exporter.gpu.simulated.host import simulated_gpus
+from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 
 SINGLE_REQUESTS = 2000
 CONCURRENT_SCRAPERS = 50

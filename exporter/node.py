@@ -22,7 +22,8 @@ from gpufleet.exporter.collector.network import NetworkCollector
 from gpufleet.exporter.collector.thermal_zone import ThermalZoneCollector
 from gpufleet.exporter.gpu.nvml import Nvml
 from gpufleet.exporter.gpu.session import GpuUnavailable, NvmlSession
-from gpufleet.exporter.gpu.simulated import SimulatedNvml, simulated_gpus, simulated_procfs
+from gpufleet.exporter.gpu.simulated.host import simulated_gpus, simulated_procfs
+from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.tree import DiskTree

@@ -15,7 +15,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from gpufleet.exporter.gpu.simulated import random_uuid
+from gpufleet.exporter.gpu.simulated.host import random_uuid
 from gpufleet.simulator.layout import Job
 
 

@@ -30,16 +30,15 @@ from prometheus_client.metrics_core import Metric
 
 from gpufleet.exporter import node as exporter_node
 from gpufleet.exporter.exposition import Exposition
-from gpufleet.exporter.gpu.simulated import (
+from gpufleet.exporter.gpu.simulated.board import (
     GpmActivity,
     GpuTelemetry,
     SimulatedGpu,
-    SimulatedNvml,
     SimulatedProcess,
-    mig_devices,
     nvlink_kib_for,
-    simulated_board,
 )
+from gpufleet.exporter.gpu.simulated.host import mig_devices, simulated_board
+from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.tree import MemoryTree

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet import duration
-from gpufleet.exporter.gpu.simulated import kubernetes_cgroup, random_uuid, slurm_cgroup
+from gpufleet.exporter.gpu.simulated.host import kubernetes_cgroup, random_uuid, slurm_cgroup
 from gpufleet.simulator.faults import listed
 
 SCHEDULERS = ("slurm", "kubernetes")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.exporter.gpu.simulated import SimulatedNvml
+from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 
 from helpers import FIXTURE_SYSFS, FakeClock, two_boards
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.exporter.collector import Collection
-from gpufleet.exporter.gpu.simulated import GpuTelemetry, SimulatedGpu, steady
+from gpufleet.exporter.gpu.simulated.board import GpuTelemetry, SimulatedGpu, steady
 from gpufleet.exporter.render import render
 
 FIXTURE_SYSFS = Path(__file__).parent / "fixtures" / "sys"

@@ -10,13 +10,8 @@ import pytest
 from gpufleet.exporter import node
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.session import NvmlSession
-from gpufleet.exporter.gpu.simulated import (
-    GpuTelemetry,
-    SimulatedGpu,
-    SimulatedNvml,
-    TrainingLoad,
-    steady,
-)
+from gpufleet.exporter.gpu.simulated.board import GpuTelemetry, SimulatedGpu, TrainingLoad, steady
+from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 
 from helpers import GIB, UUID0, UUID1, named, nvml_present, rendered, series, two_boards
 

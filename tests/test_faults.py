@@ -17,7 +17,8 @@ from gpufleet.exporter.collector.infiniband import InfinibandCollector
 from gpufleet.exporter.collector.network import NetworkCollector
 from gpufleet.exporter.exposition import Exposition
 from gpufleet.exporter.gpu.session import NvmlSession
-from gpufleet.exporter.gpu.simulated import SimulatedNvml, simulated_gpus
+from gpufleet.exporter.gpu.simulated.host import simulated_gpus
+from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.server import build_app
 from gpufleet.exporter.tree import DiskTree

@@ -22,15 +22,9 @@ import pytest
 
 from gpufleet.exporter import node
 from gpufleet.exporter.exposition import Exposition
-from gpufleet.exporter.gpu.simulated import (
-    SimulatedGpu,
-    SimulatedNvml,
-    SimulatedProcess,
-    kubernetes_cgroup,
-    mig_devices,
-    simulated_procfs,
-    slurm_cgroup,
-)
+from gpufleet.exporter.gpu.simulated.board import SimulatedGpu, SimulatedProcess
+from gpufleet.exporter.gpu.simulated.host import kubernetes_cgroup, mig_devices, simulated_procfs, slurm_cgroup
+from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.tree import DiskTree
 

@@ -19,7 +19,8 @@ from gpufleet.exporter import node
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.gpm import DETAIL, METRICS, GpmReader, metric_set
 from gpufleet.exporter.gpu.session import NvmlSession
-from gpufleet.exporter.gpu.simulated import SimulatedNvml, simulated_procfs
+from gpufleet.exporter.gpu.simulated.host import simulated_procfs
+from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.tree import DiskTree
 from gpufleet.simulator.fleet import COMM, COMPUTE

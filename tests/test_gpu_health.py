@@ -15,12 +15,8 @@ from gpufleet.exporter.exposition import Exposition
 from gpufleet.exporter.gpu.nvlink import TRANSMIT, NvlinkSummary
 from gpufleet.exporter.gpu.probes import NVLINK_TRANSMIT, Reading
 from gpufleet.exporter.gpu.session import NvmlSession
-from gpufleet.exporter.gpu.simulated import (
-    GpuTelemetry,
-    SimulatedGpu,
-    SimulatedNvml,
-    steady,
-)
+from gpufleet.exporter.gpu.simulated.board import GpuTelemetry, SimulatedGpu, steady
+from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.gpu.xid import NvmlXidWatcher, XidLedger
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.server import build_app

@@ -8,13 +8,8 @@ import pytest
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.jobs import JobAttribution, job_from_cgroup
 from gpufleet.exporter.gpu.session import NvmlSession
-from gpufleet.exporter.gpu.simulated import (
-    GpuTelemetry,
-    SimulatedGpu,
-    SimulatedNvml,
-    SimulatedProcess,
-    steady,
-)
+from gpufleet.exporter.gpu.simulated.board import GpuTelemetry, SimulatedGpu, SimulatedProcess, steady
+from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.tree import DiskTree
 
 from helpers import named, rendered

@@ -18,14 +18,9 @@ from gpufleet.exporter.gpu.gpm import metric_set
 from gpufleet.exporter.gpu.jobs import JobAttribution
 from gpufleet.exporter.gpu.mig import profile
 from gpufleet.exporter.gpu.session import NvmlSession
-from gpufleet.exporter.gpu.simulated import (
-    SimulatedNvml,
-    SimulatedProcess,
-    kubernetes_cgroup,
-    mig_devices,
-    simulated_procfs,
-    slurm_cgroup,
-)
+from gpufleet.exporter.gpu.simulated.board import SimulatedProcess
+from gpufleet.exporter.gpu.simulated.host import kubernetes_cgroup, mig_devices, simulated_procfs, slurm_cgroup
+from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.simulator.fleet import COMPUTE
 
 from fleets import PEER, START, Probe, value

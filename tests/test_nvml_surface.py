@@ -16,7 +16,7 @@ import pytest
 
 from gpufleet.exporter.gpu.nvml import Nvml
 from gpufleet.exporter.gpu.probes import FIELDS, PROBES, nvlink_fields, utilization_probe
-from gpufleet.exporter.gpu.simulated import SimulatedNvml
+from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 
 CALLS = sorted(name for name in vars(Nvml) if name.startswith("nvml"))
 

@@ -15,13 +15,8 @@ from gpufleet.exporter.gpu.podresources import (
     gpu_pods,
 )
 from gpufleet.exporter.gpu.session import NvmlSession
-from gpufleet.exporter.gpu.simulated import (
-    GpuTelemetry,
-    SimulatedGpu,
-    SimulatedNvml,
-    SimulatedProcess,
-    steady,
-)
+from gpufleet.exporter.gpu.simulated.board import GpuTelemetry, SimulatedGpu, SimulatedProcess, steady
+from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.tree import DiskTree
 
 from helpers import named, rendered
