@@ -23,7 +23,7 @@ from gpufleet.exporter.gpu.simulated.host import simulated_procfs
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.tree import DiskTree
-from gpufleet.simulator.fleet import COMM, COMPUTE
+from gpufleet.simulator.workload import COMM, COMPUTE
 
 from fleets import PEER, SLOW, START, Probe, value
 from helpers import FIXTURE_SYSFS, UUID0, FakeClock, rendered, series, two_boards

@@ -21,7 +21,7 @@ from gpufleet.exporter.gpu.session import NvmlSession
 from gpufleet.exporter.gpu.simulated.board import SimulatedProcess
 from gpufleet.exporter.gpu.simulated.host import kubernetes_cgroup, mig_devices, simulated_procfs, slurm_cgroup
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
-from gpufleet.simulator.fleet import COMPUTE
+from gpufleet.simulator.workload import COMPUTE
 
 from fleets import PEER, START, Probe, value
 from helpers import GIB, UUID0, UUID1, FakeClock, free_port, rendered, series, two_boards

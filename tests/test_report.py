@@ -26,8 +26,10 @@ from gpufleet.alerts.capacity import capacity
 from gpufleet.alerts.config import Config
 from gpufleet.report.figures import project, quantile_from_buckets
 from gpufleet.simulator.faults import Fault
-from gpufleet.simulator.fleet import COMM, COMPUTE, NODE_HOST_WATTS, Fleet
+from gpufleet.simulator.fleet import Fleet
 from gpufleet.simulator.layout import Job
+from gpufleet.simulator.node_sysfs import NODE_HOST_WATTS
+from gpufleet.simulator.workload import COMM, COMPUTE
 
 from helpers import free_port
 from layouts import nodes

@@ -254,11 +254,11 @@ def test_counters_never_go_backwards_through_faults():
             node.t = step * 0.5
             node.apply_faults()
             readings = {
-                "energy0": node._telemetry(node.boards[0], 0).energy_joules,
-                "energy1": node._telemetry(node.boards[1], 0).energy_joules,
-                "ib0_tx": node._ib_bytes("mlx5_0/1", "tx"),
-                "ib1_rx": node._ib_bytes("mlx5_1/1", "rx"),
-                "downed": node._ib_link_downed("mlx5_1/1"),
+                "energy0": node.workload.telemetry(node.boards[0], 0).energy_joules,
+                "energy1": node.workload.telemetry(node.boards[1], 0).energy_joules,
+                "ib0_tx": node.files.ib_bytes("mlx5_0/1", "tx"),
+                "ib1_rx": node.files.ib_bytes("mlx5_1/1", "rx"),
+                "downed": node.files.ib_link_downed("mlx5_1/1"),
             }
             for key, value in readings.items():
                 assert value >= previous.get(key, 0), (key, node.t, value, previous.get(key))

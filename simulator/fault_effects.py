@@ -1,0 +1,80 @@
+"""What the faults do to a simulated node's boards: the health state NVML reports, and the XIDs it raises.
+
+Each collection brings every board's health fields (lost, slowdown reasons,
+violation time, ECC, row remaps, PCIe replays, NVLinks) to what the node's
+faults say at its frozen clock; the simulated NVML library then answers from them.
+"""
+
+from __future__ import annotations
+
+import pynvml
+
+from gpufleet.exporter.gpu.simulated.board import SimulatedGpu, nvlink_kib_for
+from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
+from gpufleet.simulator.faults import XIDS, Cause
+from gpufleet.simulator.faults import FaultKind as Kind
+from gpufleet.simulator.node_state import NodeState
+from gpufleet.simulator.timeline import overlap
+from gpufleet.simulator.workload import Workload
+
+
+class FaultEffects:
+    """Sets one node's boards' health from its faults, and raises each fault's XID once."""
+
+    def __init__(self, state: NodeState, boards: list[SimulatedGpu], workload: Workload, nvml: SimulatedNvml) -> None:
+        self.state = state
+        self.boards = boards
+        self.workload = workload
+        self.nvml = nvml
+
+    def apply(self) -> None:
+        """Bring every board's health state to what the faults say at the node's time, and raise the XIDs that
+        have come due."""
+        t = self.state.t
+        # A straggler capped by heat or power holds every board's slowdown reason, for as long as it lasts.
+        hot, braked = self.state.straggling(Cause.THERMAL), self.state.straggling(Cause.POWER)
+        hot_seconds = self.state.seconds_active(Kind.STRAGGLER, cause=Cause.THERMAL)
+        braked_seconds = self.state.seconds_active(Kind.STRAGGLER, cause=Cause.POWER)
+        for board in self.boards:
+            gpu = board.index
+            board.errors = ({"*": pynvml.NVML_ERROR_GPU_IS_LOST}
+                            if any(f.active(t) for f in self.state.active(Kind.GPU_LOST, gpu)) else {})
+            events = 0
+            if any(f.active(t) for f in self.state.active(Kind.THERMAL_SLOWDOWN, gpu)):
+                events |= pynvml.nvmlClocksEventReasonSwThermalSlowdown | pynvml.nvmlClocksEventReasonHwThermalSlowdown
+            if hot:
+                events |= pynvml.nvmlClocksEventReasonSwThermalSlowdown
+            if any(f.active(t) for f in self.state.active(Kind.POWER_BRAKE, gpu)) or braked:
+                events |= pynvml.nvmlClocksEventReasonHwPowerBrakeSlowdown | pynvml.nvmlClocksEventReasonHwSlowdown
+            board.clock_events = events
+            board.violation_seconds = {
+                pynvml.NVML_PERF_POLICY_THERMAL: self.state.seconds_active(Kind.THERMAL_SLOWDOWN, gpu) + hot_seconds,
+                pynvml.NVML_PERF_POLICY_POWER: self.state.seconds_active(Kind.POWER_BRAKE, gpu) + braked_seconds,
+            }
+            dbe = sum(1 for f in self.state.active(Kind.ECC_DBE, gpu) if f.start <= t)
+            board.ecc_errors = {("uncorrected", "volatile"): dbe, ("uncorrected", "aggregate"): dbe}
+            pending = [f for f in self.state.active(Kind.ROW_REMAP_PENDING, gpu) if f.start <= t]
+            failed = [f for f in self.state.active(Kind.ROW_REMAP_FAILURE, gpu) if f.start <= t]
+            board.remapped_rows = {"uncorrectable": len(pending) + len(failed)}
+            board.row_remap_pending = any(f.active(t) for f in pending)
+            board.row_remap_failed = any(f.active(t) for f in failed)
+            board.pcie_replays = self.state.counted(Kind.PCIE_REPLAY_STORM, gpu)
+            down = {f.link: f for f in self.state.active(Kind.NVLINK_DOWN, gpu) if f.active(t) and f.link is not None}
+            board.nvlinks_down = set(down)
+            board.nvlink_stopped_kib = {link: nvlink_kib_for(self.workload.energy(board, f.start))
+                                        for link, f in down.items()}
+            board.nvlink_errors = {}
+            for fault in self.state.active(Kind.NVLINK_CRC, gpu):
+                if fault.link is not None:
+                    key = (fault.link, "crc_flit")
+                    errors = int(fault.size * overlap(fault.start, fault.end, t))
+                    board.nvlink_errors[key] = board.nvlink_errors.get(key, 0) + errors
+        self._fire_events()
+
+    def _fire_events(self) -> None:
+        """Raise each fault's XID once, when the node's time first passes the fault's start."""
+        for fault in self.state.fleet.faults_for(self.state.name):
+            code = fault.xid if fault.kind is Kind.XID else XIDS.get(fault.kind)
+            if code is not None and fault.start <= self.state.t and fault.id not in self.state.fired:
+                self.state.fired.add(fault.id)
+                self.nvml.inject_xid(fault.gpu or 0, code)

@@ -1,0 +1,59 @@
+"""What every part of a simulated node reads: who the node is, its frozen clock, and its faults at that time.
+
+The workload, the fault effects and the sysfs model of a node each hold this one
+object, so that they agree on the instant they describe without holding the node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpufleet.simulator.faults import Cause, Fault
+from gpufleet.simulator.faults import FaultKind as Kind
+from gpufleet.simulator.timeline import overlap
+
+
+class FleetFaults(Protocol):
+    """The fleet's faults as a node reads them: all of them (a job's stragglers), and its own."""
+
+    faults: list[Fault]
+    fault_version: int  # Changes whenever the fault list does, so that what is derived from it can be cached.
+
+    def faults_for(self, node: str) -> list[Fault]: ...
+
+
+@dataclass
+class NodeState:
+    """One node's identity, clock and fault queries; the parts of a `fleet.Node` share it."""
+
+    fleet: FleetFaults
+    index: int
+    name: str
+    t: float = 0.0  # The node's frozen clock, in simulated seconds since the fleet started.
+    fired: set[str] = field(default_factory=set)  # Faults whose one-off events (XIDs, restarts) have happened.
+
+    def active(self, kind: Kind, gpu: int | None = None, port: str | None = None,
+                cause: Cause | None = None) -> list[Fault]:
+        """The node's faults of one kind, on one GPU or port, or (stragglers) of one cause."""
+        return [f for f in self.fleet.faults_for(self.name)
+                if f.kind == kind and (gpu is None or f.gpu == gpu) and (port is None or f.port == port)
+                and (cause is None or f.straggler_cause is cause)]
+
+    def straggling(self, cause: Cause) -> Fault | None:
+        """The node's active straggler fault of one cause, if any."""
+        return next((f for f in self.active(Kind.STRAGGLER, cause=cause) if f.active(self.t)), None)
+
+    def seconds_active(self, kind: Kind, gpu: int | None = None, port: str | None = None,
+                       cause: Cause | None = None) -> float:
+        """Seconds the node's faults of one kind on one GPU or port (or of one cause) have been active, up to now."""
+        return sum(overlap(f.start, f.end, self.t) for f in self.active(kind, gpu, port, cause))
+
+    def counted(self, kind: Kind, gpu: int | None = None, port: str | None = None) -> int:
+        """Events the node's faults of one kind on one GPU or port have counted, each at its rate, up to now."""
+        return int(sum(f.size * overlap(f.start, f.end, self.t) for f in self.active(kind, gpu, port)))
+
+    def has_at(self, kind: Kind, t: float) -> bool:
+        """Whether a fault of `kind` is active on the node at time `t`, read without touching the node's clock:
+        the server asks it of a scrape's instant before the node is advanced to it."""
+        return any(f.kind is kind and f.active(t) for f in self.fleet.faults_for(self.name))
