@@ -18,18 +18,27 @@ lower bound of production memory for both, measured alike. Every loop is bounded
 from __future__ import annotations
 
 import argparse
-import subprocess
+import contextlib
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-from support import binary, cpu_seconds, free_port, peak_rss_mib, query, serve, start_simulator, stop
+import yaml
 
+from gpufleet.devtools import results
+from gpufleet.devtools.net import free_port
+from gpufleet.devtools.processes import Server
+from gpufleet.devtools.programs import prometheus, prometheus_config, scrape_jobs, simulator, victoria_metrics, vmagent
+from gpufleet.devtools.prom import query_value
+from gpufleet.devtools.resources import cpu_seconds, peak_rss_mib
+from gpufleet.devtools.waiting import wait_for
 from gpufleet.duration import parse as parse_duration
 
 SCRAPE_SECONDS = 15
+COLUMNS = ["series", "samples/s", "cores", "core-s per 1M samples", "RSS MiB", "peak RSS MiB", "MiB per 1M series",
+           "disk bytes per sample"]
 
 
 @dataclass
@@ -38,102 +47,83 @@ class Program:
     count the series it holds and the samples it has taken in."""
 
     name: str
-    process: subprocess.Popen
+    server: Server
     source: str
     series: str
     samples_total: str
     data: Path | None = None
 
     def metric(self, promql: str) -> float:
-        return query(self.source, promql) or 0.0
-
-
-def scrape_config(targets: Path, own: list[tuple[str, int]], path: Path) -> Path:
-    """The fleet as job `gpufleet`, and each program's own metrics as a job of its name."""
-    lines = [f"global: {{scrape_interval: {SCRAPE_SECONDS}s, scrape_timeout: 10s}}", "scrape_configs:",
-             f"  - job_name: gpufleet\n    file_sd_configs: [{{files: ['{targets}']}}]"]
-    lines += [f"  - job_name: {job}\n    static_configs: [{{targets: ['127.0.0.1:{port}']}}]" for job, port in own]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+        return query_value(self.source, promql) or 0.0
 
 
 def disk_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def measure_size(nodes: int, warm_up: float, seconds: float, workdir: Path) -> list[dict[str, float | str]]:
-    targets = workdir / "targets.json"
+def start_stores(stack: contextlib.ExitStack, workdir: Path, targets: Path) -> list[Program]:
+    """Prometheus, and vmagent writing to VictoriaMetrics, both scraping the fleet; each store also scrapes its
+    programs' own metrics."""
     prom_port, vm_port, agent_port = (free_port() for _ in range(3))
-    simulator = start_simulator(nodes, targets, SCRAPE_SECONDS)
-    running: list[subprocess.Popen] = [simulator]
-    try:
-        own = [("prometheus", prom_port), ("victoriametrics", vm_port), ("vmagent", agent_port)]
-        prom_config = scrape_config(targets, own[:1], workdir / "prometheus.yml")
-        agent_config = scrape_config(targets, own[1:], workdir / "vmagent.yml")
-        prom, prom_url = serve([
-            binary("prometheus", "prometheus"), f"--config.file={prom_config}",
-            f"--storage.tsdb.path={workdir / 'prometheus'}", f"--web.listen-address=127.0.0.1:{prom_port}",
-            "--log.level=warn"], prom_port, "/-/ready")
-        running.append(prom)
-        vm, vm_url = serve([
-            binary("victoria-metrics", "victoria-metrics"), f"-storageDataPath={workdir / 'victoriametrics'}",
-            f"-httpListenAddr=127.0.0.1:{vm_port}", "-loggerLevel=ERROR"], vm_port, "/health")
-        running.append(vm)
-        agent, _ = serve([
-            binary("vmagent", "victoria-metrics"), f"-promscrape.config={agent_config}",
-            f"-remoteWrite.url={vm_url}/api/v1/write", f"-remoteWrite.tmpDataPath={workdir / 'vmagent'}",
-            f"-httpListenAddr=127.0.0.1:{agent_port}", "-loggerLevel=ERROR"], agent_port, "/health")
-        running.append(agent)
-        programs = [
-            Program("prometheus", prom, prom_url, "prometheus_tsdb_head_series",
-                    "prometheus_tsdb_head_samples_appended_total", workdir / "prometheus"),
-            Program("victoriametrics", vm, vm_url,
-                    'vm_cache_entries{job="victoriametrics", type="storage/hour_metric_ids"}',
-                    'sum(vm_rows_inserted_total{job="victoriametrics"})', workdir / "victoriametrics"),
-            Program("vmagent", agent, vm_url, 'sum(scrape_samples_scraped{job="gpufleet"})',
-                    'sum(vm_promscrape_scraped_samples_sum{job="vmagent"})'),
-        ]
+    prom_config = prometheus_config(workdir / "prometheus.yml", targets, f"{SCRAPE_SECONDS}s", scrape_timeout="10s",
+                                    own={"prometheus": prom_port})
+    agent_config = workdir / "vmagent.yml"
+    agent_config.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": f"{SCRAPE_SECONDS}s", "scrape_timeout": "10s"},
+        "scrape_configs": scrape_jobs(targets, own={"victoriametrics": vm_port, "vmagent": agent_port}, refresh=None)}))
+    prom = stack.enter_context(prometheus(prom_config, workdir / "prometheus", port=prom_port))
+    vm = stack.enter_context(victoria_metrics(workdir / "victoriametrics", "-loggerLevel=ERROR", port=vm_port))
+    agent = stack.enter_context(vmagent(agent_config, vm.url, workdir / "vmagent", "-loggerLevel=ERROR",
+                                        port=agent_port))
+    return [
+        Program("prometheus", prom, prom.url, "prometheus_tsdb_head_series",
+                "prometheus_tsdb_head_samples_appended_total", workdir / "prometheus"),
+        Program("victoriametrics", vm, vm.url,
+                'vm_cache_entries{job="victoriametrics", type="storage/hour_metric_ids"}',
+                'sum(vm_rows_inserted_total{job="victoriametrics"})', workdir / "victoriametrics"),
+        Program("vmagent", agent, vm.url, 'sum(scrape_samples_scraped{job="gpufleet"})',
+                'sum(vm_promscrape_scraped_samples_sum{job="vmagent"})'),
+    ]
+
+
+def row(p: Program, process: psutil.Process, cpu: float, samples: float, disk: int,
+        seconds: float) -> list[results.Value]:
+    series = p.metric(p.series)
+    rss = process.memory_info().rss / 2**20
+    return [p.name, series, samples / seconds, cpu / seconds, cpu / max(samples, 1) * 1e6, rss,
+            peak_rss_mib(p.server.pid), rss / max(series, 1) * 1e6,
+            (disk_bytes(p.data) - disk) / max(samples, 1) if p.data else None]
+
+
+def measure_size(nodes: int, warm_up: float, seconds: float, workdir: Path) -> results.Table:
+    targets = workdir / "targets.json"
+    table = results.Table(["program", *COLUMNS])
+    with contextlib.ExitStack() as stack:
+        sim = stack.enter_context(simulator(targets, f"--nodes={nodes}", f"--collect-interval={SCRAPE_SECONDS}s",
+                                            "--log.level=warn", timeout=300))
+        programs = start_stores(stack, workdir, targets)
         time.sleep(warm_up)
         # VictoriaMetrics answers for samples 30 s old: wait, a bounded time, until every count has data.
-        for _ in range(60):
-            if all(p.metric(p.series) > 0 and p.metric(p.samples_total) > 0 for p in programs):
-                break
-            time.sleep(2)
-        else:
-            raise SystemExit("the programs' own metrics did not reach their stores within 2 minutes")
-        processes = {p.name: psutil.Process(p.process.pid) for p in programs}
-        processes["simulator"] = psutil.Process(simulator.pid)
+        wait_for(lambda: all(p.metric(p.series) > 0 and p.metric(p.samples_total) > 0 for p in programs), 120,
+                 "the programs' own metrics in their stores", interval=2)
+        processes = {p.name: psutil.Process(p.server.pid) for p in programs} | {"simulator": psutil.Process(sim.pid)}
         cpu_before = {name: cpu_seconds(process) for name, process in processes.items()}
         before = {p.name: (p.metric(p.samples_total), disk_bytes(p.data) if p.data else 0) for p in programs}
         time.sleep(seconds)
-        rows: list[dict[str, float | str]] = []
         for p in programs:
             samples0, disk0 = before[p.name]
-            cpu = cpu_seconds(processes[p.name]) - cpu_before[p.name]
-            samples = p.metric(p.samples_total) - samples0
-            series = p.metric(p.series)
-            rss = processes[p.name].memory_info().rss / 2**20
-            rows.append({
-                "program": p.name, "series": series, "samples/s": samples / seconds, "cores": cpu / seconds,
-                "core-s per 1M samples": cpu / max(samples, 1) * 1e6, "RSS MiB": rss,
-                "peak RSS MiB": peak_rss_mib(p.process.pid), "MiB per 1M series": rss / max(series, 1) * 1e6,
-                "disk bytes per sample": (disk_bytes(p.data) - disk0) / max(samples, 1) if p.data else float("nan"),
-            })
-        rows.append({"program": "simulator",
-                     "cores": (cpu_seconds(processes["simulator"]) - cpu_before["simulator"]) / seconds})
-        return rows
-    finally:
-        for process in reversed(running):
-            stop(process)
+            table.add(*row(p, processes[p.name], cpu_seconds(processes[p.name]) - cpu_before[p.name],
+                           p.metric(p.samples_total) - samples0, disk0, seconds))
+        simulator_cores = (cpu_seconds(processes["simulator"]) - cpu_before["simulator"]) / seconds
+        table.add("simulator", None, None, simulator_cores, None, None, None, None, None)
+    return table
 
 
-def print_rows(nodes: int, rows: list[dict[str, float | str]]) -> None:
-    columns = ["series", "samples/s", "cores", "core-s per 1M samples", "RSS MiB", "peak RSS MiB",
-               "MiB per 1M series", "disk bytes per sample"]
+def print_rows(nodes: int, table: results.Table) -> None:
     print(f"\n{nodes} nodes x 8 GPUs ({nodes * 8} GPUs), scraped every {SCRAPE_SECONDS} s by both")
-    print(f"{'program':<16}" + "".join(f"{c:>23}" for c in columns))
-    for row in rows:
-        print(f"{row['program']:<16}" + "".join(f"{row.get(c, float('nan')):>23,.2f}" for c in columns), flush=True)
+    print(f"{'program':<16}" + "".join(f"{c:>23}" for c in COLUMNS))
+    for name, *cells in table.rows:
+        print(f"{name:<16}" + "".join(f"{float('nan') if c is None else c:>23,.2f}" for c in cells), flush=True)
 
 
 def main() -> None:
@@ -141,10 +131,14 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[250, 750])
     parser.add_argument("--warm-up", type=parse_duration, default=parse_duration("5m"), help="default 5m")
     parser.add_argument("--seconds", type=float, default=300.0)
+    results.add_argument(parser)
     args = parser.parse_args()
+    tables = {}
     for nodes in args.nodes:
         with tempfile.TemporaryDirectory() as tmp:
-            print_rows(nodes, measure_size(nodes, args.warm_up, args.seconds, Path(tmp)))
+            tables[f"{nodes} nodes"] = measure_size(nodes, args.warm_up, args.seconds, Path(tmp))
+        print_rows(nodes, tables[f"{nodes} nodes"])
+    results.record("engines_bench", {"nodes": " ".join(map(str, args.nodes))}, tables, path=args.results)
 
 
 if __name__ == "__main__":

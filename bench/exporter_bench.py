@@ -36,13 +36,9 @@ import asyncio
 import collections
 import os
 import platform
-import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -50,8 +46,14 @@ import aiohttp.http_parser
 import multidict
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
-from support import cpu_seconds, free_port, peak_rss_mib, status_mib, wait_ready
 
+from gpufleet.devtools import results
+from gpufleet.devtools.net import get
+from gpufleet.devtools.processes import Server
+from gpufleet.devtools.programs import exporter, node_exporter
+from gpufleet.devtools.resources import cpu_seconds, peak_rss_mib, status_mib
+from gpufleet.devtools.stats import percentile
+from gpufleet.devtools.waiting import HarnessError
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.gpm import metric_set
 from gpufleet.exporter.gpu.session import NvmlSession
@@ -117,7 +119,7 @@ async def latencies(url: str, scrapers: int, requests_each: int) -> list[float]:
                 async with session.get(url) as response:
                     await response.read()
                     if response.status != 200:
-                        raise SystemExit(f"{url} answered {response.status}")
+                        raise HarnessError(f"{url} answered {response.status}")
                 results.append(time.perf_counter() - started)
 
         await asyncio.gather(*(scraper() for _ in range(scrapers)))
@@ -126,10 +128,6 @@ async def latencies(url: str, scrapers: int, requests_each: int) -> list[float]:
 
 def series_by_family(text: str) -> collections.Counter[str]:
     return collections.Counter({family.name: len(family.samples) for family in text_string_to_metric_families(text)})
-
-
-def percentile(values: list[float], share: float) -> float:
-    return statistics.quantiles(values, n=1000, method="inclusive")[int(share * 1000) - 1]
 
 
 def latency_row(name: str, url: str) -> dict[str, float]:
@@ -170,7 +168,7 @@ async def sustained(url: str, scrapers: int, seconds: float) -> tuple[list[float
     return latencies, statuses, failures
 
 
-def load_row(pid: int, url: str, scrapers: int, seconds: float) -> None:
+def load_row(pid: int, url: str, scrapers: int, seconds: float) -> dict[str, results.Value]:
     asyncio.run(sustained(url, scrapers, 3.0))  # Warm up: every collector has run, caches are built.
     process = psutil.Process(pid)
     rss_before, threads_before = resident(pid), process.num_threads()
@@ -180,6 +178,10 @@ def load_row(pid: int, url: str, scrapers: int, seconds: float) -> None:
           f"{failures} failed; p50 {percentile(scraped, 0.5) * 1000:.1f} ms, "
           f"p99 {percentile(scraped, 0.99) * 1000:.1f} ms; RSS {rss_before} -> {rss_after}; "
           f"threads {threads_before} -> {threads_after}")
+    return {"load scrapes": len(scraped), "load scrapes not 200": len(scraped) - statuses.get(200, 0),
+            "load failures": failures, "load p50 (ms)": percentile(scraped, 0.5) * 1000,
+            "load p99 (ms)": percentile(scraped, 0.99) * 1000, "load RSS before": rss_before,
+            "load RSS after": rss_after, "load threads before": threads_before, "load threads after": threads_after}
 
 
 def resident(pid: int) -> str:
@@ -213,8 +215,7 @@ def cpu_shares(targets: dict[int, str], seconds: float) -> dict[int, float]:
     started = time.monotonic()
     for _ in range(int(seconds // 15) + 1):
         for url in targets.values():
-            with urllib.request.urlopen(url, timeout=2) as response:
-                response.read()
+            get(url, timeout=2)
         remaining = started + seconds - time.monotonic()
         if remaining <= 0:
             break
@@ -250,70 +251,63 @@ def gpm_cost(rounds: int) -> tuple[float, float]:
     return best[False], best[True]
 
 
+def compare(ours: Server, theirs: Server, cpu_window: float) -> dict[str, results.Value]:
+    """Series, latency, CPU and memory of both exporters, phase by phase."""
+    ours_url, theirs_url = f"{ours.url}/metrics", f"{theirs.url}/metrics"
+    time.sleep(6)  # Two GPU collections (every 5 s): GPM's series span two, so they come with the second.
+    phases = [("started", resident(ours.pid))]
+    body = get(ours_url)
+    families = series_by_family(body.decode())
+    print(f"machine: {os.cpu_count()} CPUs, {platform_summary()}")
+    print(f"gpufleet /metrics: {len(body)} bytes, {sum(families.values())} series")
+    print("series by family: " + ", ".join(f"{name} {count}" for name, count in families.most_common()))
+    print(f"{'scrape latency':<16} {'p50 1 ms':>9} {'p99 1 ms':>9} {'p50 50 ms':>10} {'p99 50 ms':>10}")
+    ours_row = latency_row("gpufleet", ours_url)
+    phases.append(("1 and 50 scrapers", resident(ours.pid)))
+    theirs_row = latency_row("node_exporter", theirs_url)
+    print(f"p99 at 50 scrapers, gpufleet / node_exporter: {ours_row['p99_50'] / theirs_row['p99_50']:.2f}")
+    shares = cpu_shares({ours.pid: ours_url, theirs.pid: theirs_url}, cpu_window)
+    phases.append((f"{cpu_window:g}s at default intervals", resident(ours.pid)))
+    print(f"CPU over {cpu_window:g}s, scraped every 15 s: gpufleet (default intervals) "
+          f"{shares[ours.pid] * 100:.2f}%, node_exporter {shares[theirs.pid] * 100:.2f}% of one core")
+    print("gpufleet RSS after each phase: " + ", ".join(f"{name} {rss}" for name, rss in phases))
+    peaks = peak_rss_mib(ours.pid), peak_rss_mib(theirs.pid)
+    print(f"peak RSS (VmHWM): gpufleet {peaks[0]:.1f} MiB, node_exporter {peaks[1]:.1f} MiB")
+    return {"machine": platform_summary(), "series": sum(families.values()), "bytes": len(body),
+            **{f"gpufleet {key} (ms)": value for key, value in ours_row.items()},
+            **{f"node_exporter {key} (ms)": value for key, value in theirs_row.items()},
+            "gpufleet CPU (share of a core)": shares[ours.pid],
+            "node_exporter CPU (share of a core)": shares[theirs.pid],
+            **{f"gpufleet RSS, {name}": rss for name, rss in phases},
+            "gpufleet peak RSS (MiB)": peaks[0], "node_exporter peak RSS (MiB)": peaks[1]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-seconds", type=float, default=60.0)
     parser.add_argument("--load-scrapers", type=int, default=200)
     parser.add_argument("--load-seconds", type=float, default=30.0)
-    parser.add_argument("--node-exporter", default=shutil.which("prometheus-node-exporter") or "node_exporter")
     parser.add_argument("--gpm-rounds", type=int, default=5)
+    results.add_argument(parser)
     args = parser.parse_args()
-    node_exporter = shutil.which(args.node_exporter)
-    if node_exporter is None:
-        # The comparison is what tells a slow machine from a slow exporter: without it the figures mislead.
-        raise SystemExit(f"{args.node_exporter}: not found. Install Debian's node_exporter "
-                         "(apt-get install prometheus-node-exporter) or pass --node-exporter PATH.")
-
     without, with_gpm = gpm_cost(args.gpm_rounds)
     print(f"GPU collection of 8 simulated GPUs: {without:.2f} ms without GPM, {with_gpm:.2f} ms with it "
           f"(+{with_gpm - without:.2f} ms)")
-
+    # Room for the latency phase's scrapers as well as the load phase's, whichever is larger.
+    connections = max(args.load_scrapers, CONCURRENT_SCRAPERS)
     with tempfile.TemporaryDirectory() as tmp:
         sysfs = Path(tmp) / "sys"
         build_sysfs(sysfs)
-        ours_port, theirs_port = free_port(), free_port()
-        # Room for the latency phase's scrapers as well as the load phase's, whichever is larger.
-        connections = max(args.load_scrapers, CONCURRENT_SCRAPERS)
-        ours = subprocess.Popen(
-            [sys.executable, "-m", "gpufleet", "exporter", "--gpu.backend=sim", "--sim.gpus=8", f"--path.sysfs={sysfs}",
-             f"--web.listen-address=127.0.0.1:{ours_port}", "--log.level=warn",
-             f"--web.max-requests={connections}", f"--web.max-connections={connections}"])
-        theirs = subprocess.Popen(
-            [node_exporter, "--collector.disable-defaults", "--collector.netclass", "--collector.infiniband",
-             "--collector.hwmon", "--collector.thermal_zone", f"--path.sysfs={sysfs}",
-             "--web.max-requests=0",  # Its default of 40 answers 503 to the 50-scraper run.
-             f"--web.listen-address=127.0.0.1:{theirs_port}", "--log.level=warn"],
-            stderr=subprocess.DEVNULL)
-        try:
-            ours_url = f"http://127.0.0.1:{ours_port}/metrics"
-            theirs_url = f"http://127.0.0.1:{theirs_port}/metrics"
-            wait_ready(ours_url, ours)
-            wait_ready(theirs_url, theirs)
-            time.sleep(6)  # Two GPU collections (every 5 s): GPM's series span two, so they come with the second.
-            phases = [("started", resident(ours.pid))]
-            with urllib.request.urlopen(ours_url) as response:
-                body = response.read()
-            families = series_by_family(body.decode())
-            print(f"machine: {os.cpu_count()} CPUs, {platform_summary()}")
-            print(f"gpufleet /metrics: {len(body)} bytes, {sum(families.values())} series")
-            print("series by family: " + ", ".join(f"{name} {count}" for name, count in families.most_common()))
-            print(f"{'scrape latency':<16} {'p50 1 ms':>9} {'p99 1 ms':>9} {'p50 50 ms':>10} {'p99 50 ms':>10}")
-            ours_row = latency_row("gpufleet", ours_url)
-            phases.append(("1 and 50 scrapers", resident(ours.pid)))
-            theirs_row = latency_row("node_exporter", theirs_url)
-            print(f"p99 at 50 scrapers, gpufleet / node_exporter: {ours_row['p99_50'] / theirs_row['p99_50']:.2f}")
-            shares = cpu_shares({ours.pid: ours_url, theirs.pid: theirs_url}, args.cpu_seconds)
-            phases.append((f"{args.cpu_seconds:g}s at default intervals", resident(ours.pid)))
-            print(f"CPU over {args.cpu_seconds:g}s, scraped every 15 s: gpufleet (default intervals) "
-                  f"{shares[ours.pid] * 100:.2f}%, node_exporter {shares[theirs.pid] * 100:.2f}% of one core")
-            print("gpufleet RSS after each phase: " + ", ".join(f"{name} {rss}" for name, rss in phases))
-            print(f"peak RSS (VmHWM): gpufleet {peak_rss_mib(ours.pid):.1f} MiB, "
-                  f"node_exporter {peak_rss_mib(theirs.pid):.1f} MiB")
-            load_row(ours.pid, ours_url, args.load_scrapers, args.load_seconds)
-        finally:
-            for process in (ours, theirs):
-                process.terminate()
-                process.wait(10)
+        # node_exporter with the matching collectors; its default of 40 requests answers 503 to 50 scrapers.
+        with (exporter("--log.level=warn", f"--web.max-requests={connections}",
+                       f"--web.max-connections={connections}", gpus=8, sysfs=sysfs) as ours,
+              node_exporter(sysfs, "--collector.disable-defaults", "--collector.netclass", "--collector.infiniband",
+                            "--collector.hwmon", "--collector.thermal_zone", "--web.max-requests=0",
+                            "--log.level=warn") as theirs):
+            figures = compare(ours, theirs, args.cpu_seconds)
+            figures |= load_row(ours.pid, f"{ours.url}/metrics", args.load_scrapers, args.load_seconds)
+    figures |= {"GPU collection without GPM (ms)": without, "GPU collection with GPM (ms)": with_gpm}
+    results.record("exporter_bench", figures, path=args.results)
 
 
 if __name__ == "__main__":

@@ -31,10 +31,10 @@ bounded by count and time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import re
-import subprocess
 import tempfile
 import time
 import urllib.request
@@ -42,23 +42,21 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import yaml
-from support import (
-    VmalertIterations,
-    cpu_seconds,
-    get,
-    peak_rss_mib,
-    query,
-    rule_times,
-    serve_alertmanager,
-    serve_victoriametrics,
-    serve_vmalert,
-    stop,
-)
 
 from gpufleet.alerts.cli import VMALERT_RULES_FILE
+from gpufleet.devtools import results
+from gpufleet.devtools.compose import victoria_metrics_flags, vmalert_flags
+from gpufleet.devtools.net import get
+from gpufleet.devtools.processes import Server
+from gpufleet.devtools.programs import alertmanager, victoria_metrics, vmalert
+from gpufleet.devtools.prom import VmalertIterations, query_value, rule_times
+from gpufleet.devtools.resources import cpu_seconds, peak_rss_mib
+from gpufleet.devtools.stats import percentile
+from gpufleet.devtools.waiting import HarnessError
 from gpufleet.duration import parse as parse_duration
 
 GROUPS = ("gpufleet-recording", "gpufleet-stragglers")
@@ -193,7 +191,7 @@ def import_lines(fleet_nodes: list[Node], start: float, end: float, wanted: set[
                               "timestamps": [int(t * 1000) for t in times]})
     missing = wanted - made
     if missing:
-        raise SystemExit(f"the rules read series this bench does not write: {sorted(missing)}")
+        raise HarnessError(f"the rules read series this bench does not write: {sorted(missing)}")
 
 
 def write(vm_url: str, lines: Iterator[str], batch: int = 5000) -> int:
@@ -210,14 +208,74 @@ def _post(vm_url: str, chunk: list[str]) -> int:
     request = urllib.request.Request(f"{vm_url}/api/v1/import", data="\n".join(chunk).encode(), method="POST")
     with urllib.request.urlopen(request, timeout=120) as response:
         if response.status != 204:
-            raise SystemExit(f"import answered {response.status}")
+            raise HarnessError(f"import answered {response.status}")
     return len(chunk)
+
+
+def evaluate(workdir: Path, groups: dict[str, Any], nodes: list[Node], minutes: float) -> dict[str, Any]:
+    """Write the fleet's history, run vmalert over the global groups for `minutes`, and return what it did."""
+    rules = workdir / "global-rules.yml"
+    rules.write_text(yaml.safe_dump(groups, sort_keys=False))
+    with contextlib.ExitStack() as stack:
+        vm = stack.enter_context(victoria_metrics(workdir / "vm", "-loggerLevel=ERROR", *victoria_metrics_flags(),
+                                                  quiet=True))
+        now = time.time()
+        began = time.monotonic()
+        written = write(vm.url, import_lines(nodes, now - HISTORY, now + minutes * 60 + 120, read_series(groups)))
+        print(f"wrote {written:,} series in {time.monotonic() - began:.0f} s")
+        am = stack.enter_context(alertmanager(workdir / "alertmanager"))
+        evaluator: Server = stack.enter_context(vmalert(rules, vm.url, am.url, "-loggerLevel=ERROR", *vmalert_flags(),
+                                                        quiet=True))
+        processes = {"victoriametrics": psutil.Process(vm.pid), "vmalert": psutil.Process(evaluator.pid)}
+        cpu_before = {name: cpu_seconds(p) for name, p in processes.items()}
+        iterations = VmalertIterations(evaluator.url)
+        for _ in range(int(minutes * 60 / SAMPLE_SECONDS)):
+            time.sleep(SAMPLE_SECONDS)
+            iterations.sample()
+        measured = {
+            "written": written, "iterations": iterations,
+            "cpu": {name: (cpu_seconds(p) - cpu_before[name]) / (minutes * 60) for name, p in processes.items()},
+            "rss": {name: peak_rss_mib(p.pid) for name, p in processes.items()},
+            "alerts": json.loads(get(f"{evaluator.url}/api/v1/alerts"))["data"]["alerts"] or [],
+            "recorded": {name: query_value(vm.url, f"count({name})") or 0.0 for name in sorted(
+                {rule["record"] for group in groups["groups"] for rule in group["rules"] if "record" in rule})}}
+        evaluator.stop()
+        at = time.time() // RECORD_STEP * RECORD_STEP  # vmalert aligns its query time to the interval.
+        measured["slowest"] = rule_times(vm.url, groups, at)
+    return measured
+
+
+def print_figures(measured: dict[str, Any], intervals: dict[str, float], nodes: list[Node]) -> results.Table:
+    iterations: VmalertIterations = measured["iterations"]
+    table = results.Table(["group", "interval (s)", "runs", "p50 (s)", "max (s)", "max / interval", "missed"])
+    print(f"\n{'group':<22}{'interval':>9}{'runs':>6}{'p50 s':>8}{'max s':>8}{'max/interval':>14}{'missed':>8}")
+    for group, interval in intervals.items():
+        seen = iterations.durations.get(group, [])
+        worst = max(seen, default=float("nan"))
+        missed = iterations.since_start("vmalert_iteration_missed_total", group)
+        table.add(group, interval, len(seen), percentile(seen, 0.5), worst, worst / interval, missed)
+        print(f"{group:<22}{interval:>8.0f}s{len(seen):>6}{percentile(seen, 0.5):>8.2f}{worst:>8.2f}"
+              f"{worst / interval:>14.1%}{missed:>8.0f}")
+    print(f"failed rule executions: {iterations.since_start('vmalert_execution_errors_total'):.0f}")
+    for name, cores in measured["cpu"].items():
+        print(f"{name}: {cores:.2f} cores, peak RSS {measured['rss'][name]:.0f} MiB")
+    print("series each recording rule wrote at the end: "
+          + ", ".join(f"{name} {count:,.0f}" for name, count in measured["recorded"].items()))
+    slowest = measured["slowest"]
+    print(f"\neach rule's query time, slowest first (sum {sum(t for t, _, _ in slowest):.2f} s):")
+    for seconds, group, name in slowest:
+        print(f"{seconds:>8.3f} s  {group:<22}{name}")
+    found = [(a["labels"].get("instance"), a["labels"].get("signal"), a["state"]) for a in measured["alerts"]
+             if a["labels"].get("alertname") == "NodeStraggler"]
+    print(f"NodeStraggler: {sorted(found) or 'none'} (planted: {nodes[0].instance})")
+    return table
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=12500)
     parser.add_argument("--minutes", type=float, default=8.0)
+    results.add_argument(parser)
     args = parser.parse_args()
     groups = global_groups(yaml.safe_load(VMALERT_RULES_FILE.read_text()))
     intervals = {g["name"]: parse_duration(g["interval"]) for g in groups["groups"]}
@@ -229,56 +287,17 @@ def main() -> None:
     print("global rules: " + "; ".join(f"{g['name']} every {g['interval']}: {len(g['rules'])}, "
                                        f"{g['concurrency']} at once" for g in groups["groups"]))
     with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
-        rules = workdir / "global-rules.yml"
-        rules.write_text(yaml.safe_dump(groups, sort_keys=False))
-        running: list[subprocess.Popen] = []
-        try:
-            vm, vm_url = serve_victoriametrics(workdir / "vm")
-            running.append(vm)
-            now = time.time()
-            began = time.monotonic()
-            written = write(vm_url, import_lines(nodes, now - HISTORY, now + args.minutes * 60 + 120,
-                                                 read_series(groups)))
-            print(f"wrote {written:,} series in {time.monotonic() - began:.0f} s")
-            am, am_url = serve_alertmanager(workdir)
-            running.append(am)
-            vmalert, vmalert_url = serve_vmalert(rules, vm_url, am_url)
-            running.append(vmalert)
-            processes = {"victoriametrics": psutil.Process(vm.pid), "vmalert": psutil.Process(vmalert.pid)}
-            cpu_before = {name: cpu_seconds(p) for name, p in processes.items()}
-            iterations = VmalertIterations(vmalert_url)
-            for _ in range(int(args.minutes * 60 / SAMPLE_SECONDS)):
-                time.sleep(SAMPLE_SECONDS)
-                iterations.sample()
-            cpu = {name: (cpu_seconds(p) - cpu_before[name]) / (args.minutes * 60) for name, p in processes.items()}
-            rss = {name: peak_rss_mib(p.pid) for name, p in processes.items()}
-            alerts = json.loads(get(f"{vmalert_url}/api/v1/alerts"))["data"]["alerts"] or []
-            recorded = {name: query(vm_url, f"count({name})") or 0.0 for name in sorted(
-                {rule["record"] for group in groups["groups"] for rule in group["rules"] if "record" in rule})}
-            stop(vmalert)
-            at = time.time() // RECORD_STEP * RECORD_STEP  # vmalert aligns its query time to the interval.
-            slowest = rule_times(vm_url, groups, at)
-        finally:
-            for process in reversed(running):
-                stop(process)
-    print(f"\n{'group':<22}{'interval':>9}{'runs':>6}{'p50 s':>8}{'max s':>8}{'max/interval':>14}{'missed':>8}")
-    for group, interval in intervals.items():
-        seen = sorted(iterations.durations.get(group, [])) or [float("nan")]
-        missed = iterations.since_start("vmalert_iteration_missed_total", group)
-        print(f"{group:<22}{interval:>8.0f}s{len(seen):>6}{seen[len(seen) // 2]:>8.2f}{seen[-1]:>8.2f}"
-              f"{seen[-1] / interval:>14.1%}{missed:>8.0f}")
-    print(f"failed rule executions: {iterations.since_start('vmalert_execution_errors_total'):.0f}")
-    for name in processes:
-        print(f"{name}: {cpu[name]:.2f} cores, peak RSS {rss[name]:.0f} MiB")
-    print("series each recording rule wrote at the end: "
-          + ", ".join(f"{name} {count:,.0f}" for name, count in recorded.items()))
-    print(f"\neach rule's query time, slowest first (sum {sum(t for t, _, _ in slowest):.2f} s):")
-    for seconds, group, name in slowest:
-        print(f"{seconds:>8.3f} s  {group:<22}{name}")
-    found = [(a["labels"].get("instance"), a["labels"].get("signal"), a["state"]) for a in alerts
-             if a["labels"].get("alertname") == "NodeStraggler"]
-    print(f"NodeStraggler: {sorted(found) or 'none'} (planted: {nodes[0].instance})")
+        measured = evaluate(Path(tmp), groups, nodes, args.minutes)
+    table = print_figures(measured, intervals, nodes)
+    found = sorted(a["labels"].get("instance") for a in measured["alerts"]
+                   if a["labels"].get("alertname") == "NodeStraggler")
+    results.record("global_tier_bench", {
+        "nodes": len(nodes), "series written": measured["written"],
+        "rules alone, summed (s)": sum(t for t, _, _ in measured["slowest"]),
+        "NodeStraggler on": " ".join(found) or "none", "planted": nodes[0].instance,
+        **{f"{name} cores": cores for name, cores in measured["cpu"].items()},
+        **{f"{name} peak RSS (MiB)": mib for name, mib in measured["rss"].items()}},
+        {"rule groups": table}, path=args.results)
 
 
 if __name__ == "__main__":

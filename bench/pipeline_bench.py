@@ -25,51 +25,33 @@ from __future__ import annotations
 
 import argparse
 import calendar
+import contextlib
 import json
-import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
-from support import (
-    COMPOSE,
-    VmalertIterations,
-    binary,
-    compose_flags,
-    cpu_seconds,
-    free_port,
-    get,
-    peak_rss_mib,
-    percentile,
-    query,
-    rule_times,
-    serve,
-    serve_alertmanager,
-    serve_victoriametrics,
-    serve_vmalert,
-    simulator_command,
-    stop,
-)
 
 from gpufleet.alerts.cli import VMALERT_RULES_FILE
+from gpufleet.devtools import results
+from gpufleet.devtools.compose import AGENTS, compose_flags, victoria_metrics_flags, vmalert_flags
+from gpufleet.devtools.net import get
+from gpufleet.devtools.paths import COMPOSE
+from gpufleet.devtools.processes import Server
+from gpufleet.devtools.programs import alertmanager, simulator, victoria_metrics, vmagent, vmalert
+from gpufleet.devtools.prom import OLDEST_SNAPSHOT, VmalertIterations, own_metric, query_value, rule_times
+from gpufleet.devtools.resources import cpu_seconds, peak_rss_mib
+from gpufleet.devtools.stats import percentile
 from gpufleet.duration import parse as parse_duration
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRAPE = yaml.safe_load((ROOT / "compose" / "vmagent" / "scrape.yml").read_text())
-AGENTS = sorted(name for name in COMPOSE["services"] if name.startswith("vmagent-"))
+SCRAPE = yaml.safe_load((COMPOSE / "vmagent" / "scrape.yml").read_text())
 SAMPLE_SECONDS = 2.0
 SCRAPE_SECONDS = 15  # compose's scrape interval and vmalert's -evaluationInterval.
 TIMEOUT = 60.0
-
-
-def own_metric(url: str, name: str, **labels: str) -> float:
-    """The sum of a program's own metric over the samples with `labels`, from its /metrics (nothing here
-    scrapes them)."""
-    return sum(sample.value for family in text_string_to_metric_families(get(f"{url}/metrics", TIMEOUT).decode())
-               for sample in family.samples if sample.name == name and labels.items() <= sample.labels.items())
 
 
 def group_starts(vmalert_url: str, intervals: dict[str, float]) -> dict[str, float]:
@@ -94,6 +76,111 @@ def worst_at(iterations: VmalertIterations, group: str) -> float:
     return (iterations.ended[group][worst] - seen[worst]) % 300
 
 
+@dataclass
+class Tier:
+    """The running programs by name, and the servers the measurement asks."""
+
+    running: dict[str, Server]
+    store: str
+    evaluator: Server
+
+
+def start_tier(stack: contextlib.ExitStack, args: argparse.Namespace, workdir: Path) -> Tier:
+    """The simulators, VictoriaMetrics, the vmagents, an Alertmanager routing nowhere and vmalert, on `stack`,
+    each with compose's flags but for what the bench sets itself."""
+    running: dict[str, Server] = {}
+    targets = []
+    share = [args.nodes // args.simulators + (n < args.nodes % args.simulators) for n in range(args.simulators)]
+    for n, nodes in enumerate(share):
+        targets.append(workdir / f"sim-{n}.json")
+        running[f"simulator {n}"] = stack.enter_context(simulator(
+            targets[-1], f"--nodes={nodes}", f"--cluster=sim-{n}", f"--seed={n}", "--log.level=warn", timeout=120,
+            niceness=args.simulator_nice, quiet=True))
+    job = next(j for j in SCRAPE["scrape_configs"] if j["job_name"] == "gpufleet")
+    scrape = workdir / "scrape.yml"
+    scrape.write_text(yaml.safe_dump({"global": SCRAPE["global"], "scrape_configs": [
+        {**job, "file_sd_configs": [{"files": [str(t) for t in targets]}]}]}))
+    vm = running["victoriametrics"] = stack.enter_context(victoria_metrics(
+        workdir / "vm", "-loggerLevel=ERROR",
+        *victoria_metrics_flags(), *args.victoriametrics_flag,
+        quiet=True))
+    for name in AGENTS:
+        running[name] = stack.enter_context(vmagent(
+            scrape, vm.url, workdir / name, "-loggerLevel=ERROR",
+            *compose_flags(name, ("-promscrape.config", "-remoteWrite.url", "-remoteWrite.tmpDataPath",
+                                  "-httpListenAddr")), *args.vmagent_flag, quiet=True))
+    am = running["alertmanager"] = stack.enter_context(alertmanager(workdir / "alertmanager"))
+    evaluator = running["vmalert"] = stack.enter_context(vmalert(
+        VMALERT_RULES_FILE, vm.url, am.url, "-loggerLevel=ERROR", *vmalert_flags(), quiet=True))
+    return Tier(running, vm.url, evaluator)
+
+
+def measure(tier: Tier, seconds: float, intervals: dict[str, float]) -> dict[str, Any]:
+    """Every program's CPU and memory, every group's evaluations, and the store's figures, over `seconds`."""
+    processes = {name: psutil.Process(server.pid) for name, server in tier.running.items()}
+    cpu0 = {name: cpu_seconds(p) for name, p in processes.items()}
+    rows0 = own_metric(tier.store, "vm_rows_inserted_total")
+    queued0 = own_metric(tier.store, "vm_concurrent_select_limit_reached_total")
+    iterations = VmalertIterations(tier.evaluator.url)
+    began = time.monotonic()
+    for tick in range(int(seconds / SAMPLE_SECONDS)):
+        time.sleep(max(0.0, began + (tick + 1) * SAMPLE_SECONDS - time.monotonic()))
+        iterations.sample()
+    elapsed = time.monotonic() - began
+    return {
+        "iterations": iterations,
+        "cpu": {name: (cpu_seconds(p) - cpu0[name]) / elapsed for name, p in processes.items()},
+        "rss": {name: peak_rss_mib(p.pid) for name, p in processes.items()},
+        # A count() over every series is refused past -search.maxUniqueTimeseries: ask the store's own cache.
+        "series": own_metric(tier.store, "vm_cache_entries", type="storage/hour_metric_ids"),
+        "rows": (own_metric(tier.store, "vm_rows_inserted_total") - rows0) / elapsed,
+        "queued": own_metric(tier.store, "vm_concurrent_select_limit_reached_total") - queued0,
+        "oldest": query_value(tier.store, OLDEST_SNAPSHOT.format(window=f"{int(seconds)}s:{SCRAPE_SECONDS}s"),
+                              TIMEOUT),
+        "starts": group_starts(tier.evaluator.url, intervals),
+    }
+
+
+def group_table(measured: dict[str, Any], intervals: dict[str, float],
+                alone: list[tuple[float, str, str]]) -> results.Table:
+    iterations: VmalertIterations = measured["iterations"]
+    table = results.Table(["rule group", "interval (s)", "starts (s)", "runs", "p50 (s)", "p99 (s)", "max (s)",
+                           "max / interval", "missed", "alone (s)", "worst at (s)"])
+    for group, interval in intervals.items():
+        seen = iterations.durations.get(group, [])
+        worst = max(seen, default=float("nan"))
+        table.add(group, interval, measured["starts"].get(group), len(seen), percentile(seen, 0.5),
+                  percentile(seen, 0.99), worst, worst / interval,
+                  iterations.since_start("vmalert_iteration_missed_total", group),
+                  sum(t for t, g, _ in alone if g == group), worst_at(iterations, group))
+    return table
+
+
+def print_figures(table: results.Table, measured: dict[str, Any], alone: list[tuple[float, str, str]]) -> None:
+    print(f"\n{'rule group':<24}{'interval':>9}{'starts':>8}{'runs':>6}{'p50 s':>9}{'p99 s':>9}{'max s':>9}"
+          f"{'max/int':>9}{'missed':>8}{'alone s':>9}{'worst at':>10}")
+    for group, interval, start, runs, p50, p99, worst, share, missed, alone_s, at in table.rows:
+        print(f"{group:<24}{interval:>9g}{float('nan') if start is None else start:>8.1f}{runs:>6}{p50:>9.3f}"
+              f"{p99:>9.3f}{worst:>9.3f}{share:>9.1%}{missed:>8.0f}{alone_s:>9.3f}{at:>10.0f}")
+    print("(starts: seconds into its interval, by the clock, at which vmalert 1.79 evaluates the group; it places "
+          "each group by a hash of the rule file's path and the group's name. alone: its rules' times summed, each "
+          "asked alone after vmalert stopped. worst at: seconds into the 5 minutes by the clock at which its slowest "
+          "evaluation began, within 2 s)")
+    iterations: VmalertIterations = measured["iterations"]
+    print(f"failed rule executions: {iterations.since_start('vmalert_execution_errors_total'):.0f}; queries that "
+          f"waited for one of VictoriaMetrics's query slots: {measured['queued']:.0f}")
+    print(f"active series in VictoriaMetrics: {measured['series']:,.0f}; rows taken in: {measured['rows']:,.0f}/s "
+          "(every vmagent's copy of each sample, before deduplication)")
+    print(f"oldest GPU snapshot scraped: {measured['oldest'] or float('nan'):.1f} s (collection every 15 s)")
+    print("\nten slowest rules, each asked alone after vmalert stopped (median of three):")
+    for seconds, group, name in alone[:10]:
+        print(f"{seconds:>8.3f} s  {group:<24}{name}")
+    print(f"\n{'program':<18}{'cores':>8}{'peak RSS MiB':>14}")
+    for name, cores in measured["cpu"].items():
+        print(f"{name:<18}{cores:>8.2f}{measured['rss'][name]:>14.0f}")
+    print(f"{'all':<18}{sum(measured['cpu'].values()):>8.2f}{sum(measured['rss'].values()):>14.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1250)
@@ -106,96 +193,31 @@ def main() -> None:
                         help="a flag for every vmagent after compose's, which it overrides (repeatable)")
     parser.add_argument("--simulator-nice", type=int, default=0, metavar="N",
                         help="run the simulators at this niceness (1-19), so that the tier has the CPU first")
+    results.add_argument(parser)
     args = parser.parse_args()
     rules = yaml.safe_load(VMALERT_RULES_FILE.read_text())
     intervals = {g["name"]: parse_duration(g.get("interval", f"{SCRAPE_SECONDS}s")) for g in rules["groups"]}
-    running: list[tuple[str, subprocess.Popen]] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
-        try:
-            targets = []
-            share = [args.nodes // args.simulators + (n < args.nodes % args.simulators) for n in range(args.simulators)]
-            for n, nodes in enumerate(share):
-                port, targets_file = free_port(), workdir / f"sim-{n}.json"
-                running.append((f"simulator {n}", serve([
-                    *simulator_command(args.simulator_nice), f"--nodes={nodes}", f"--cluster=sim-{n}",
-                    f"--seed={n}", f"--file-sd={targets_file}", f"--web.listen-address=127.0.0.1:{port}",
-                    "--log.level=warn"], port, "/healthz")[0]))
-                targets.append(str(targets_file))
-            job = next(j for j in SCRAPE["scrape_configs"] if j["job_name"] == "gpufleet")
-            scrape = workdir / "scrape.yml"
-            scrape.write_text(yaml.safe_dump({"global": SCRAPE["global"], "scrape_configs": [
-                {**job, "file_sd_configs": [{"files": targets}]}]}))
-            vm, vm_url = serve_victoriametrics(workdir / "vm", tuple(args.victoriametrics_flag))
-            running.append(("victoriametrics", vm))
-            for name in AGENTS:
-                port = free_port()
-                running.append((name, serve([
-                    binary("vmagent", "victoria-metrics"), f"-promscrape.config={scrape}",
-                    f"-remoteWrite.url={vm_url}/api/v1/write", f"-remoteWrite.tmpDataPath={workdir / name}",
-                    f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=ERROR",
-                    *compose_flags(name, ("-promscrape.config", "-remoteWrite.url", "-remoteWrite.tmpDataPath",
-                                          "-httpListenAddr")), *args.vmagent_flag], port)[0]))
-            am, am_url = serve_alertmanager(workdir)
-            running.append(("alertmanager", am))
-            vmalert, vmalert_url = serve_vmalert(VMALERT_RULES_FILE, vm_url, am_url)
-            running.append(("vmalert", vmalert))
-            print(f"{args.nodes} nodes x 8 GPUs from {args.simulators} simulators"
-                  + (f" at nice {args.simulator_nice}" if args.simulator_nice else "") + "; flags beside compose's: "
-                  f"VictoriaMetrics {' '.join(args.victoriametrics_flag) or 'none'}, vmagents "
-                  f"{' '.join(args.vmagent_flag) or 'none'}; warming up for {args.warm_up:g} s", flush=True)
-            time.sleep(args.warm_up)
-            processes = {name: psutil.Process(p.pid) for name, p in running}
-            cpu0 = {name: cpu_seconds(p) for name, p in processes.items()}
-            rows0 = own_metric(vm_url, "vm_rows_inserted_total")
-            queued0 = own_metric(vm_url, "vm_concurrent_select_limit_reached_total")
-            iterations = VmalertIterations(vmalert_url)
-            began = time.monotonic()
-            for tick in range(int(args.seconds / SAMPLE_SECONDS)):
-                time.sleep(max(0.0, began + (tick + 1) * SAMPLE_SECONDS - time.monotonic()))
-                iterations.sample()
-            elapsed = time.monotonic() - began
-            cpu = {name: (cpu_seconds(p) - cpu0[name]) / elapsed for name, p in processes.items()}
-            rss = {name: peak_rss_mib(p.pid) for name, p in processes.items()}
-            window = f"{int(args.seconds)}s"
-            # A count() over every series is refused past -search.maxUniqueTimeseries: ask the store's own cache.
-            series = own_metric(vm_url, "vm_cache_entries", type="storage/hour_metric_ids")
-            rows = (own_metric(vm_url, "vm_rows_inserted_total") - rows0) / elapsed
-            queued = own_metric(vm_url, "vm_concurrent_select_limit_reached_total") - queued0
-            oldest = query(vm_url, 'max(max_over_time((timestamp(gpufleet_collector_last_success_timestamp_seconds'
-                                   '{collector="gpu"}) - gpufleet_collector_last_success_timestamp_seconds'
-                                   f'{{collector="gpu"}})[{window}:{SCRAPE_SECONDS}s]))', TIMEOUT)
-            starts = group_starts(vmalert_url, intervals)
-            stop(vmalert)
-            alone = rule_times(vm_url, rules, time.time() // SCRAPE_SECONDS * SCRAPE_SECONDS)
-        finally:
-            for _, process in reversed(running):
-                stop(process)
-    print(f"\n{'rule group':<24}{'interval':>9}{'starts':>8}{'runs':>6}{'p50 s':>9}{'p99 s':>9}{'max s':>9}"
-          f"{'max/int':>9}{'missed':>8}{'alone s':>9}{'worst at':>10}")
-    for group, interval in intervals.items():
-        seen = iterations.durations.get(group, [])
-        missed = iterations.since_start("vmalert_iteration_missed_total", group)
-        print(f"{group:<24}{interval:>9g}{starts.get(group, float('nan')):>8.1f}{len(seen):>6}"
-              f"{percentile(seen, 0.5):>9.3f}{percentile(seen, 0.99):>9.3f}{max(seen, default=float('nan')):>9.3f}"
-              f"{max(seen, default=float('nan')) / interval:>9.1%}{missed:>8.0f}"
-              f"{sum(t for t, g, _ in alone if g == group):>9.3f}{worst_at(iterations, group):>10.0f}")
-    print("(starts: seconds into its interval, by the clock, at which vmalert 1.79 evaluates the group; it places "
-          "each group by a hash of the rule file's path and the group's name. alone: its rules' times summed, each "
-          "asked alone after vmalert stopped. worst at: seconds into the 5 minutes by the clock at which its slowest "
-          "evaluation began, within 2 s)")
-    print(f"failed rule executions: {iterations.since_start('vmalert_execution_errors_total'):.0f}; queries that "
-          f"waited for one of VictoriaMetrics's query slots: {queued:.0f}")
-    print(f"active series in VictoriaMetrics: {series:,.0f}; rows taken in: {rows:,.0f}/s "
-          "(every vmagent's copy of each sample, before deduplication)")
-    print(f"oldest GPU snapshot scraped: {oldest or float('nan'):.1f} s (collection every 15 s)")
-    print("\nten slowest rules, each asked alone after vmalert stopped (median of three):")
-    for seconds, group, name in alone[:10]:
-        print(f"{seconds:>8.3f} s  {group:<24}{name}")
-    print(f"\n{'program':<18}{'cores':>8}{'peak RSS MiB':>14}")
-    for name in processes:
-        print(f"{name:<18}{cpu[name]:>8.2f}{rss[name]:>14.0f}")
-    print(f"{'all':<18}{sum(cpu.values()):>8.2f}{sum(rss.values()):>14.0f}")
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        tier = start_tier(stack, args, Path(tmp))
+        print(f"{args.nodes} nodes x 8 GPUs from {args.simulators} simulators"
+              + (f" at nice {args.simulator_nice}" if args.simulator_nice else "") + "; flags beside compose's: "
+              f"VictoriaMetrics {' '.join(args.victoriametrics_flag) or 'none'}, vmagents "
+              f"{' '.join(args.vmagent_flag) or 'none'}; warming up for {args.warm_up:g} s", flush=True)
+        time.sleep(args.warm_up)
+        measured = measure(tier, args.seconds, intervals)
+        tier.evaluator.stop()
+        alone = rule_times(tier.store, rules, time.time() // SCRAPE_SECONDS * SCRAPE_SECONDS)
+    table = group_table(measured, intervals, alone)
+    print_figures(table, measured, alone)
+    iterations: VmalertIterations = measured["iterations"]
+    results.record("pipeline_bench", {
+        "nodes": args.nodes, "active series": measured["series"], "rows a second": measured["rows"],
+        "queries that waited for a slot": measured["queued"], "oldest GPU snapshot (s)": measured["oldest"],
+        "failed rule executions": iterations.since_start("vmalert_execution_errors_total"),
+        "worst evaluation / interval": max(float(row[7] or 0) for row in table.rows),
+        **{f"{name} cores": cores for name, cores in measured["cpu"].items()},
+        **{f"{name} peak RSS (MiB)": mib for name, mib in measured["rss"].items()}},
+        {"rule groups": table}, path=args.results)
 
 
 if __name__ == "__main__":

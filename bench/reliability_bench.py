@@ -24,16 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # The month is the report test's, at another size.
-
-from gpufleet import cli as gpufleet_cli  # noqa: E402
-from gpufleet.alerts import reliability as rules  # noqa: E402
-from gpufleet.flags import duration  # noqa: E402
-from gpufleet.simulator.fleet import Fleet  # noqa: E402
-
-from months import STEP, asked_per_gpu_day, jobs, month  # noqa: E402
-from reports import interval, markdown_tables, rows  # noqa: E402
+from gpufleet import cli as gpufleet_cli
+from gpufleet.alerts import reliability as rules
+from gpufleet.devtools import results
+from gpufleet.devtools.months import STEP, Month, asked_per_gpu_day, jobs, month
+from gpufleet.devtools.tables import interval, markdown_tables, rows
+from gpufleet.flags import duration
+from gpufleet.simulator.fleet import Fleet
 
 JOB_NODES = 16
 
@@ -43,6 +40,32 @@ def _within(cell: str, value: float) -> str:
     return "yes" if low <= value <= high else "NO"
 
 
+def report(held: Month, days: int, out: Path) -> dict[str, dict[str, str]] | None:
+    """The report's rows of interruptions by cause, or None where it did not run."""
+    began = time.monotonic()
+    code = gpufleet_cli.main(["report", "reliability", "--prometheus", held.url, "--range", f"{days}d",
+                              "--end", str(held.end), "--out", str(out)])
+    print(f"report: {time.monotonic() - began:.1f} s, exit {code}")
+    if code != 0:
+        return None
+    tables = markdown_tables((out / "reliability-report.md").read_text())
+    return {row["Cause"]: row for row in rows(tables, "Interruptions by cause")}
+
+
+def compare(found: dict[str, dict[str, str]], held: Month, scale: float) -> results.Table:
+    """Per class, what the profile asked for, what the simulator started and what the report found."""
+    asked = asked_per_gpu_day(scale)
+    table = results.Table(["cause", "asked per 1,000 GPU-days", "started", "found", "report's rate",
+                           "95% interval", "holds asked"])
+    for key, title in [*rules.CLASSES.items(), ("all", "All causes")]:
+        wanted = 1000 * (sum(asked.values()) if key == "all" else asked[key])
+        begun = sum(held.started.values()) if key == "all" else held.started[key]
+        row = found[title]
+        table.add(title, round(wanted, 3), begun, int(row["Interruptions"]), float(row["Per 1,000 GPU-days"]),
+                  row["95% interval"], _within(row["95% interval"], wanted))
+    return table
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=256, help="nodes of 8 GPUs (default 256: 2,048 GPUs)")
@@ -50,6 +73,7 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every rate of the profile")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--hold", type=duration, default=duration("6h"), help="longest a quiet node's values are held")
+    results.add_argument(parser)
     args = parser.parse_args()
     fleet = Fleet(args.nodes, seed=args.seed, layout=jobs(args.nodes, JOB_NODES))
     gpus = args.nodes * fleet.gpus_per_node
@@ -57,28 +81,22 @@ def main() -> int:
     with (tempfile.TemporaryDirectory(prefix="reliability-bench-") as tmp,
           month(Path(tmp), fleet, args.days, args.scale, args.seed, args.hold) as held):
         steps = (args.days + 1) * 86400 // STEP + 1
+        collected = held.collections / (steps * args.nodes)
         print(f"history: {held.timings['history']:.0f} s, {held.collections:,} node collections "
-              f"({held.collections / (steps * args.nodes):.1%} of every node at every step)")
+              f"({collected:.1%} of every node at every step)")
         print(f"rules recorded over {args.days} days: {held.timings['rules']:.0f} s")
-        out = Path(tmp) / "report"
-        began = time.monotonic()
-        code = gpufleet_cli.main(["report", "reliability", "--prometheus", held.url, "--range", f"{args.days}d",
-                                  "--end", str(held.end), "--out", str(out)])
-        print(f"report: {time.monotonic() - began:.1f} s, exit {code}")
-        if code != 0:
-            return code
-        tables = markdown_tables((out / "reliability-report.md").read_text())
-        started = held.started
-    found = {row["Cause"]: row for row in rows(tables, "Interruptions by cause")}
-    asked = asked_per_gpu_day(args.scale)
+        found = report(held, args.days, Path(tmp) / "report")
+    if found is None:
+        return 1
+    table = compare(found, held, args.scale)
     print(f"\n{'cause':50} {'asked':>8} {'started':>8} {'found':>6} {'rate':>8}  {'95% interval':>16}  holds asked")
-    for key, title in [*rules.CLASSES.items(), ("all", "All causes")]:
-        wanted = 1000 * (sum(asked.values()) if key == "all" else asked[key])
-        begun = sum(started.values()) if key == "all" else started[key]
-        row = found[title]
-        print(f"{title:50} {wanted:8.3f} {begun:8d} {row['Interruptions']:>6} {row['Per 1,000 GPU-days']:>8}  "
-              f"{row['95% interval']:>16}  {_within(row['95% interval'], wanted)}")
+    for title, wanted, begun, count, rate, bounds, holds in table.rows:
+        print(f"{title:50} {wanted:8.3f} {begun:8d} {count:>6} {rate:>8}  {bounds:>16}  {holds}")
     print("(rates per 1,000 GPU-days)")
+    results.record("reliability_bench", {
+        "GPUs": gpus, "days": args.days, "history (s)": round(held.timings["history"]),
+        "rules recorded (s)": round(held.timings["rules"]), "node-steps collected": round(collected, 4)},
+        {"interruptions by cause": table}, path=args.results)
     return 0
 
 

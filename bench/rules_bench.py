@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -52,27 +51,20 @@ import time
 import urllib.parse
 from collections import defaultdict
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
-from support import (
-    binary,
-    cpu_seconds,
-    free_port,
-    get,
-    peak_rss_mib,
-    percentile,
-    query,
-    start_simulator,
-    stop,
-    wait_ready,
-)
 
+from gpufleet.devtools import grafana, results
+from gpufleet.devtools.net import get
+from gpufleet.devtools.paths import ROOT
+from gpufleet.devtools.processes import Server
+from gpufleet.devtools.programs import prometheus, prometheus_config, simulator
+from gpufleet.devtools.prom import OLDEST_SNAPSHOT, query_value, rule_group_metrics
+from gpufleet.devtools.resources import cpu_seconds, peak_rss_mib
+from gpufleet.devtools.stats import percentile
 from gpufleet.duration import parse as parse_duration
 
-ROOT = Path(__file__).resolve().parent.parent
 SCRAPE_SECONDS = 15
 SAMPLE_SECONDS = 5
 TIMEOUT = 60.0  # Prometheus answers slowly while it evaluates the rules of a 1,000-node fleet.
@@ -84,16 +76,6 @@ class GroupFigures:
     durations: list[float] = field(default_factory=list)
     missed: float = 0.0
     failures: float = 0.0
-
-
-def self_metrics(prom_url: str) -> dict[tuple[str, str], float]:
-    """(metric, rule group) -> value, from Prometheus's own /metrics, which does not need a self-scrape."""
-    values: dict[tuple[str, str], float] = defaultdict(float)
-    for family in text_string_to_metric_families(get(f"{prom_url}/metrics", TIMEOUT).decode()):
-        for sample in family.samples:
-            group = sample.labels.get("rule_group", "")
-            values[(sample.name, group.split(";")[-1])] += sample.value
-    return values
 
 
 @dataclass
@@ -117,19 +99,20 @@ def save_profiles(prom_url: str, directory: Path, name: str) -> None:
     print(f"[{name}] profiles in {directory}/{stem}.*.pb.gz", flush=True)
 
 
-def measure(name: str, prom_url: str, process: subprocess.Popen, simulator: psutil.Process, warm_up: float,
-            duration: float, profiles: Path | None) -> Run:
+def measure(name: str, server: Server, simulator: psutil.Process, warm_up: float, duration: float,
+            profiles: Path | None) -> Run:
     print(f"[{name}] warming up for {warm_up:g} s", flush=True)
     time.sleep(warm_up)
-    prom = psutil.Process(process.pid)
-    before, cpu0, t0 = self_metrics(prom_url), cpu_seconds(prom), time.monotonic()
+    prom_url = server.url
+    prom = psutil.Process(server.pid)
+    before, cpu0, t0 = rule_group_metrics(prom_url, TIMEOUT), cpu_seconds(prom), time.monotonic()
     simulator_cpu0 = cpu_seconds(simulator)
     groups: dict[str, GroupFigures] = defaultdict(GroupFigures)
     slowest: dict[tuple[str, str], float] = defaultdict(float)
     print(f"[{name}] measuring for {duration:g} s", flush=True)
     for tick in range(int(duration // SAMPLE_SECONDS)):
         time.sleep(max(0.0, t0 + (tick + 1) * SAMPLE_SECONDS - time.monotonic()))
-        for (metric, group), value in self_metrics(prom_url).items():
+        for (metric, group), value in rule_group_metrics(prom_url, TIMEOUT).items():
             if metric == "prometheus_rule_group_last_duration_seconds":
                 groups[group].durations.append(value)
             elif metric == "prometheus_rule_group_interval_seconds":
@@ -142,50 +125,24 @@ def measure(name: str, prom_url: str, process: subprocess.Popen, simulator: psut
     elapsed = time.monotonic() - t0
     cpu_share = (cpu_seconds(prom) - cpu0) / elapsed
     simulator_cpu_share = (cpu_seconds(simulator) - simulator_cpu0) / elapsed
-    after = self_metrics(prom_url)
+    after = rule_group_metrics(prom_url, TIMEOUT)
     for group, figures in groups.items():
         for metric, attribute in (("prometheus_rule_group_iterations_missed_total", "missed"),
                                   ("prometheus_rule_evaluation_failures_total", "failures")):
             setattr(figures, attribute, after[(metric, group)] - before[(metric, group)])
     window = f"{int(duration)}s"
-    oldest = query(prom_url, 'max(max_over_time((timestamp(gpufleet_collector_last_success_timestamp_seconds'
-                             '{collector="gpu"}) - gpufleet_collector_last_success_timestamp_seconds'
-                             f'{{collector="gpu"}})[{window}:]))', TIMEOUT)
+    oldest = query_value(prom_url, OLDEST_SNAPSHOT.format(window=f"{window}:"), TIMEOUT)
     if profiles is not None:
         save_profiles(prom_url, profiles, name)
-    return Run(name, cpu_share, peak_rss_mib(process.pid), after[("prometheus_tsdb_head_series", "")],
-               query(prom_url, "avg(scrape_samples_scraped)", TIMEOUT) or 0.0, oldest, simulator_cpu_share,
+    return Run(name, cpu_share, peak_rss_mib(server.pid), after[("prometheus_tsdb_head_series", "")],
+               query_value(prom_url, "avg(scrape_samples_scraped)", TIMEOUT) or 0.0, oldest, simulator_cpu_share,
                dict(groups), dict(slowest))
 
 
 def write_config(workdir: Path, targets: Path, rules: Path | None, querylog: Path | None = None) -> Path:
     """The query log stays off while measuring: it would log, and cost, every rule evaluation."""
-    config = workdir / "prometheus.yml"
-    logged = f", query_log_file: '{querylog}'" if querylog else ""
-    lines = [f"global: {{scrape_interval: {SCRAPE_SECONDS}s, evaluation_interval: {SCRAPE_SECONDS}s, "
-             f"scrape_timeout: 10s{logged}}}"]
-    if rules is not None:
-        lines.append(f"rule_files: ['{rules}']")
-    lines += ["scrape_configs:", f"  - job_name: gpufleet\n    file_sd_configs: [{{files: ['{targets}']}}]"]
-    config.write_text("\n".join(lines) + "\n")
-    return config
-
-
-def start_prometheus(workdir: Path, targets: Path, rules: Path | None, ready_seconds: float = 60,
-                     gomemlimit: str | None = None) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    config = write_config(workdir, targets, rules)
-    env = {**os.environ, "GOMEMLIMIT": gomemlimit} if gomemlimit else None
-    process = subprocess.Popen([binary("prometheus", "prometheus"), f"--config.file={config}",
-                                f"--storage.tsdb.path={workdir}/data", f"--web.listen-address=127.0.0.1:{port}",
-                                "--log.level=warn"], env=env)
-    url = f"http://127.0.0.1:{port}"
-    wait_ready(f"{url}/-/ready", process, ready_seconds)
-    return process, url
-
-
-def _substitute(values: dict[str, str], variable: re.Match[str]) -> str:
-    return values.get(variable[1], ".*")
+    return prometheus_config(workdir / "prometheus.yml", targets, f"{SCRAPE_SECONDS}s", rules, scrape_timeout="10s",
+                             query_log=querylog)
 
 
 def dashboard_targets(prom_url: str) -> list[tuple[str, str, bool, int]]:
@@ -194,25 +151,16 @@ def dashboard_targets(prom_url: str) -> list[tuple[str, str, bool, int]]:
     dashboard's node), and a step of the scrape interval or the panel's own minimum interval, whichever is longer.
     Grafana would ask an hour at 30 s where a panel sets no minimum (a step of the range over its 100 data
     points, rounded); 15 s is the stricter of the two."""
-    targets = []
-    for path in sorted((ROOT / "dashboards" / "json").glob("*.json")):
-        model = json.loads(path.read_text())
-        values = {}
-        for variable in model["templating"]["list"]:
-            if variable["type"] == "query" and not variable["multi"]:
-                listed = json.loads(get(f"{prom_url}/api/v1/label/{variable['name']}/values", TIMEOUT))["data"]
-                values[variable["name"]] = listed[0]  # Grafana escapes no single value.
-        for panel in model["panels"]:
-            step = max(SCRAPE_SECONDS, round(parse_duration(panel.get("interval") or f"{SCRAPE_SECONDS}s")))
-            rate_interval = max(step + SCRAPE_SECONDS, 4 * SCRAPE_SECONDS)
-            for target in panel.get("targets", []):
-                expr = target["expr"]
-                for name, value in (("$__rate_interval", f"{rate_interval}s"), ("$__interval_ms", f"{step * 1000}"),
-                                    ("$__interval", f"{step}s"), ("$__range", "1h")):
-                    expr = expr.replace(name, value)
-                expr = re.sub(r"\$\{?(cluster|instance|gpu|job_id)\}?", partial(_substitute, values), expr)
-                targets.append((f"{model['uid']}/{panel['title']}", expr, target.get("instant", False), step))
-    return targets
+    directory = ROOT / "dashboards" / "json"
+    chosen = {uid: {name: json.loads(get(f"{prom_url}/api/v1/label/{name}/values", TIMEOUT))["data"][0]
+                    for name in names}  # Grafana escapes no single value.
+              for uid, names in grafana.single_select(directory).items()}
+    expanded = []
+    for target in grafana.targets(directory):
+        step = max(SCRAPE_SECONDS, round(parse_duration(target.interval or f"{SCRAPE_SECONDS}s")))
+        expr = grafana.expand(target.expr, SCRAPE_SECONDS, step, "1h", chosen[target.uid])
+        expanded.append((f"{target.uid}/{target.title}", expr, target.instant, step))
+    return expanded
 
 
 def timed_queries(querylog: Path, offset: int) -> list[tuple[float, str]]:
@@ -228,16 +176,19 @@ def timed_queries(querylog: Path, offset: int) -> list[tuple[float, str]]:
     return timings
 
 
-def time_dashboards_and_report(prom_url: str, process: subprocess.Popen, querylog: Path) -> None:
-    process.send_signal(signal.SIGHUP)  # Reload the configuration, now with the query log.
+def time_dashboards_and_report(server: Server, querylog: Path) -> dict[str, list[float]]:
+    """Every dashboard target and every capacity report query, timed by Prometheus's query log; printed, and
+    returned as the seconds each took, by kind."""
+    prom_url = server.url
+    server.process.send_signal(signal.SIGHUP)  # Reload the configuration, now with the query log.
     for _ in range(100):
         time.sleep(0.1)
         if querylog.exists():
             break
     end = time.time()
     offset = querylog.stat().st_size if querylog.exists() else 0
-    targets = dashboard_targets(prom_url)
-    for _, expr, instant, step in targets:
+    queries = dashboard_targets(prom_url)
+    for _, expr, instant, step in queries:
         if instant:  # Grafana asks a table or stat with an instant target for one point, not a range.
             get(f"{prom_url}/api/v1/query?{urllib.parse.urlencode({'query': expr, 'time': end})}", timeout=300)
         else:
@@ -249,14 +200,16 @@ def time_dashboards_and_report(prom_url: str, process: subprocess.Popen, querylo
         subprocess.run([sys.executable, "-m", "gpufleet", "report", "capacity", f"--prometheus={prom_url}",
                         "--range=1h", f"--out={out}"], check=False, stdout=subprocess.DEVNULL, timeout=600)
     report = timed_queries(querylog, offset)
-    names = {expr: name for name, expr, *_ in targets}
-    for title, timings in (("dashboard targets", board), ("capacity report queries", report)):
+    names = {expr: name for name, expr, *_ in queries}
+    timed = {"dashboard targets": board, "capacity report queries": report}
+    for title, timings in timed.items():
         durations = [t for t, _ in timings]
         print(f"\n{title}: {len(timings)}, p50 {percentile(durations, 0.5) * 1000:.0f} ms, "
               f"p99 {percentile(durations, 0.99) * 1000:.0f} ms, max {max(durations, default=0) * 1000:.0f} ms; "
               "slowest ten:")
         for spent, expr in sorted(timings, reverse=True)[:10]:
             print(f"  {spent * 1000:8.0f} ms  {names.get(expr, '')} {expr[:150]}")
+    return {title: [t for t, _ in timings] for title, timings in timed.items()}
 
 
 def report_runs(runs: list[Run]) -> None:
@@ -273,16 +226,58 @@ def report_runs(runs: list[Run]) -> None:
         base, ruled = runs
         print(f"the rules add {100 * (ruled.cpu_share / base.cpu_share - 1):+.0f}% CPU and "
               f"{100 * (ruled.peak_rss_mib / base.peak_rss_mib - 1):+.0f}% peak RSS")
-    ruled = runs[-1]
+    table = group_table(runs[-1])
     print(f"\n{'rule group':<24}{'interval':>9}{'p50 s':>9}{'p99 s':>9}{'max s':>9}{'p99/int':>9}{'missed':>8}"
           f"{'failed':>8}")
-    for name, g in sorted(ruled.groups.items()):
-        p99 = percentile(g.durations, 0.99)
-        print(f"{name:<24}{g.interval:>9g}{percentile(g.durations, 0.5):>9.3f}{p99:>9.3f}"
-              f"{max(g.durations, default=0):>9.3f}{p99 / g.interval:>9.1%}{g.missed:>8.0f}{g.failures:>8.0f}")
+    for name, interval, p50, p99, worst, share, missed, failed in table.rows:
+        print(f"{name:<24}{interval:>9g}{p50:>9.3f}{p99:>9.3f}{worst:>9.3f}{share:>9.1%}{missed:>8.0f}{failed:>8.0f}")
     print("\nten slowest rules (longest evaluation seen):")
-    for (group, rule), spent in sorted(ruled.rules.items(), key=lambda kv: -kv[1])[:10]:
+    for (group, rule), spent in sorted(runs[-1].rules.items(), key=lambda kv: -kv[1])[:10]:
         print(f"  {spent:8.3f} s  {group} / {rule}")
+
+
+def group_table(run: Run) -> results.Table:
+    table = results.Table(["rule group", "interval (s)", "p50 (s)", "p99 (s)", "max (s)", "p99 / interval",
+                           "missed", "failed"])
+    for name, g in sorted(run.groups.items()):
+        p99 = percentile(g.durations, 0.99)
+        table.add(name, g.interval, percentile(g.durations, 0.5), p99, max(g.durations, default=0),
+                  p99 / g.interval, g.missed, g.failures)
+    return table
+
+
+def figures(runs: list[Run], queries: dict[str, list[float]]) -> dict[str, results.Value]:
+    ruled = runs[-1]
+    single: dict[str, results.Value] = {
+        "head series": ruled.head_series, "series per node": ruled.series_per_node,
+        "Prometheus CPU (share of a core)": ruled.cpu_share, "Prometheus peak RSS (MiB)": ruled.peak_rss_mib,
+        "oldest GPU snapshot (s)": ruled.oldest_snapshot, "simulator CPU (share of a core)": ruled.simulator_cpu_share}
+    if len(runs) == 2:
+        single["Prometheus CPU without rules (share of a core)"] = runs[0].cpu_share
+        single["Prometheus peak RSS without rules (MiB)"] = runs[0].peak_rss_mib
+    for title, durations in queries.items():
+        single[f"{title} p99 (s)"] = percentile(durations, 0.99)
+        single[f"{title} max (s)"] = max(durations, default=0.0)
+    return single
+
+
+def measure_both(args: argparse.Namespace, tmp: Path, targets: Path,
+                 simulator_process: psutil.Process) -> tuple[list[Run], dict[str, list[float]]]:
+    """Prometheus without the rules (unless skipped), then with them; the dashboards and report timed in the
+    second."""
+    runs, queries = [], {}
+    for name, rules in ((("without rules", None),) if not args.skip_baseline else ()) + (("with rules", args.rules),):
+        workdir = tmp / name.replace(" ", "-")
+        workdir.mkdir()
+        env = {**os.environ, "GOMEMLIMIT": args.gomemlimit} if args.gomemlimit else None
+        with prometheus(write_config(workdir, targets, rules), workdir / "data", env=env) as server:
+            runs.append(measure(name, server, simulator_process, args.warm_up, args.seconds, args.profiles))
+            if rules is not None:
+                querylog = workdir / "queries.log"
+                write_config(workdir, targets, rules, querylog)
+                queries = time_dashboards_and_report(server, querylog)
+        shutil.rmtree(workdir / "data", ignore_errors=True)
+    return runs, queries
 
 
 def main() -> None:
@@ -296,35 +291,18 @@ def main() -> None:
     parser.add_argument("--gomemlimit", help="GOMEMLIMIT for both servers, as Go writes it (2560MiB, 3GiB)")
     parser.add_argument("--simulator-nice", type=int, default=0, metavar="N",
                         help="run the simulator at this niceness (1-19), so that Prometheus has the CPU first")
+    results.add_argument(parser)
     args = parser.parse_args()
-
     with tempfile.TemporaryDirectory() as tmp:
         targets = Path(tmp) / "targets.json"
-        simulator = start_simulator(args.nodes, targets, SCRAPE_SECONDS, args.simulator_nice)
-        try:
-            runs = []
-            for name, rules in ((("without rules", None),) if not args.skip_baseline else ()) + (
-                    ("with rules", args.rules),):
-                workdir = Path(tmp) / name.replace(" ", "-")
-                workdir.mkdir()
-                process, url = start_prometheus(workdir, targets, rules, gomemlimit=args.gomemlimit)
-                try:
-                    run = measure(name, url, process, psutil.Process(simulator.pid), args.warm_up, args.seconds,
-                                  args.profiles)
-                    runs.append(run)
-                    if rules is not None:
-                        querylog = workdir / "queries.log"
-                        write_config(workdir, targets, rules, querylog)
-                        time_dashboards_and_report(url, process, querylog)
-                finally:
-                    stop(process)
-                    shutil.rmtree(workdir / "data", ignore_errors=True)
-            print(f"\n{args.nodes} nodes x 8 GPUs, scraped and evaluated every {SCRAPE_SECONDS} s; "
-                  f"rules: {args.rules.name}" + (f"; GOMEMLIMIT={args.gomemlimit}" if args.gomemlimit else "")
-                  + (f"; simulator at nice {args.simulator_nice}" if args.simulator_nice else ""))
-            report_runs(runs)
-        finally:
-            stop(simulator)
+        with simulator(targets, f"--nodes={args.nodes}", f"--collect-interval={SCRAPE_SECONDS}s", "--log.level=warn",
+                       timeout=300, niceness=args.simulator_nice) as sim:
+            runs, queries = measure_both(args, Path(tmp), targets, psutil.Process(sim.pid))
+    print(f"\n{args.nodes} nodes x 8 GPUs, scraped and evaluated every {SCRAPE_SECONDS} s; "
+          f"rules: {args.rules.name}" + (f"; GOMEMLIMIT={args.gomemlimit}" if args.gomemlimit else "")
+          + (f"; simulator at nice {args.simulator_nice}" if args.simulator_nice else ""))
+    report_runs(runs)
+    results.record("rules_bench", figures(runs, queries), {"rule groups": group_table(runs[-1])}, path=args.results)
 
 
 if __name__ == "__main__":

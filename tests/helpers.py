@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpufleet.devtools import paths
 from gpufleet.exporter.collector import Collection
 from gpufleet.exporter.gpu.simulated.board import GpuTelemetry, SimulatedGpu, steady
 from gpufleet.exporter.render import render
 
-FIXTURE_SYSFS = Path(__file__).parent / "fixtures" / "sys"
+FIXTURE_SYSFS = paths.FIXTURE_SYSFS
+
 
 UUID0 = "GPU-00000000-1111-2222-3333-444444444444"
 UUID1 = "GPU-55555555-6666-7777-8888-999999999999"
@@ -104,26 +104,3 @@ async def eventually(check, timeout: float = 5.0, interval: float = 0.02):
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         await asyncio.sleep(interval)
-
-
-def stop_process(process) -> None:
-    """SIGTERM, so the process can clean up; SIGKILL if it has not ended within 15 s."""
-    import subprocess
-
-    if process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(5)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

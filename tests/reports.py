@@ -1,94 +1,15 @@
-"""What the report tests share: simulated history imported into a real Prometheus, the committed rule
-groups evaluated over it with promtool, and readers for the tables and pages the reports write."""
+"""What the report tests alone need: the HTML page's tables, and what headless Chromium and the charts show."""
 
 from __future__ import annotations
 
-import asyncio
 import html
 import html.parser
 import json
 import re
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-import yaml
-
-from gpufleet.alerts.cli import RULES_FILE
-from gpufleet.simulator.fleet import Fleet
-from gpufleet.simulator.history import History, write_openmetrics
-
-from programs import binary, prometheus
-
-DAY = 86400
-
-
-def backfill(tmp: Path, fleet: Fleet, start: float, end: float, step: float, metrics: re.Pattern[str],
-             hold: float = 0.0) -> tuple[Path, int]:
-    """The fleet's history, every `step` from `start` to `end`, imported into `tmp/data` in day-long blocks,
-    a day at a time (a month of hundreds of nodes does not fit in memory at once); and how many node
-    collections it took (see `History` for `hold`)."""
-    past = History(fleet, start, metrics, {"cluster": "test"}, hold)
-    data, dump = tmp / "data", tmp / "history.om"
-    fleet.start()
-    try:
-        day = start
-        while day <= end:  # Cut at UTC midnight, where promtool's day-long blocks end.
-            last = min(end, day + ((day // DAY + 1) * DAY - day - 1) // step * step)
-            families = asyncio.run(past.samples(day, last, step))
-            day = last + step
-            with dump.open("w") as out:
-                write_openmetrics(families, out)
-            subprocess.run([binary("promtool", "prometheus"), "tsdb", "create-blocks-from", "openmetrics",
-                            "--max-block-duration=24h", str(dump), str(data)], check=True, capture_output=True,
-                           timeout=600)
-    finally:
-        for node in fleet.nodes.values():
-            node.close()
-    dump.unlink()
-    return data, past.collections
-
-
-def _config(tmp: Path) -> Path:
-    path = tmp / "prometheus.yml"
-    path.write_text("global:\n  scrape_interval: 1m\n")  # Nothing to scrape: the data is all imported.
-    return path
-
-
-@contextmanager
-def recorded(tmp: Path, data: Path, start: float, end: float, groups: tuple[str, ...],
-             records: frozenset[str] | None = None, **web: Path) -> Iterator[str]:
-    """Prometheus on `data` after the committed rule `groups` (only their `records`, where given) were
-    evaluated from `start` to `end` into it, each at its own interval, as Prometheus would have recorded them."""
-    committed = yaml.safe_load(RULES_FILE.read_text())["groups"]
-    kept = [{**g, "rules": [r for r in g["rules"] if records is None or r["record"] in records]}
-            for g in committed if g["name"] in groups]
-    rules = tmp / "report-rules.yml"
-    rules.write_text(yaml.safe_dump({"groups": kept}))
-    blocks = tmp / "recorded"
-    with prometheus(_config(tmp), data) as url:
-        # Day-long blocks: in promtool's default of 2 hours, a month of a dozen rules is thousands of blocks,
-        # minutes to write and to open; much longer ones lose the samples before the last block's start.
-        subprocess.run([binary("promtool", "prometheus"), "tsdb", "create-blocks-from", "rules", f"--url={url}",
-                        f"--start={int(start)}", f"--end={int(end) + 1}", f"--output-dir={blocks}",
-                        "--max-block-duration=24h", str(rules)], check=True, capture_output=True, timeout=600)
-    for block in blocks.iterdir():
-        block.rename(data / block.name)
-    with prometheus(_config(tmp), data, **web) as url:
-        yield url
-
-
-def markdown_tables(text: str) -> dict[str, list[list[str]]]:
-    """Caption (the bold line above a table) -> rows of cells, header first."""
-    tables, caption = {}, None
-    for line in text.splitlines():
-        if line.startswith("**") and line.endswith("**"):
-            caption = line.strip("*")
-        elif line.startswith("| ") and caption is not None:
-            cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
-            tables.setdefault(caption, []).append(cells)
-    return tables
+from gpufleet.devtools.programs import binary
 
 
 class HtmlTables(html.parser.HTMLParser):
@@ -119,21 +40,6 @@ class HtmlTables(html.parser.HTMLParser):
             self.tables.setdefault(self._caption, []).append(self._row or [])
 
 
-def rows(tables: dict, caption: str) -> list[dict[str, str]]:
-    header, *body = tables[caption]
-    return [dict(zip(header, row, strict=True)) for row in body]
-
-
-def number(cell: str) -> float:
-    return float(cell.replace(",", "").removesuffix("%").removesuffix(" W").removesuffix(" kW"))
-
-
-def interval(cell: str) -> tuple[float, float]:
-    """The bounds of a cell that gives an interval as two numbers joined by an en dash."""
-    low, high = cell.split("\N{EN DASH}")
-    return number(low), number(high)
-
-
 _PROBE = """<script>
 window.__errors = [];
 window.addEventListener("error", e => window.__errors.push(String(e.message || (e.target && e.target.src))), true);
@@ -150,7 +56,7 @@ def opened_in_chromium(page: Path, tmp: Path) -> dict:
     """What headless Chromium made of the page: script errors, tables, and each image's load state and size."""
     probed = tmp / "probed.html"
     probed.write_text(page.read_text().replace("<head>", "<head>" + _PROBE, 1))
-    dom = subprocess.run([binary("chromium", "chromium"), "--headless", "--no-sandbox", "--disable-gpu",
+    dom = subprocess.run([binary("chromium"), "--headless", "--no-sandbox", "--disable-gpu",
                           "--virtual-time-budget=5000", f"--user-data-dir={tmp / 'profile'}", "--dump-dom",
                           probed.as_uri()], capture_output=True, text=True, timeout=120, check=True).stdout
     return json.loads(html.unescape(re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)[1]))

@@ -15,15 +15,14 @@ from gpufleet.alerts.cli import RULES_FILE, VMALERT_RULES_FILE
 from gpufleet.alerts.config import Config, load
 from gpufleet.alerts.rules import recorded_by, render
 from gpufleet.alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH
+from gpufleet.devtools.programs import binary
 from gpufleet.report.capacity import CAPACITY
-
-from programs import binary
 
 TESTS = sorted((Path(__file__).parent.parent / "alerts" / "tests").glob("*.test.yml"))
 
 
 def promtool() -> str:
-    return binary("promtool", "prometheus")
+    return binary("promtool")
 
 
 def test_the_committed_rule_files_are_what_the_code_generates():
@@ -88,7 +87,7 @@ def test_vmalert_loads_the_rules(tmp_path, scale):
     # Past one Prometheus the same rules run in vmalert, from its own copy of the file: its MetricsQL parser
     # and template checks take every expression and annotation as written. The broken copy shows that the
     # check reads them.
-    vmalert = binary("vmalert", "victoria-metrics")
+    vmalert = binary("vmalert")
     rules = tmp_path / "rules.yml"
     rules.write_text(render(Config().scaled(scale), "vmalert"))
     broken = tmp_path / "broken.yml"
@@ -161,7 +160,7 @@ ROUTING = Path(__file__).parent.parent / "compose" / "alertmanager" / "alertmana
 
 
 def amtool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([binary("amtool", "prometheus-alertmanager"), *args], capture_output=True, text=True,
+    return subprocess.run([binary("amtool"), *args], capture_output=True, text=True,
                           timeout=60)
 
 

@@ -26,22 +26,23 @@ import yaml
 
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.rules import render
-from gpufleet.simulator.faults import KINDS
-
-from delivery import AlertLog, Receiver, alertmanager_alerts, routing
-from layouts import SIXTEEN_NODES, node, write
-from programs import (
+from gpufleet.devtools.delivery import AlertLog, Receiver, alertmanager_alerts, routing
+from gpufleet.devtools.processes import Server
+from gpufleet.devtools.programs import (
     alertmanager,
     prometheus,
     prometheus_config,
-    query,
-    scraped_instances,
+    scrape_timing,
     simulator,
     victoria_metrics,
     vmagent,
     vmalert,
-    wait_for,
 )
+from gpufleet.devtools.prom import query, scraped_instances
+from gpufleet.devtools.waiting import wait_for
+from gpufleet.simulator.faults import KINDS
+
+from layouts import SIXTEEN_NODES, node, write
 
 TIME_SCALE = 8
 SHARDS = 3  # vmagents, each scraping its share of the fleet into the one VictoriaMetrics vmalert reads.
@@ -179,17 +180,16 @@ def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_no
         targets, storage, shards, scraped, started = _sharded_fleet(
             stack, tmp_path / "vmalert", "--nodes=16", "--seed=0", f"--layout={layout}", "--cluster=e2e",
             "--collect-interval=1s", f"--scenario={scenario}")
-        prom_am, vm_am = (stack.enter_context(alertmanager(routing(tmp_path / name, receiver), tmp_path / name / "am"))
-                          for name, receiver in receivers.items())
+        prom_am, vm_am = (stack.enter_context(alertmanager(tmp_path / name / "am", routing(tmp_path / name, receiver)))
+                          .url for name, receiver in receivers.items())
         config = prometheus_config(tmp_path / "prometheus.yml", targets, "1s", rules, prom_am)
-        prom_url = stack.enter_context(prometheus(config, tmp_path / "data"))
+        prom_url = stack.enter_context(prometheus(config, tmp_path / "data")).url
         evaluating = stack.enter_context(contextlib.ExitStack())  # vmalert alone, for the restart drill.
-        vmalert_url = evaluating.enter_context(vmalert(vmalert_rules, storage, vm_am, "1s", LOOKBACK))
+        vmalert_url = evaluating.enter_context(_vmalert(vmalert_rules, storage, vm_am)).url
 
         def restart_vmalert() -> None:
             evaluating.close()
-            evaluating.enter_context(vmalert(vmalert_rules, storage, vm_am, "1s", LOOKBACK,
-                                             port=int(vmalert_url.rsplit(":", 1)[1])))
+            evaluating.enter_context(_vmalert(vmalert_rules, storage, vm_am, port=int(vmalert_url.rsplit(":", 1)[1])))
         engines = [Engine("prometheus", AlertLog(prom_url), receivers["prometheus"], prom_url),
                    Engine("vmalert", AlertLog(vmalert_url), receivers["vmalert"], storage)]
         try:
@@ -266,11 +266,15 @@ def _sharded_fleet(stack: contextlib.ExitStack, workdir: Path,
         here = workdir / f"attempt-{attempt}"
         here.mkdir(parents=True)
         with contextlib.ExitStack() as fleet:
-            _, targets = fleet.enter_context(simulator(here, *simulate))
+            targets = here / "targets.json"
+            fleet.enter_context(simulator(targets, *simulate))
             started = time.monotonic()
-            storage = fleet.enter_context(victoria_metrics(here / "storage"))
+            # VictoriaMetrics shows samples a second after they arrive (30 s by default), as rules evaluated
+            # eight times faster than production need.
+            storage = fleet.enter_context(victoria_metrics(here / "storage", "-search.latencyOffset=1s",
+                                                           "-loggerLevel=WARN")).url
             shards = [fleet.enter_context(contextlib.ExitStack()) for _ in range(SHARDS)]
-            agents = [shards[n].enter_context(vmagent(targets, "1s", storage, here / f"shard-{n}", shard=(n, SHARDS)))
+            agents = [shards[n].enter_context(_vmagent(targets, storage, here / f"shard-{n}", n)).url
                       for n in range(SHARDS)]
             # A shard may hold no node at all (about one start in two hundred), so wait for the whole fleet
             # across the shards rather than for each shard to show a target.
@@ -281,6 +285,35 @@ def _sharded_fleet(stack: contextlib.ExitStack, workdir: Path,
                 return targets, storage, shards, scraped, started
             print(f"attempt {attempt}: the job misses a shard: {scraped}")
     pytest.fail(f"in {ATTEMPTS} attempts, vmagent never spread job {job} over all {SHARDS} shards")
+
+
+def _vmagent(targets: Path, storage: str, data: Path, shard: int) -> contextlib.AbstractContextManager[Server]:
+    """vmagent shard `shard` of SHARDS in vmagent's cluster mode, scraping its share of the simulator's targets
+    as job `gpufleet` every second into `storage`."""
+    data.mkdir(parents=True, exist_ok=True)
+    config = data / "vmagent.yml"
+    config.write_text(yaml.safe_dump({
+        "global": scrape_timing("1s"),
+        "scrape_configs": [{"job_name": "gpufleet", "file_sd_configs": [{"files": [str(targets)]}]}],
+    }))
+    return vmagent(config, storage, data / "buffer", "-promscrape.fileSDCheckInterval=1s",
+                   "-remoteWrite.flushInterval=500ms", "-loggerLevel=WARN", f"-promscrape.cluster.memberNum={shard}",
+                   f"-promscrape.cluster.membersCount={SHARDS}")
+
+
+def _vmalert(rules: Path, storage: str, alertmanager_url: str,
+             port: int | None = None) -> contextlib.AbstractContextManager[Server]:
+    """vmalert over `rules`, as compose runs it at the test's time scale.
+
+    Its evaluation interval is what Prometheus's `evaluation_interval` is here (the scrape interval): the
+    groups without their own interval run at it, where vmalert's default is a minute. Its `alertgroup` label
+    is left off: the alerts then carry the labels Prometheus gives the same rules, and Alertmanager groups
+    them alike. LOOKBACK is how long a series that stopped keeps its last value in a query
+    (`-datasource.queryStep`, which VictoriaMetrics takes as the window of a bare selector), as Prometheus's
+    lookback delta: VictoriaMetrics 1.79 has no staleness markers to end a vanished target's series sooner.
+    """
+    return vmalert(rules, storage, alertmanager_url, "-evaluationInterval=1s", "-remoteWrite.flushInterval=500ms",
+                   "-disableAlertgroupLabel", f"-datasource.queryStep={LOOKBACK}", "-loggerLevel=WARN", port=port)
 
 
 def _whole_fleet(scraped: list[set[str]]) -> list[set[str]] | None:

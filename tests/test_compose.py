@@ -30,23 +30,23 @@ from gpufleet import __version__
 from gpufleet.alerts.cli import RULES_FILE, VMALERT_RULES_FILE
 from gpufleet.cli import build_parser
 from gpufleet.dashboards.cli import OUTPUT as DASHBOARDS
+from gpufleet.devtools.compose import AGENTS, COMPOSE, SERVICES, command_flags, with_defaults
+from gpufleet.devtools.delivery import alertmanager_alerts
+from gpufleet.devtools.grafana import expand, targets
+from gpufleet.devtools.net import free_port, http
+from gpufleet.devtools.paths import COMPOSE as COMPOSE_DIR
+from gpufleet.devtools.paths import ROOT
+from gpufleet.devtools.processes import serving
+from gpufleet.devtools.programs import alertmanager, binary, prometheus, simulator
+from gpufleet.devtools.prom import query, scraped_instances
+from gpufleet.devtools.waiting import wait_for
 
-from delivery import alertmanager_alerts
-from helpers import free_port
-from panels import built, expand
-from programs import alertmanager, binary, http, prometheus, query, scraped_instances, serving, simulator, wait_for
-
-ROOT = Path(__file__).parent.parent
-COMPOSE_DIR = ROOT / "compose"
-COMPOSE = yaml.safe_load((COMPOSE_DIR / "docker-compose.yml").read_text())
-SERVICES = COMPOSE["services"]
 KUBERNETES = [doc for path in sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
               for doc in yaml.safe_load_all(path.read_text()) if doc]
 DAEMONSET_CONTAINERS = [c for doc in KUBERNETES if doc["kind"] == "DaemonSet"
                         for c in doc["spec"]["template"]["spec"]["containers"]]
 UNIT = ROOT / "deploy" / "systemd" / "gpufleet-exporter.service"
 IMAGE = f"ghcr.io/gpufleet/gpufleet:{__version__}"
-AGENTS = sorted(name for name in SERVICES if name.startswith("vmagent-"))
 COMMITTED_GROUPS = sorted(g["name"] for g in yaml.safe_load(RULES_FILE.read_text())["groups"])
 # vmalert's copy: the same groups, each with how many of its rules vmalert asks at once.
 CONCURRENCY = {g["name"]: g["concurrency"] for g in yaml.safe_load(VMALERT_RULES_FILE.read_text())["groups"]}
@@ -103,7 +103,7 @@ def host_command(service: str, named: dict[str, Path], addresses: dict[str, str]
         if not equals:
             argv.append(arg)
             continue
-        value = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+        value = with_defaults(value)
         if name == "-httpListenAddr":
             value = addresses[service + value]
         elif value in files:
@@ -151,7 +151,8 @@ def test_the_image_is_slim_pinned_non_root_and_checks_its_health():
                if line.startswith("!")}
     assert copied and all((ROOT / source).exists() and source in allowed for source in copied), (copied, allowed)
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
-    linked = {link.readlink().name for link in (ROOT / "gpufleet").iterdir() if link.is_symlink()}
+    excluded = {name.removeprefix("gpufleet.").rstrip("*") for name in packages.get("exclude", [])}
+    linked = {link.readlink().name for link in (ROOT / "gpufleet").iterdir() if link.is_symlink()} - excluded
     assert {name.rstrip("*") for name in packages["include"]} | linked <= set(copied), "a package is left out"
 
 
@@ -219,7 +220,7 @@ def test_grafana_is_locked_down_and_provisions_every_dashboard():
 def test_promtool_accepts_the_prometheus_config_and_its_rules(tmp_path):
     config = host_config("prometheus", "/etc/prometheus/prometheus.yml", tmp_path / "prometheus.yml",
                          {"sim-targets": tmp_path}, {})
-    check = subprocess.run([binary("promtool", "prometheus"), "check", "config", str(config)],
+    check = subprocess.run([binary("promtool"), "check", "config", str(config)],
                            capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
     assert re.search(r"SUCCESS: \d+ rules found", check.stdout + check.stderr)
@@ -270,8 +271,8 @@ def compose_alertmanager_and_simulator(tmp_path: Path) -> Iterator[tuple[str, st
     args = [arg for arg in simulate[1:] if not arg.startswith(("--web.listen-address", "--file-sd"))]
     args = [f"--scenario={host_path('simulator', flag(simulate, '--scenario'))}" if a.startswith("--scenario") else a
             for a in args]
-    with alertmanager(routing, am_data) as am_url, simulator(sim_volume, *args, timeout=60) as (sim_url, _):
-        yield am_url, sim_url, sim_volume
+    with alertmanager(am_data, routing) as am, simulator(sim_volume / "targets.json", *args, timeout=60) as sim:
+        yield am.url, sim.url, sim_volume
 
 
 def paged(am_url: str, alertname: str) -> list[dict]:
@@ -288,7 +289,9 @@ def test_the_stack_scrapes_the_simulator_loads_its_rules_and_pages_on_a_fault(tm
         config = host_config("prometheus", "/etc/prometheus/prometheus.yml", tmp_path / "prometheus.yml",
                              {"sim-targets": sim_volume}, {"alertmanager:9093": am_url.removeprefix("http://"),
                                                            "localhost:9090": f"127.0.0.1:{port}"})
-        with prometheus(config, tmp_path / "data", port) as prom_url:
+        with prometheus(config, tmp_path / "data", port) as prom:
+            prom_url = prom.url
+
             def targets_up() -> list[dict] | None:
                 active = json.loads(http("GET", f"{prom_url}/api/v1/targets")[1])["data"]["activeTargets"]
                 return active if len(active) == 18 and all(t["health"] == "up" for t in active) else None
@@ -308,11 +311,6 @@ def test_the_stack_scrapes_the_simulator_loads_its_rules_and_pages_on_a_fault(tm
     assert alert["labels"]["instance"] == "gpu-node-0001" and alert["labels"]["cluster"] == "sim"
     assert [r["name"] for r in alert["receivers"]] == ["pager"]
     print(f"fault to Alertmanager: {time.monotonic() - started:.0f}s")
-
-
-def command_flags(service: str) -> dict[str, str]:
-    """A VictoriaMetrics program's `-flag=value` command line as a dict (a bare `-flag` maps to "")."""
-    return dict(arg.partition("=")[::2] for arg in SERVICES[service]["command"])
 
 
 def profile_services(profile: str) -> set[str]:
@@ -404,7 +402,7 @@ def test_the_scale_tier_pages_through_vmalert_past_a_lost_vmagent_and_a_store_ou
                for name in ("victoriametrics", "vmalert", *AGENTS)}
 
         def start(name: str, program: str, files: dict[str, Path] | None = None) -> contextlib.ExitStack:
-            argv = [binary(program, "victoria-metrics"), *host_command(name, named, addresses, files or {}),
+            argv = [binary(program), *host_command(name, named, addresses, files or {}),
                     "-loggerLevel=WARN"]
             running = contextlib.ExitStack()
             running.enter_context(serving(argv, int(url[name].rsplit(":", 1)[1]), "/health", f"{name} start", 60))
@@ -432,11 +430,11 @@ def test_the_scale_tier_pages_through_vmalert_past_a_lost_vmagent_and_a_store_ou
         fired = time.monotonic() - stopped
         groups = json.loads(http("GET", f"{url['vmalert']}/api/v1/rules")[1])["data"]["groups"]
         refused = []  # The dashboards' queries, unchanged, as Grafana would send them to VictoriaMetrics.
-        for uid, title, expr, _ in built(DASHBOARDS):
+        for target in targets(DASHBOARDS):
             status, body = http("GET", f"{url['victoriametrics']}/api/v1/query?query="
-                                + urllib.parse.quote(expand(expr, 15)))
+                                + urllib.parse.quote(expand(target.expr, 15)))
             if status != 200:
-                refused.append((uid, title, body))
+                refused.append((target.uid, target.title, body))
 
         standing = (alert["labels"], alert["startsAt"])
         dropped = []  # Seconds into the outage at which Alertmanager no longer held the standing page as it was.

@@ -13,10 +13,12 @@ import pytest
 import yaml
 
 from gpufleet.dashboards.cli import OUTPUT, rendered
+from gpufleet.devtools.grafana import expand, targets
+from gpufleet.devtools.net import http
+from gpufleet.devtools.programs import prometheus, prometheus_config, simulator
+from gpufleet.devtools.prom import query
 
 from layouts import SIXTEEN_NODES, write
-from panels import built, expand
-from programs import http, prometheus, prometheus_config, query, simulator
 
 # Grafana's own variables, and the data-link ones (`${__data.fields.x}`, `${__value.raw}`).
 BUILTINS = {"__rate_interval", "__interval", "__interval_ms", "__range", "__all", "__url_time_range", "__data",
@@ -27,7 +29,7 @@ def models() -> list[dict]:
     return [json.loads(text) for text in rendered().values()]
 
 
-def targets() -> list[tuple[str, str, str]]:
+def rendered_targets() -> list[tuple[str, str, str]]:
     return [(model["uid"], panel["title"], t["expr"]) for model in models() for panel in model["panels"]
             for t in panel["targets"]]
 
@@ -83,7 +85,7 @@ def test_each_dashboard_is_a_valid_grafana_model(model):
 
 
 def test_rate_queries_use_the_rate_interval():
-    for uid, title, expr in targets():
+    for uid, title, expr in rendered_targets():
         for window in re.findall(r"(?:rate|increase)\([^\[]*\[([^\]]+)\]", expr):
             assert window in {"$__rate_interval", "$__range", "24h"}, (uid, title, expr)
 
@@ -142,22 +144,25 @@ def test_every_query_returns_data_with_the_sites_own_cluster_label_and_selector(
                     ["dashboards", "build", f"--config={site}", f"--output={dashboards}"]):
         subprocess.run([sys.executable, "-m", "gpufleet", *command], check=True, timeout=60)
     layout = write(tmp_path / "layout.yml", SIXTEEN_NODES)
-    with simulator(tmp_path, "--nodes=16", "--seed=0", f"--layout={layout}", "--cluster=dash",
-                   "--collect-interval=2s", f"--scenario={scenario}") as (_, file_sd):
+    file_sd = tmp_path / "targets.json"
+    with simulator(file_sd, "--nodes=16", "--seed=0", f"--layout={layout}", "--cluster=dash",
+                   "--collect-interval=2s", f"--scenario={scenario}"):
         config = prometheus_config(tmp_path / "prometheus.yml", file_sd, "2s", rules, job="gpu-nodes",
                                    cluster_label="site")
-        with prometheus(config, tmp_path / "data") as url:
-            pending = set(built(dashboards))
+        with prometheus(config, tmp_path / "data") as prom:
+            url = prom.url
+            pending = set(targets(dashboards))
             deadline = time.monotonic() + 240
             while pending and time.monotonic() < deadline:
-                pending = {t for t in pending if not has_data(url, expand(t[2]), t[3])}
+                pending = {t for t in pending if not has_data(url, expand(t.expr), t.instant)}
                 time.sleep(2)
-            capacity = {title: float(query(url, expand(expr))[0]["value"][1])
-                        for uid, title, expr, _ in built(dashboards) if uid == "gpufleet-capacity" and title in STATS}
+            capacity = {t.title: float(query(url, expand(t.expr))[0]["value"][1])
+                        for t in targets(dashboards) if t.uid == "gpufleet-capacity" and t.title in STATS}
             groups = json.loads(http("GET", f"{url}/api/v1/rules")[1])["data"]["groups"]
             straggler = query(url, 'ALERTS{alertname="NodeStraggler", alertstate="firing", site="dash"}')
             without_site = query(url, '{__name__=~".+:.+", site=""} or ALERTS{site=""}')
-    assert not pending, "queries without data:\n" + "\n".join(f"{u} / {t}: {e}" for u, t, e, _ in sorted(pending))
+    assert not pending, "queries without data:\n" + "\n".join(
+        f"{t.uid} / {t.title}: {t.expr}" for t in sorted(pending, key=lambda t: (t.uid, t.title, t.expr)))
     assert capacity == STATS
     assert [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] == "err"] == []
     assert {r["metric"]["instance"] for r in straggler} == {"gpu-node-0004"}

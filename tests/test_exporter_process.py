@@ -8,16 +8,18 @@ import urllib.request
 
 import pytest
 
+from gpufleet.devtools.net import free_port
+from gpufleet.devtools.processes import stop as stop_process
+from gpufleet.devtools.programs import binary
+from gpufleet.devtools.waiting import wait_for
+
 from helpers import (
     FIXTURE_SYSFS,
-    free_port,
     named,
     nvml_present,
     parse,
     series,
-    stop_process,
 )
-from programs import binary, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -82,7 +84,7 @@ def test_scrape_has_every_collector_and_exact_fixture_values(exporter):
 
 def test_promtool_finds_nothing_to_complain_about(exporter):
     _, url = exporter
-    promtool = binary("promtool", "prometheus")
+    promtool = binary("promtool")
     body = get(f"{url}/metrics")
     result = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=30)
     assert result.returncode == 0 and result.stdout == b"" and result.stderr == b"", result

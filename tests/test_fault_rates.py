@@ -19,12 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.devtools.net import free_port
 from gpufleet.simulator.faults import Fault, ScenarioError
 from gpufleet.simulator.fleet import Fleet
 from gpufleet.simulator.history import History
 from gpufleet.simulator.rates import DAY, draw, load_rates
-
-from helpers import free_port
 
 LLAMA3 = Path(__file__).resolve().parent.parent / "simulator" / "fault-rates" / "llama3.yml"
 PORTS = (*(f"mlx5_{i}/1" for i in range(8)), "eth0", "eth1")

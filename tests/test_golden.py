@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.devtools.waiting import wait_for
 from gpufleet.exporter import node
 from gpufleet.exporter.exposition import Exposition
 from gpufleet.exporter.gpu.simulated.board import SimulatedGpu, SimulatedProcess
@@ -29,7 +30,6 @@ from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.tree import DiskTree
 
 from helpers import FIXTURE_SYSFS, FakeClock, two_boards
-from programs import wait_for
 
 GOLDEN = Path(__file__).parent / "fixtures" / "e2e-output.txt"
 GIB = 1024**3

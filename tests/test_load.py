@@ -9,7 +9,8 @@ import asyncio
 import aiohttp
 import pytest
 
-import programs
+from gpufleet.devtools import programs
+
 from helpers import parse
 
 SCRAPERS = 200
@@ -19,8 +20,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 @pytest.fixture
 def exporter():
-    with programs.exporter(f"--web.max-requests={SCRAPERS}", f"--web.max-connections={SCRAPERS}", gpus=8) as url:
-        yield f"{url}/metrics"
+    with programs.exporter(f"--web.max-requests={SCRAPERS}", f"--web.max-connections={SCRAPERS}", gpus=8) as server:
+        yield f"{server.url}/metrics"
 
 
 async def scrape_concurrently(url: str) -> list[tuple[int, bytes]]:

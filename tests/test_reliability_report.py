@@ -17,12 +17,13 @@ import pytest
 
 from gpufleet import cli as gpufleet_cli
 from gpufleet.alerts import reliability as rules
+from gpufleet.devtools.months import Month, asked_per_gpu_day, jobs, month
+from gpufleet.devtools.net import free_port
+from gpufleet.devtools.tables import interval, markdown_tables, number, rows
 from gpufleet.simulator.fleet import Fleet
 
-from helpers import free_port
 from layouts import nodes
-from months import Month, asked_per_gpu_day, jobs, month
-from reports import HtmlTables, drawn, interval, markdown_tables, number, opened_in_chromium, rows
+from reports import HtmlTables, drawn, opened_in_chromium
 
 H, DAY = 3600, 86400
 DAYS = 30

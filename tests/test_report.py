@@ -24,6 +24,9 @@ import yaml
 from gpufleet import cli as gpufleet_cli
 from gpufleet.alerts.capacity import capacity
 from gpufleet.alerts.config import Config
+from gpufleet.devtools.backfill import backfill, recorded
+from gpufleet.devtools.net import free_port, http
+from gpufleet.devtools.tables import markdown_tables, number, rows
 from gpufleet.report.figures import project, quantile_from_buckets
 from gpufleet.simulator.faults import Fault
 from gpufleet.simulator.fleet import Fleet
@@ -31,10 +34,8 @@ from gpufleet.simulator.layout import Job
 from gpufleet.simulator.node_sysfs import NODE_HOST_WATTS
 from gpufleet.simulator.workload import COMM, COMPUTE
 
-from helpers import free_port
 from layouts import nodes
-from programs import http
-from reports import HtmlTables, backfill, drawn, markdown_tables, number, opened_in_chromium, recorded, rows
+from reports import HtmlTables, drawn, opened_in_chromium
 
 H = 3600
 STEP = 300  # The capacity rules' interval: the history holds a sample at every evaluation.

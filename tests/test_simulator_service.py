@@ -8,14 +8,16 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer, make_mocked_request
 
+from gpufleet.devtools import programs
+from gpufleet.devtools.net import http
+from gpufleet.devtools.prom import query
+from gpufleet.devtools.waiting import wait_for
 from gpufleet.simulator.faults import Fault
 from gpufleet.simulator.fleet import Fleet
 from gpufleet.simulator.server import build_app, list_faults
 
-import programs
 from helpers import parse
 from layouts import nodes, write
-from programs import http, query, wait_for
 
 
 @pytest.fixture
@@ -23,17 +25,18 @@ def simulator(tmp_path):
     scenario = tmp_path / "scenario.yml"
     scenario.write_text("faults:\n  - {kind: exporter_down, node: gpu-node-0004, start: 0}\n")
     layout = write(tmp_path / "layout.yml", {"jobs": [{"id": "5150", "scheduler": "slurm", "nodes": nodes(1, 2)}]})
-    with programs.simulator(tmp_path, "--nodes", "4", "--cluster=ci", "--label=region=lab", f"--scenario={scenario}",
+    targets = tmp_path / "targets.json"
+    with programs.simulator(targets, "--nodes", "4", "--cluster=ci", "--label=region=lab", f"--scenario={scenario}",
                             "--seed=5", f"--layout={layout}", "--collect-interval=2s", timeout=20) as running:
-        yield running
+        yield running.url, targets
 
 
 @pytest.fixture
 def prometheus(tmp_path, simulator):
     _, targets = simulator
     config = programs.prometheus_config(tmp_path / "prometheus.yml", targets, "1s")
-    with programs.prometheus(config, tmp_path / "data") as url:
-        yield url
+    with programs.prometheus(config, tmp_path / "data") as server:
+        yield server.url
 
 
 @pytest.mark.slow

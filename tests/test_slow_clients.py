@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-import programs
-from programs import wait_for
+from gpufleet.devtools import programs
+from gpufleet.devtools.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -22,8 +22,8 @@ pytestmark = pytest.mark.e2e
 @contextlib.contextmanager
 def exporter(*flags: str) -> Iterator[int]:
     """The exporter's port, once it answers."""
-    with programs.exporter(*flags) as url:
-        yield int(url.rsplit(":", 1)[1])
+    with programs.exporter(*flags) as server:
+        yield int(server.url.rsplit(":", 1)[1])
 
 
 def scrape(port: int) -> int | None:

@@ -16,12 +16,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from gpufleet.devtools.net import free_port, listening
+from gpufleet.devtools.processes import stop as stop_process
+from gpufleet.devtools.waiting import wait_for
 from gpufleet.exporter.exposition import Exposition
 from gpufleet.exporter.server import build_app
 from gpufleet.exporter.webconfig import Credentials, WebConfigError, load
 
-from helpers import FIXTURE_SYSFS, free_port, stop_process
-from programs import listening, wait_for
+from helpers import FIXTURE_SYSFS
 
 
 def openssl(*args: str, cwd: Path) -> None:

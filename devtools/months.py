@@ -21,14 +21,14 @@ from gpufleet.alerts import capacity
 from gpufleet.alerts import reliability as rules
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.rules import recorded_by
+from gpufleet.devtools.backfill import DAY, backfill, recorded
+from gpufleet.devtools.paths import ROOT
 from gpufleet.simulator.fleet import Fleet
 from gpufleet.simulator.layout import Job
 from gpufleet.simulator.rates import Rate, load_rates
 
-from reports import DAY, backfill, recorded
-
 STEP = 300  # As often as Prometheus looks back for an instant: every rule evaluation finds every series.
-PROFILE = Path(__file__).resolve().parent.parent / "simulator" / "fault-rates" / "llama3.yml"
+PROFILE = ROOT / "simulator" / "fault-rates" / "llama3.yml"
 METRICS = re.compile(
     r"gpufleet_gpu_(info|up|job_info|xid_errors_total|ecc_errors_total|row_remap_failed|nvlink_up|clock_event_active)"
     r"|gpufleet_infiniband_(state_id|link_downed_total)")
@@ -79,7 +79,8 @@ def month(tmp: Path, fleet: Fleet, days: int, scale: float, seed: int, hold: flo
     rates = scaled_rates(scale)
     faults = fleet.draw_faults(rates, (days + 1) * DAY, seed)
     fleet.add(faults)
-    classes = {(r.kind, r.xid, r.duration): cause_class(r) for r in rates}
+    classes: dict[tuple[str, int | None, float | None], str] = {
+        (r.kind, r.xid, r.duration): cause_class(r) for r in rates}
     started = Counter(classes[(f.kind, f.xid, f.duration)] for f in faults if f.start >= DAY)
     began = time.monotonic()
     data, collections = backfill(tmp, fleet, start, end, STEP, METRICS, hold)

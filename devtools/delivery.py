@@ -14,13 +14,15 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from helpers import free_port
-from programs import http
+from gpufleet.devtools.net import free_port, http
+from gpufleet.devtools.paths import ROUTING
+from gpufleet.devtools.waiting import HarnessError
 
-ROUTING = Path(__file__).parent.parent / "compose" / "alertmanager" / "alertmanager.yml"
+Labels = frozenset[tuple[str, str]]  # An alert's labels, as a key.
 
 
 class Receiver:
@@ -39,14 +41,14 @@ class Receiver:
                 self.end_headers()
                 self.wfile.write(b"{}")
 
-            def log_message(self, *args) -> None:
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def add(self, path: str, body: dict) -> None:
+    def add(self, path: str, body: dict[str, Any]) -> None:
         if path == "pager":
             if body.get("event_action") != "trigger":
                 return
@@ -74,10 +76,10 @@ class AlertLog:
     def __init__(self, url: str, gap: float = 3.0) -> None:
         self.url = url
         self.gap = gap
-        self.seen: dict[frozenset, tuple[float, str]] = {}
-        self.fired: dict[frozenset, float] = {}  # When each alert was first seen firing.
-        self.episodes: dict[frozenset, list[list[float]]] = {}
-        self.annotations: dict[frozenset, dict[str, str]] = {}  # As each alert's latest episode began.
+        self.seen: dict[Labels, tuple[float, str]] = {}
+        self.fired: dict[Labels, float] = {}  # When each alert was first seen firing.
+        self.episodes: dict[Labels, list[list[float]]] = {}
+        self.annotations: dict[Labels, dict[str, str]] = {}  # As each alert's latest episode began.
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
@@ -109,11 +111,13 @@ class AlertLog:
         self._thread.join(5)
 
 
-def alertmanager_alerts(am_url: str) -> list[dict]:
+def alertmanager_alerts(am_url: str) -> list[dict[str, Any]]:
     """The alerts Alertmanager holds unresolved (silenced and inhibited ones too), as its v2 API lists them."""
     status, body = http("GET", f"{am_url}/api/v2/alerts")
-    assert status == 200, body
-    return json.loads(body)
+    if status != 200:
+        raise HarnessError(f"{am_url} listed no alerts: {status} {body[:500]!r}")
+    alerts: list[dict[str, Any]] = json.loads(body)
+    return alerts
 
 
 def routing(workdir: Path, receiver: Receiver) -> Path:

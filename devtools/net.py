@@ -1,0 +1,41 @@
+"""Ports and HTTP on loopback, with nothing but the standard library."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:`port`."""
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def http(method: str, url: str, body: object = None, timeout: float = 5.0) -> tuple[int, bytes]:
+    """The status and body of one request (`body` sent as JSON); an HTTP error status is returned, not raised."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status: int = response.status
+            return status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def get(url: str, timeout: float = 10.0) -> bytes:
+    """The body of a GET that must succeed: an HTTP error status raises urllib's HTTPError."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        body: bytes = response.read()
+        return body
