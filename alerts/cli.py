@@ -6,27 +6,30 @@ import argparse
 import sys
 from pathlib import Path
 
+from gpufleet import checkout
 from gpufleet.alerts import config
 from gpufleet.alerts.rules import ENGINES, Engine, render
 
-RULES_FILE = Path(__file__).parent / "gpufleet-rules.yml"
-VMALERT_RULES_FILE = Path(__file__).parent / "gpufleet-vmalert-rules.yml"
-COMMITTED: dict[Engine, Path] = {"prometheus": RULES_FILE, "vmalert": VMALERT_RULES_FILE}
+# The committed files, by name; the packaged copies beside the code are read, never written.
+COMMITTED: dict[Engine, str] = {"prometheus": "gpufleet-rules.yml", "vmalert": "gpufleet-vmalert-rules.yml"}
+RULES_FILE = Path(__file__).parent / COMMITTED["prometheus"]
+VMALERT_RULES_FILE = Path(__file__).parent / COMMITTED["vmalert"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("alerts", help="build the Prometheus and vmalert rules",
                                    description="Generate the alerting and recording rules from alerts/rules.py.")
     commands = parser.add_subparsers(dest="alerts_command", metavar="COMMAND", required=True)
-    build = commands.add_parser("build", help=f"write {RULES_FILE.name} and {VMALERT_RULES_FILE.name}")
+    build = commands.add_parser("build", help=f"write {' and '.join(COMMITTED.values())}")
     build.add_argument("--check", action="store_true",
                        help="write nothing; exit 1 if a file it would write is out of date")
     build.add_argument("--engine", choices=ENGINES,
                        help="build for this evaluator only (default: both committed files, or prometheus with "
                             "--output); vmalert's file adds each group's `concurrency`, which Prometheus refuses")
     build.add_argument("--output", type=Path, metavar="FILE",
-                       help=f"write one file here instead of {RULES_FILE.name} and {VMALERT_RULES_FILE.name} "
-                            "beside the code")
+                       help=f"write one file here instead of {' and '.join(COMMITTED.values())}")
+    build.add_argument("--output-dir", type=Path, metavar="DIR",
+                       help="where the committed files go (default: alerts/ of the checkout this runs in)")
     config.add_argument(build)
     build.add_argument("--time-scale", type=_time_scale, default=1.0, metavar="FACTOR",
                        help="divide every window and `for` duration by FACTOR, for tests against a fast "
@@ -44,21 +47,38 @@ def _time_scale(text: str) -> float:
     return value
 
 
-def targets(engine: Engine | None, output: Path | None) -> dict[Engine, Path]:
-    """Where each engine's file goes: --output names one file (Prometheus's unless --engine says otherwise)."""
+def targets(engine: Engine | None, output: Path | None, directory: Path | None) -> dict[Engine, Path] | None:
+    """Where each engine's file goes: --output names one file (Prometheus's unless --engine says otherwise);
+    otherwise the committed names in --output-dir or the checkout's alerts/. None: no checkout to write into."""
     if output is not None:
         return {engine or "prometheus": output}
-    return {e: path for e, path in COMMITTED.items() if engine in (None, e)}
+    if directory is None:
+        root = checkout.find()
+        if root is None:
+            return None
+        directory = root / "alerts"
+    return {e: directory / name for e, name in COMMITTED.items() if engine in (None, e)}
+
+
+def write(files: dict[Engine, Path], scaled: config.Config, check: bool) -> list[Path]:
+    """Write each engine's rules to its file, or with `check` only compare; returns the files that were stale."""
+    stale = []
+    for engine, path in files.items():
+        text = render(scaled, engine)
+        if not check:
+            path.write_text(text, encoding="utf-8")
+        elif (path.read_text(encoding="utf-8") if path.exists() else "") != text:
+            stale.append(path)
+    return stale
 
 
 def run_build(args: argparse.Namespace) -> int:
-    scaled = args.config.scaled(args.time_scale)
-    stale = 0
-    for engine, path in targets(args.engine, args.output).items():
-        text = render(scaled, engine)
-        if not args.check:
-            path.write_text(text, encoding="utf-8")
-        elif (path.read_text(encoding="utf-8") if path.exists() else "") != text:
-            print(f"gpufleet alerts build: {path} is out of date; run `gpufleet alerts build`", file=sys.stderr)
-            stale = 1
-    return stale
+    files = targets(args.engine, args.output, args.output_dir)
+    if files is None:
+        print("gpufleet alerts build: not in a gpufleet checkout; give --output FILE or --output-dir DIR",
+              file=sys.stderr)
+        return 2
+    stale = write(files, args.config.scaled(args.time_scale), args.check)
+    for path in stale:
+        print(f"gpufleet alerts build: {path} is out of date; run `gpufleet alerts build`", file=sys.stderr)
+    return 1 if stale else 0

@@ -49,6 +49,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.devtools import results
 from gpufleet.devtools.net import get
+from gpufleet.devtools.nodes import write_bench_sysfs
 from gpufleet.devtools.processes import Server
 from gpufleet.devtools.programs import exporter, node_exporter
 from gpufleet.devtools.resources import cpu_seconds, peak_rss_mib, status_mib
@@ -63,49 +64,6 @@ from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 SINGLE_REQUESTS = 2000
 CONCURRENT_SCRAPERS = 50
 REQUESTS_PER_SCRAPER = 100
-
-
-def build_sysfs(root: Path) -> None:
-    def write(relative: str, value: object) -> None:
-        path = root / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(f"{value}\n")
-
-    for index in range(8):
-        device = f"mlx5_{index}"
-        for name, value in (("board_id", "MT_0000000838"), ("fw_ver", "28.39.1002"), ("hca_type", "MT4129"),
-                            ("node_guid", f"946d:ae03:008a:1b{index:02x}")):
-            write(f"class/infiniband/{device}/{name}", value)
-        port = f"class/infiniband/{device}/ports/1"
-        write(f"{port}/rate", "400 Gb/sec (4X NDR)")
-        write(f"{port}/state", "4: ACTIVE")
-        write(f"{port}/phys_state", "5: LinkUp")
-        write(f"{port}/link_layer", "InfiniBand")
-        for counter in ("port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets", "port_xmit_wait",
-                        "symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors", "port_xmit_discards",
-                        "port_rcv_remote_physical_errors", "local_link_integrity_errors",
-                        "excessive_buffer_overrun_errors", "VL15_dropped", "unicast_xmit_packets",
-                        "unicast_rcv_packets", "multicast_xmit_packets", "multicast_rcv_packets"):
-            write(f"{port}/counters/{counter}", 123456789 + index)
-        for counter in ("out_of_buffer", "out_of_sequence", "local_ack_timeout_err", "duplicate_request",
-                        "rnr_nak_retry_err", "packet_seq_err", "implied_nak_seq_err"):
-            write(f"{port}/hw_counters/{counter}", index)
-    for index in range(4):
-        device = f"eth{index}"
-        for stat in ("rx_bytes", "tx_bytes", "rx_packets", "tx_packets", "rx_errors", "tx_errors", "rx_dropped",
-                     "tx_dropped", "multicast", "collisions", "rx_crc_errors", "rx_missed_errors"):
-            write(f"class/net/{device}/statistics/{stat}", 987654321 + index)
-        for name, value in (("speed", 100000), ("operstate", "up"), ("carrier_changes", 2), ("mtu", 9000),
-                            ("address", f"b4:96:91:a1:22:{index:02x}"), ("duplex", "full")):
-            write(f"class/net/{device}/{name}", value)
-    for chip in range(2):
-        hwmon = f"class/hwmon/hwmon{chip}"
-        write(f"{hwmon}/name", "coretemp")
-        for sensor in range(1, 17):
-            write(f"{hwmon}/temp{sensor}_input", 40000 + sensor * 500)
-            write(f"{hwmon}/temp{sensor}_label", f"Core {sensor - 1}")
-            write(f"{hwmon}/temp{sensor}_max", 84000)
-            write(f"{hwmon}/temp{sensor}_crit", 100000)
 
 
 async def latencies(url: str, scrapers: int, requests_each: int) -> list[float]:
@@ -297,7 +255,7 @@ def main() -> None:
     connections = max(args.load_scrapers, CONCURRENT_SCRAPERS)
     with tempfile.TemporaryDirectory() as tmp:
         sysfs = Path(tmp) / "sys"
-        build_sysfs(sysfs)
+        write_bench_sysfs(sysfs)
         # node_exporter with the matching collectors; its default of 40 requests answers 503 to 50 scrapers.
         with (exporter("--log.level=warn", f"--web.max-requests={connections}",
                        f"--web.max-connections={connections}", gpus=8, sysfs=sysfs) as ours,

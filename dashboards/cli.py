@@ -9,22 +9,24 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpufleet import checkout
 from gpufleet.alerts import config as mixin
 
 if TYPE_CHECKING:
     from grafanalib.core import Dashboard
 
 SOURCES = Path(__file__).parent
-OUTPUT = SOURCES / "json"
+OUTPUT = SOURCES / "json"  # The packaged copy, read by the tests; a build writes into the checkout.
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("dashboards", help="build the Grafana dashboards",
                                    description="Generate the Grafana dashboards from dashboards/*.dashboard.py.")
     commands = parser.add_subparsers(dest="dashboards_command", metavar="COMMAND", required=True)
-    build = commands.add_parser("build", help=f"write {OUTPUT.relative_to(SOURCES.parent)}/*.json")
+    build = commands.add_parser("build", help="write dashboards/json/*.json")
     build.add_argument("--check", action="store_true", help="exit 1 if the committed JSON is out of date")
-    build.add_argument("--output", type=Path, default=OUTPUT, help="directory to write (default: %(default)s)")
+    build.add_argument("--output", type=Path, metavar="DIR",
+                       help="directory to write (default: dashboards/json of the checkout this runs in)")
     mixin.add_argument(build)
     build.set_defaults(handler=run_build)
 
@@ -56,19 +58,32 @@ def rendered(config: mixin.Config | None = None) -> dict[str, str]:
     return files
 
 
+def write(directory: Path, files: dict[str, str], check: bool) -> list[str]:
+    """Make `directory` hold exactly `files` (name to text), or with `check` only compare; returns the names that
+    differ, were missing or were left over."""
+    current = {p.name: p.read_text(encoding="utf-8") for p in directory.glob("*.json")}
+    stale = sorted(name for name in set(current) | set(files) if current.get(name) != files.get(name))
+    if not check:
+        directory.mkdir(parents=True, exist_ok=True)
+        for name in set(current) - set(files):
+            (directory / name).unlink()
+        for name in stale:
+            if name in files:
+                (directory / name).write_text(files[name], encoding="utf-8")
+    return stale
+
+
 def run_build(args: argparse.Namespace) -> int:
-    files = rendered(args.config)
-    if args.check:
-        current = {p.name: p.read_text(encoding="utf-8") for p in args.output.glob("*.json")}
-        if current != files:
-            stale = sorted(name for name in set(current) | set(files) if current.get(name) != files.get(name))
-            print(f"gpufleet dashboards build: out of date: {', '.join(stale)}; run `gpufleet dashboards build`",
-                  file=sys.stderr)
-            return 1
-        return 0
-    args.output.mkdir(parents=True, exist_ok=True)
-    for stale in {p.name for p in args.output.glob("*.json")} - set(files):
-        (args.output / stale).unlink()
-    for name, text in files.items():
-        (args.output / name).write_text(text, encoding="utf-8")
+    directory = args.output
+    if directory is None:
+        root = checkout.find()
+        if root is None:
+            print("gpufleet dashboards build: not in a gpufleet checkout; give --output DIR", file=sys.stderr)
+            return 2
+        directory = root / "dashboards" / "json"
+    stale = write(directory, rendered(args.config), args.check)
+    if args.check and stale:
+        print(f"gpufleet dashboards build: out of date: {', '.join(stale)}; run `gpufleet dashboards build`",
+              file=sys.stderr)
+        return 1
     return 0

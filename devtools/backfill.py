@@ -13,7 +13,6 @@ from pathlib import Path
 import yaml
 
 from gpufleet.alerts.cli import RULES_FILE
-from gpufleet.devtools.paths import checkout
 from gpufleet.devtools.programs import binary, prometheus
 from gpufleet.simulator.fleet import Fleet
 from gpufleet.simulator.history import History, write_openmetrics
@@ -58,7 +57,7 @@ def recorded(tmp: Path, data: Path, start: float, end: float, groups: tuple[str,
              records: frozenset[str] | None = None, web_config: Path | None = None) -> Iterator[str]:
     """Prometheus on `data` after the committed rule `groups` (only their `records`, where given) were
     evaluated from `start` to `end` into it, each at its own interval, as Prometheus would have recorded them."""
-    committed = yaml.safe_load((checkout() / RULES_FILE).read_text())["groups"]
+    committed = yaml.safe_load(RULES_FILE.read_text())["groups"]
     kept = [{**g, "rules": [r for r in g["rules"] if records is None or r["record"] in records]}
             for g in committed if g["name"] in groups]
     rules = tmp / "report-rules.yml"

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.devtools.nodes import FakeClock, two_boards
+from gpufleet.devtools.paths import FIXTURE_SYSFS
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
-
-from helpers import FIXTURE_SYSFS, FakeClock, two_boards
 
 
 @pytest.fixture
@@ -28,8 +28,3 @@ def clock() -> FakeClock:
 def nvml(clock: FakeClock) -> SimulatedNvml:
     """The two boards of helpers.two_boards behind the simulated library, on `clock`."""
     return SimulatedNvml(two_boards(), clock=clock)
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--update-golden", action="store_true",
-                     help="rewrite tests/fixtures/e2e-output.txt from what the exporter serves now")

@@ -7,13 +7,14 @@ import subprocess
 import pynvml
 import pytest
 
+from gpufleet.devtools.nodes import GIB, UUID0, UUID1, two_boards
 from gpufleet.exporter import node
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.session import NvmlSession
 from gpufleet.exporter.gpu.simulated.board import GpuTelemetry, SimulatedGpu, TrainingLoad, steady
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 
-from helpers import GIB, UUID0, UUID1, named, nvml_present, rendered, series, two_boards
+from helpers import named, nvml_present, rendered, series
 
 
 @pytest.fixture

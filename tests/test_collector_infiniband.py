@@ -1,9 +1,10 @@
 from pathlib import Path
 
+from gpufleet.devtools.paths import FIXTURE_SYSFS
 from gpufleet.exporter.collector.infiniband import InfinibandCollector
 from gpufleet.exporter.tree import DiskTree
 
-from helpers import FIXTURE_SYSFS, named, rendered, series
+from helpers import named, rendered, series
 
 NDR = {"device": "mlx5_0", "port": "1"}
 DOWN = {"device": "mlx5_1", "port": "1"}

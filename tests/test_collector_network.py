@@ -1,10 +1,11 @@
 import re
 from pathlib import Path
 
+from gpufleet.devtools.paths import FIXTURE_SYSFS
 from gpufleet.exporter.collector.network import NetworkCollector
 from gpufleet.exporter.tree import DiskTree
 
-from helpers import FIXTURE_SYSFS, named, rendered, series
+from helpers import named, rendered, series
 
 
 def collect(root=FIXTURE_SYSFS, **kwargs):

@@ -2,11 +2,12 @@
 
 from pathlib import Path
 
+from gpufleet.devtools.paths import FIXTURE_SYSFS
 from gpufleet.exporter.collector.hwmon import HwmonCollector
 from gpufleet.exporter.collector.thermal_zone import ThermalZoneCollector
 from gpufleet.exporter.tree import DiskTree
 
-from helpers import FIXTURE_SYSFS, named, rendered, series
+from helpers import named, rendered, series
 
 
 def hwmon(root=FIXTURE_SYSFS):

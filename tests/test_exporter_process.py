@@ -9,17 +9,12 @@ import urllib.request
 import pytest
 
 from gpufleet.devtools.net import free_port
+from gpufleet.devtools.paths import FIXTURE_SYSFS
 from gpufleet.devtools.processes import stop as stop_process
 from gpufleet.devtools.programs import binary
 from gpufleet.devtools.waiting import wait_for
 
-from helpers import (
-    FIXTURE_SYSFS,
-    named,
-    nvml_present,
-    parse,
-    series,
-)
+from helpers import named, nvml_present, parse, series
 
 pytestmark = pytest.mark.e2e
 

@@ -15,6 +15,8 @@ import logging
 import pynvml
 import pytest
 
+from gpufleet.devtools.nodes import UUID0, FakeClock, two_boards
+from gpufleet.devtools.paths import FIXTURE_SYSFS
 from gpufleet.exporter import node
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.gpm import DETAIL, METRICS, GpmReader, metric_set
@@ -26,7 +28,7 @@ from gpufleet.exporter.tree import DiskTree
 from gpufleet.simulator.workload import COMM, COMPUTE
 
 from fleets import PEER, SLOW, START, Probe, value
-from helpers import FIXTURE_SYSFS, UUID0, FakeClock, rendered, series, two_boards
+from helpers import rendered, series
 
 ALL = metric_set(detail=True)
 GPM_FAMILIES = ("gpufleet_gpu_sm_active_ratio", "gpufleet_gpu_sm_occupancy_ratio", "gpufleet_gpu_tensor_active_ratio",

@@ -10,6 +10,8 @@ import pynvml
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from gpufleet.devtools.nodes import two_boards
+from gpufleet.devtools.paths import FIXTURE_SYSFS
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.exposition import Exposition
 from gpufleet.exporter.gpu.nvlink import TRANSMIT, NvlinkSummary
@@ -22,7 +24,7 @@ from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.server import build_app
 from gpufleet.exporter.tree import DiskTree
 
-from helpers import FIXTURE_SYSFS, eventually, named, parse, rendered, series, two_boards
+from helpers import eventually, named, parse, rendered, series
 
 LOAD = GpuTelemetry(utilization=0.9, memory_used_bytes=2**34, power_watts=650.0, energy_joules=5000.0,
                     temperature_celsius=70, memory_temperature_celsius=75, sm_clock_hertz=1980e6)

@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from gpufleet.devtools.net import free_port
+from gpufleet.devtools.nodes import GIB, UUID0, UUID1, FakeClock, two_boards
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.gpm import metric_set
 from gpufleet.exporter.gpu.jobs import JobAttribution
@@ -25,7 +26,7 @@ from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.simulator.workload import COMPUTE
 
 from fleets import PEER, START, Probe, value
-from helpers import GIB, UUID0, UUID1, FakeClock, rendered, series, two_boards
+from helpers import rendered, series
 
 POD = "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b"
 

@@ -4,12 +4,11 @@ from prometheus_client import ProcessCollector
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily
 
+from gpufleet.devtools.paths import FIXTURE_SYSFS
 from gpufleet.exporter.collector.infiniband import InfinibandCollector
 from gpufleet.exporter.collector.network import NetworkCollector
 from gpufleet.exporter.render import render
 from gpufleet.exporter.tree import DiskTree
-
-from helpers import FIXTURE_SYSFS
 
 
 class Families:

@@ -6,6 +6,7 @@ import threading
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from gpufleet.devtools.paths import FIXTURE_SYSFS
 from gpufleet.exporter.collector import Collection
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.collector.network import NetworkCollector
@@ -17,7 +18,7 @@ from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.server import build_app
 from gpufleet.exporter.tree import DiskTree
 
-from helpers import FIXTURE_SYSFS, eventually, named, parse, series
+from helpers import eventually, named, parse, series
 
 
 class HangingNvml(SimulatedNvml):

@@ -6,13 +6,14 @@ import gzip
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from gpufleet.devtools.paths import FIXTURE_SYSFS
 from gpufleet.exporter.collector.thermal_zone import ThermalZoneCollector
 from gpufleet.exporter.exposition import Exposition
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.server import accepts_gzip, build_app
 from gpufleet.exporter.tree import DiskTree
 
-from helpers import FIXTURE_SYSFS, parse, series
+from helpers import parse, series
 
 
 @pytest.fixture

@@ -17,13 +17,12 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from gpufleet.devtools.net import free_port, listening
+from gpufleet.devtools.paths import FIXTURE_SYSFS
 from gpufleet.devtools.processes import stop as stop_process
 from gpufleet.devtools.waiting import wait_for
 from gpufleet.exporter.exposition import Exposition
 from gpufleet.exporter.server import build_app
 from gpufleet.exporter.webconfig import Credentials, WebConfigError, load
-
-from helpers import FIXTURE_SYSFS
 
 
 def openssl(*args: str, cwd: Path) -> None:

@@ -4,9 +4,10 @@ import asyncio
 import logging
 from pathlib import Path
 
+from gpufleet.devtools.nodes import FakeClock
 from gpufleet.exporter.gpu.xid import KmsgXidReader, XidLedger, parse_xid_line, pci_key
 
-from helpers import FakeClock, eventually
+from helpers import eventually
 
 FIXTURE_LOG = Path(__file__).parent / "fixtures" / "kmsg" / "xid.log"
 
