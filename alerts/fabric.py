@@ -9,7 +9,14 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.recording import LINK_UTILIZATION, NODE_IB_RATE, NODE_JOBS, congested, link_ratios
+from gpufleet.alerts.recording import (
+    LINK_UTILIZATION,
+    NODE_IB_RATE,
+    NODE_JOBS,
+    RATE_WINDOW,
+    congested,
+    link_ratios,
+)
 from gpufleet.alerts.rule import PORT, TREND_INTERVAL, alert, record
 
 _LINK = ("{{ $labels.device }}{{ with $labels.port }} port {{ . }}{{ end }} of {{ $labels.instance }}")
@@ -31,8 +38,7 @@ NOT_ACTIVE = "instance_port:gpufleet_infiniband_state:not_active"
 # mean 10 minutes earlier, over 10 minutes), so the subquery takes the second: twenty rates at this step
 # instead of forty, and rate() still follows counter resets and series younger than the windows. The mean
 # is divided by the port's speed now, once: a link that trained down is as busy as its traffic is against
-# the speed it has.
-RATE_WINDOW = "5m"
+# the speed it has. The rate is the first tier's (RATE_WINDOW).
 SATURATION_STEP = "15s"
 
 

@@ -34,7 +34,11 @@ PCIE_REPLAYS = "instance_gpu:gpufleet_gpu_pcie_replays:rate5m"
 NODE_SIGNAL = "job_instance:gpufleet_straggler_signal:avg"
 # Sparse, per GPU, with its model (`name`): busy over the last minute with no job id, as Kubernetes pods run.
 BUSY_WITHOUT_JOB = "instance_gpu:gpufleet_gpu_busy_without_job:info"
+# The rate window of the first tier's rates: what a link's utilisation and a port's waiting are averaged over.
+RATE_WINDOW = "5m"
 LINK_UTILIZATION = "instance_port:gpufleet_link_utilization:ratio_rate5m"
+UTILIZATION = "instance:gpufleet_gpu_utilization_ratio:avg"
+POWER = "instance:gpufleet_gpu_power_watts:sum"
 # Per node: its InfiniBand ports counted by their busier direction's LINK_UTILIZATION, in buckets 5 % wide
 # (label `bucket`: the lower bound, "0" to "0.95"; a link above its rate counts in the top one). What the fabric
 # dashboard draws the fleet's ports from: at 1,000 nodes a row per port is 8,000 rows an hour long, a
@@ -141,7 +145,7 @@ def _gpu_health(c: Config) -> list[dict[str, Any]]:
     active = c.metric("gpufleet_gpu_clock_event_active", f'reason=~"{"|".join(SLOWDOWN_REASONS)}"')
     return [
         record(SLOWDOWN, f"{active} == 1"),
-        record(PCIE_REPLAYS, f"rate({c.metric('gpufleet_gpu_pcie_replays_total')}[{c.d('5m')}]) > 0"),
+        record(PCIE_REPLAYS, f"rate({c.metric('gpufleet_gpu_pcie_replays_total')}[{c.d(RATE_WINDOW)}]) > 0"),
     ]
 
 
@@ -214,19 +218,19 @@ def shared(c: Config) -> dict[str, Any]:
     rules = [
         record(NODE_JOBS, f"count by ({c.by('instance', 'scheduler', 'job_id', 'namespace', 'pod')}) "
                           f"(last_over_time({c.metric('gpufleet_gpu_job_info')}[{c.d(TREND_INTERVAL)}]))"),
-        record("instance:gpufleet_gpu_utilization_ratio:avg",
+        record(UTILIZATION,
                f"avg by ({c.by('instance')}) ({c.metric('gpufleet_gpu_utilization_ratio')})"),
         # What the GPUs did, beside NVML's "a kernel ran" (GPM; only nodes whose boards have it).
         record(SM_ACTIVE, f"avg by ({c.by('instance')}) ({c.metric('gpufleet_gpu_sm_active_ratio')})"),
         record(TENSOR_ACTIVE, f"avg by ({c.by('instance')}) ({c.metric('gpufleet_gpu_tensor_active_ratio')})"),
-        record("instance:gpufleet_gpu_power_watts:sum",
+        record(POWER,
                f"sum by ({c.by('instance')}) ({c.metric('gpufleet_gpu_power_watts')})"),
         record(GPUS_UP, f"sum by ({c.by('instance')}) ({c.metric('gpufleet_gpu_up')})"),
-        record(XMIT_WAIT, f"rate({c.metric('gpufleet_infiniband_port_xmit_wait_total')}[{c.d('5m')}])"),
+        record(XMIT_WAIT, f"rate({c.metric('gpufleet_infiniband_port_xmit_wait_total')}[{c.d(RATE_WINDOW)}])"),
         record(NODE_XMIT_WAIT_MAX, f"max by ({c.by('instance')}) ({XMIT_WAIT})"),
         record(JOB_XMIT_WAIT, _per_job(c, f"sum by ({c.by('instance')}) ({XMIT_WAIT})")),
         record(JOB_XMIT_WAIT_MEDIAN, f"quantile by ({c.by('scheduler', 'job_id')}) (0.5, {JOB_XMIT_WAIT})"),
-        *link_utilization(c, LINK_UTILIZATION, "5m"),
+        *link_utilization(c, LINK_UTILIZATION, RATE_WINDOW),
         port_buckets(c),
         record(EXPORTERS_SEEN, f"max_over_time({c.up()}[{c.d(SEEN_WINDOW)}])"),
         record(NODE_IB_RATE, f"max by ({c.by('instance')}) ({c.metric('gpufleet_infiniband_rate_bytes_per_second')})"),

@@ -38,6 +38,7 @@ from gpufleet.alerts.xid import APPLICATION, DOUBLE_BIT_ECC, FALLEN_OFF_BUS, RES
 # Each interruption is dated to its interval: ten minutes do for a month's count, and cost half of five at
 # a thousand nodes (the dense series are read four times an evaluation).
 INTERVAL = "10m"
+GROUP = "gpufleet-reliability"
 Signal = Callable[[int], str]  # Where a signal started in the interval ending this many intervals back.
 GPU_EVENTS = "instance_gpu:gpufleet_interruptions:new10m"
 PORT_EVENTS = "instance_port:gpufleet_interruptions:new10m"
@@ -133,4 +134,4 @@ def reliability(c: Config) -> dict[str, Any]:
         record(OBSERVED, f"count by ({c.by()}) ({c.metric(f'{ib}state_id')})", unit="port"),
         record(OBSERVED, f"count by ({c.by()}) ({scraped})", unit="node"),
     ]
-    return {"name": "gpufleet-reliability", "interval": w, "rules": rules}
+    return {"name": GROUP, "interval": w, "rules": rules}

@@ -3,7 +3,7 @@
 from grafanalib.core import Dashboard
 
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.recording import SM_ACTIVE, TENSOR_ACTIVE
+from gpufleet.alerts.recording import LINK_UTILIZATION, POWER, SM_ACTIVE, TENSOR_ACTIVE, UTILIZATION
 from gpufleet.dashboards.panels import Scope, dashboard, heatmap, stat, table, timeseries
 
 
@@ -27,25 +27,26 @@ def build(config: Config) -> Dashboard:
              stat("Warning alerts", f'count(ALERTS{{{firing}, severity="warning"}}) or vector(0)',
                   thresholds=(("green", None), ("orange", 1)))],
             [timeseries("GPU utilisation: busy and doing math", [
-                (f"avg(instance:gpufleet_gpu_utilization_ratio:avg{{{s.recorded}}})", "busy (NVML), mean"),
-                (f"quantile(0.1, instance:gpufleet_gpu_utilization_ratio:avg{{{s.recorded}}})", "busy, p10 node"),
+                (f"avg({UTILIZATION}{{{s.recorded}}})", "busy (NVML), mean"),
+                (f"quantile(0.1, {UTILIZATION}{{{s.recorded}}})", "busy, p10 node"),
                 (f"avg({SM_ACTIVE}{{{s.recorded}}})", "SM active, mean"),
                 (f"avg({TENSOR_ACTIVE}{{{s.recorded}}})", "tensor active, mean"),
             ], "percentunit", max_value=1,
                 description="Busy is NVML's share of time a kernel ran, which NCCL waiting on a slow peer fills too. "
                             "SM and tensor activity (GPM, Hopper and newer; nodes without it are left out) say how "
                             "much of that was work."),
-             timeseries("Power", [(f"sum by ({s.label}) (instance:gpufleet_gpu_power_watts:sum{{{s.recorded}}})",
+             timeseries("Power", [(f"sum by ({s.label}) ({POWER}{{{s.recorded}}})",
                                    s.legend)], "watt")],
-            [heatmap("Utilisation per node", f"instance:gpufleet_gpu_utilization_ratio:avg{{{s.recorded}}}",
+            [heatmap("Utilisation per node", f"{UTILIZATION}{{{s.recorded}}}",
                      "{{instance}}", "percentunit")],
             [table("Hottest GPUs", [(f"topk(10, gpufleet_gpu_temperature_celsius{{{s.cluster}}})", "")], "celsius",
                    width=8, node_link=s),
              table("Stragglers", [(f'ALERTS{{alertname="NodeStraggler", {firing}}}', "")], width=8, node_link=s,
                    description="Nodes holding back their job (NodeStraggler firing)."),
              table("Saturated links",
-                   [(f"instance_port:gpufleet_link_utilization:ratio_rate5m{{{s.recorded}}} > 0.8", "")],
-                   "percentunit", width=8, node_link=s, description="Ports above 80% of their link speed.")],
+                   [(f"{LINK_UTILIZATION}{{{s.recorded}}} > {config.saturation_warning:g}", "")],
+                   "percentunit", width=8, node_link=s,
+                   description=f"Ports above {config.saturation_warning:.0%} of their link speed.")],
         ],
         related=[("gpufleet-node", "Node detail"), ("gpufleet-gpu-health", "GPU health"),
                  ("gpufleet-fabric", "Network fabric"), ("gpufleet-jobs", "Jobs and stragglers"),

@@ -8,9 +8,10 @@ read, and the per-link NVLink error counters, which the exporter adds from a lin
 from grafanalib.core import Dashboard
 
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.recording import ECC_NEW, PCIE_REPLAYS, SLOWDOWN
+from gpufleet.alerts.recording import ECC_NEW, PCIE_REPLAYS, RATE_WINDOW, SLOWDOWN
 from gpufleet.alerts.xid import CLASSES, matcher
 from gpufleet.dashboards.panels import Scope, dashboard, table, timeseries
+from gpufleet.duration import spoken
 
 
 def build(config: Config) -> Dashboard:
@@ -35,7 +36,7 @@ def build(config: Config) -> Dashboard:
                                            "{{instance}} GPU {{gpu}} {{cause}}")], "short", width=8,
                         description="GPUs that have remapped rows; the node's dashboard draws every GPU's count."),
              timeseries("PCIe replays", [(f"{PCIE_REPLAYS}{{{recorded_gpu}}}", "{{instance}} GPU {{gpu}}")], "ops",
-                        width=8, description="Over 5 minutes.")],
+                        width=8, description=f"Over {spoken(RATE_WINDOW)}.")],
             [timeseries("NVLink errors", [
                 (f"sum by (instance, gpu, error) ({s.rate('gpufleet_gpu_nvlink_link_errors_total', gpu)})",
                  "{{instance}} GPU {{gpu}} {{error}}")], "ops",

@@ -12,6 +12,7 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.recording import JOB_XMIT_WAIT, JOB_XMIT_WAIT_MEDIAN, NODE_JOBS, TENSOR_ACTIVE
 from gpufleet.alerts.stragglers import CAUSE, MEDIAN, RELATIVE, SIGNAL, ZSCORE
 from gpufleet.dashboards.panels import Scope, Sized, dashboard, table, timeseries
+from gpufleet.duration import spoken
 
 _NODE = "{{job_id}}{{model}} {{instance}}"
 _GROUP = "{{job_id}}{{model}} median"
@@ -59,8 +60,8 @@ def build(config: Config) -> Dashboard:
             ], "percentunit", max_value=1,
                 description="Per job, the mean of its GPUs' NVML utilisation (a kernel ran) and of their tensor "
                             "activity (GPM, over the GPUs whose boards have it), from the capacity rules (every "
-                            "5 minutes). A job that waits on the network, or on one slow node, stays busy and does "
-                            "less math."),
+                            f"{spoken(capacity.INTERVAL)}). A job that waits on the network, or on one slow node, "
+                            "stays busy and does less math."),
              timeseries("Tensor activity per node", [
                  # A node may hold several jobs (pods): the jobs are the many side.
                  (f"group by ({s.by('instance', 'job_id')}) ({NODE_JOBS}{{{job}}}) * on ({s.by('instance')}) "

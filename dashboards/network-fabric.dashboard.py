@@ -11,11 +11,12 @@ seconds per refresh. The tables drop metric names, so that Grafana merges a port
 
 from grafanalib.core import Dashboard
 
-from gpufleet.alerts.capacity import IB_ERRORS
+from gpufleet.alerts.capacity import IB_ERRORS, INTERVAL, WINDOW
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.fabric import NOT_ACTIVE
-from gpufleet.alerts.recording import LINK_UTILIZATION, NODE_IB_RATE, PORT_BUCKETS, XMIT_WAIT
+from gpufleet.alerts.recording import LINK_UTILIZATION, NODE_IB_RATE, PORT_BUCKETS, RATE_WINDOW, XMIT_WAIT
 from gpufleet.dashboards.panels import PORT_LEGEND, Scope, dashboard, heatmap, table, timeseries
+from gpufleet.duration import spoken
 
 
 def build(config: Config) -> Dashboard:
@@ -26,6 +27,7 @@ def build(config: Config) -> Dashboard:
     def share(class_: str, direction: str) -> str:
         return f'{LINK_UTILIZATION}{{{s.recorded_node}, class="{class_}", direction="{direction}"}}'
 
+    over = f"Over {spoken(RATE_WINDOW)}, as the saturation alerts see it."
     return dashboard(
         s, "gpufleet-fabric", "gpufleet / Network fabric",
         "Throughput as a share of link speed, InfiniBand congestion, errors, discards, link state, flaps, RoCE drops.",
@@ -34,22 +36,23 @@ def build(config: Config) -> Dashboard:
             [timeseries("InfiniBand throughput, share of link rate", [
                 (share("infiniband", "transmit"), PORT_LEGEND + " tx"),
                 (share("infiniband", "receive"), PORT_LEGEND + " rx"),
-            ], "percentunit", max_value=1, description="Over 5 minutes, as the saturation alerts see it."),
+            ], "percentunit", max_value=1, description=over),
              timeseries("Ethernet throughput, share of link speed", [
                  (share("net", "transmit"), "{{instance}} {{device}} tx"),
                  (share("net", "receive"), "{{instance}} {{device}} rx"),
-             ], "percentunit", max_value=1, description="Over 5 minutes, as the saturation alerts see it.")],
+             ], "percentunit", max_value=1, description=over)],
             [heatmap("InfiniBand ports by utilisation of their busier direction",
                      f"sum by (bucket) ({PORT_BUCKETS}{{{s.recorded_node}}})", "{{bucket}}", "percentunit",
                      buckets=True,
                      description="How many of the selected nodes' ports ran at each share of their link rate, in "
-                                 "steps of 5 %, over 5 minutes and in the busier direction; a row is a step. A "
-                                 "band near the top is a saturated fabric; a few ports there, a hot spot, which "
-                                 "the throughput panel above names.")],
+                                 f"steps of 5 %, over {spoken(RATE_WINDOW)} and in the busier direction; a row is a "
+                                 "step. A band near the top is a saturated fabric; a few ports there, a hot spot, "
+                                 "which the throughput panel above names.")],
             [timeseries("InfiniBand congestion (port_xmit_wait)", [
                 (f"{XMIT_WAIT}{{{s.recorded_node}}}", PORT_LEGEND)], "short",
-                description="Ticks per second a port waited for credits with data to send, over 5 minutes. The "
-                            "tick length depends on the HCA; compare ports of one fabric, not fabrics."),
+                description="Ticks per second a port waited for credits with data to send, over "
+                            f"{spoken(RATE_WINDOW)}. The tick length depends on the HCA; compare ports of one "
+                            "fabric, not fabrics."),
              timeseries("Discards", [
                  (s.rate("gpufleet_infiniband_port_xmit_discards_total", node), PORT_LEGEND + " xmit discards"),
                  (s.rate("gpufleet_network_transmit_dropped_total", node), "{{instance}} {{device}} tx dropped"),
@@ -57,8 +60,9 @@ def build(config: Config) -> Dashboard:
              ], "pps")],
             [timeseries("InfiniBand errors", [(f"{IB_ERRORS}{{{s.recorded_node}}}", PORT_LEGEND)], "ops",
                         description="Symbol, receive, integrity, recovery, overrun, remote physical and VL15 errors "
-                                    "together, over 10 minutes, recorded every 5 minutes by the capacity rules; only "
-                                    "ports with errors are drawn. The node's table splits them by counter."),
+                                    f"together, over {spoken(WINDOW)}, recorded every {spoken(INTERVAL)} by the "
+                                    "capacity rules; only ports with errors are drawn. The node's table splits them by "
+                                    "counter."),
              timeseries("Ethernet errors", [
                  (s.rate("gpufleet_network_transmit_errors_total", node), "{{instance}} {{device}} tx"),
                  (s.rate("gpufleet_network_receive_errors_total", node), "{{instance}} {{device}} rx"),

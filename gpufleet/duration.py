@@ -36,6 +36,18 @@ def parse(value: str | int | float) -> float:
     return sum(int(count) * seconds for count, (_, seconds) in zip(match.groups(), _UNITS, strict=True) if count)
 
 
+def spoken(value: str) -> str:
+    """A duration in words for prose around a query, `5m` -> `5 minutes`, so that the prose reads the constant the
+    query reads."""
+    names = {"y": "year", "w": "week", "d": "day", "h": "hour", "m": "minute", "s": "second", "ms": "millisecond"}
+    seconds = parse(value)
+    for unit, size in _UNITS:
+        count = seconds / size
+        if count >= 1 and count == int(count):
+            return f"{int(count)} {names[unit]}{'s' if count != 1 else ''}"
+    return render(seconds)
+
+
 def render(seconds: float) -> str:
     """The shortest Prometheus form of `seconds`, to the millisecond: 5400 -> `1h30m`, 0.25 -> `250ms`."""
     if seconds < 0:

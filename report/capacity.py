@@ -16,6 +16,7 @@ from collections import defaultdict
 
 from gpufleet.alerts import capacity as rec
 from gpufleet.alerts.config import Config
+from gpufleet.duration import spoken
 from gpufleet.report import charts
 from gpufleet.report.document import Section, Table
 from gpufleet.report.figures import project, quantile_from_buckets
@@ -392,15 +393,16 @@ async def network(q: Queries) -> Section:
     names = ("cluster", "instance", "device", "port", "direction")
     peaks = _by_labels(peak, names)
     ranked = sorted(((s.values[-1][1], _ident(s, names)) for s in p95), reverse=True)
-    busy = sum(1 for value, _ in ranked if value >= 0.8)
+    saturated = q.config.saturation_warning
+    busy = sum(1 for value, _ in ranked if value >= saturated)
     rows = [(_cluster({"cluster": i[0]}), i[1], f"{i[2]}/{i[3]}" if i[3] else i[2],
              "InfiniBand" if i[3] else "Ethernet", i[4], _pct(value), _pct(peaks.get(i)))
             for value, i in ranked[:TOP]]
     return Section("network", "Network links",
                    f"Link throughput against link speed, averaged over {rec.WINDOW} every {rec.INTERVAL}; the busiest "
                    f"{TOP} links by p95.",
-                   findings=[f"{busy} of {len(ranked)} link directions spent 5% or more of the period at 80% of "
-                             "line rate or above."],
+                   findings=[f"{busy} of {len(ranked)} link directions spent 5% or more of the period at "
+                             f"{saturated:.0%} of line rate or above."],
                    tables=[Table("Busiest links", ("Cluster", "Node", "Port", "Kind", "Direction", "p95", "Peak"),
                                  rows)])
 
@@ -471,8 +473,8 @@ async def trend(q: Queries) -> Section:
 
 def _method(window: Window, config: Config) -> list[str]:
     return [f"Figures over the range are sampled every {window.step // 60} minutes (a Prometheus subquery at that "
-            "step) from the series that the gpufleet-capacity-* rules record every 5 minutes; GPU-hours are samples "
-            "times the step.",
+            f"step) from the series that the {rec.GROUP.format('*')} rules record every {spoken(rec.INTERVAL)}; "
+            "GPU-hours are samples times the step.",
             "A GPU is allocated while gpufleet_gpu_job_info attributes a job to it, idle while it is healthy and "
             "has none, and lost while gpufleet_gpu_up is 0.",
             cluster_note(config)]

@@ -13,11 +13,14 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from gpufleet import duration
+from gpufleet.alerts import capacity
 from gpufleet.alerts.config import Config
 from gpufleet.report.prometheus import Prometheus, Series
 
 POINTS_PER_SERIES = 1440
-MIN_STEP = 300  # The capacity rules record every 5 minutes: a finer step reads the same evaluation again.
+# The capacity rules' interval: a finer step reads the same evaluation again.
+MIN_STEP = int(duration.parse(capacity.INTERVAL))
 
 
 def choose_step(range_seconds: float, requested: float | None = None) -> int:

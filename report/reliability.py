@@ -65,7 +65,7 @@ async def _exposure(q: Queries) -> dict[str, float]:
     result = await q.at_end(f"sum by (unit) (sum_over_time({w.over(latest)}))")
     days = {s.labels.get("unit", ""): s.values[-1][1] * w.step / 86400 for s in result}
     if not days.get("gpu"):
-        raise SectionError("the gpufleet-reliability rules observed no GPU in the range")
+        raise SectionError(f"the {rec.GROUP} rules observed no GPU in the range")
     return days
 
 
@@ -232,7 +232,7 @@ async def mtti(q: Queries) -> Section:
 
 
 def _method(window: Window, config: Config) -> list[str]:
-    return [f"Interruptions are recorded by the gpufleet-reliability rules every {rec.INTERVAL}: one series per "
+    return [f"Interruptions are recorded by the {rec.GROUP} rules every {rec.INTERVAL}: one series per "
             "GPU, InfiniBand port or node and cause, in the interval where an interruption starts. Counts are sums "
             "over the range; exposure is the GPUs those rules observed at every "
             f"{window.step // 60}-minute step.",

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpufleet.duration import DurationError, parse, render
+from gpufleet.duration import DurationError, parse, render, spoken
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
@@ -23,3 +23,9 @@ def test_what_is_refused(text):
                                                 (1_209_600, "2w"), (113, "1m53s")])
 def test_what_renders_parses_back(seconds, text):
     assert render(seconds) == text and parse(text) == seconds
+
+
+@pytest.mark.parametrize(("text", "words"), [("5m", "5 minutes"), ("1m", "1 minute"), ("90s", "90 seconds"),
+                                             ("1h", "1 hour"), ("2w", "2 weeks"), ("1m30s", "90 seconds")])
+def test_what_prose_says(text, words):
+    assert spoken(text) == words
