@@ -8,8 +8,6 @@ names become loopback ports, and the simulator stands in for the fleet.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import json
 import re
 import shlex
@@ -18,8 +16,6 @@ import subprocess
 import sys
 import time
 import tomllib
-import urllib.parse
-from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
@@ -30,16 +26,15 @@ from gpufleet import __version__
 from gpufleet.alerts.cli import RULES_FILE, VMALERT_RULES_FILE
 from gpufleet.cli import build_parser
 from gpufleet.dashboards.cli import OUTPUT as DASHBOARDS
-from gpufleet.devtools.compose import AGENTS, COMPOSE, SERVICES, command_flags, with_defaults
-from gpufleet.devtools.delivery import alertmanager_alerts
-from gpufleet.devtools.grafana import expand, targets
+from gpufleet.devtools.compose import AGENTS, COMPOSE, SERVICES, command_flags
 from gpufleet.devtools.net import free_port, http
 from gpufleet.devtools.paths import COMPOSE as COMPOSE_DIR
 from gpufleet.devtools.paths import ROOT
-from gpufleet.devtools.processes import serving
-from gpufleet.devtools.programs import alertmanager, binary, prometheus, simulator
-from gpufleet.devtools.prom import query, scraped_instances
+from gpufleet.devtools.programs import binary, prometheus
+from gpufleet.devtools.prom import query
 from gpufleet.devtools.waiting import wait_for
+
+from stack import compose_alertmanager_and_simulator, flag, gpufleet_job, host_config, host_path, mounts, paged
 
 KUBERNETES = [doc for path in sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
               for doc in yaml.safe_load_all(path.read_text()) if doc]
@@ -48,76 +43,6 @@ DAEMONSET_CONTAINERS = [c for doc in KUBERNETES if doc["kind"] == "DaemonSet"
 UNIT = ROOT / "deploy" / "systemd" / "gpufleet-exporter.service"
 IMAGE = f"ghcr.io/gpufleet/gpufleet:{__version__}"
 COMMITTED_GROUPS = sorted(g["name"] for g in yaml.safe_load(RULES_FILE.read_text())["groups"])
-# vmalert's copy: the same groups, each with how many of its rules vmalert asks at once.
-CONCURRENCY = {g["name"]: g["concurrency"] for g in yaml.safe_load(VMALERT_RULES_FILE.read_text())["groups"]}
-NODES = {f"gpu-node-{n:04d}" for n in range(1, 17)}  # The compose simulator's 16 nodes.
-
-
-def mounts(service: str) -> list[tuple[str, str]]:
-    """(source, container path) of each volume: a path for a bind mount, a name for a named volume."""
-    result = []
-    for volume in SERVICES[service].get("volumes", []):
-        source, target, *_ = volume.split(":")
-        result.append((source, target))
-    return result
-
-
-def host_path(service: str, container_path: str, named: dict[str, Path] | None = None) -> Path:
-    """Where a container path of `service` lies here: through the deepest mount that holds it."""
-    path = PurePosixPath(container_path)
-    best = None
-    for source, target in mounts(service):
-        holds = path == PurePosixPath(target) or PurePosixPath(target) in path.parents
-        if holds and (best is None or len(target) > len(best[1])):
-            best = (source, target)
-    assert best is not None, f"{service} mounts nothing at {container_path}"
-    source, target = best
-    base = (COMPOSE_DIR / source).resolve() if source.startswith(".") else (named or {}).get(source, Path(source))
-    return base / path.relative_to(target)
-
-
-def flag(argv: list[str], name: str) -> str:
-    return next(arg.split("=", 1)[1] for arg in argv if arg.startswith(f"{name}="))
-
-
-def host_config(service: str, container_file: str, path: Path, named: dict[str, Path],
-                addresses: dict[str, str]) -> Path:
-    """A config file the service mounts, with the container paths it lists mapped here and `addresses` substituted."""
-    text = host_path(service, container_file).read_text()
-    for container in sorted(set(re.findall(r"^\s+- (/\S+)", text, re.M)), key=len, reverse=True):
-        text = text.replace(container, str(host_path(service, container, named)))
-    for compose_address, address in addresses.items():
-        text = text.replace(compose_address, address)
-    path.write_text(text)
-    return path
-
-
-def host_command(service: str, named: dict[str, Path], addresses: dict[str, str],
-                 files: dict[str, Path]) -> list[str]:
-    """The service's `-flag=value` command line as it runs here: its own listen address and the compose names it
-    calls become loopback addresses, container paths map through its mounts (or to `files`, for configs that
-    were themselves mapped), and `${NAME:-default}` takes its default, as compose does without a .env."""
-    argv = []
-    for arg in SERVICES[service]["command"]:
-        name, equals, value = arg.partition("=")
-        if not equals:
-            argv.append(arg)
-            continue
-        value = with_defaults(value)
-        if name == "-httpListenAddr":
-            value = addresses[service + value]
-        elif value in files:
-            value = str(files[value])
-        elif value.startswith("/"):
-            value = str(host_path(service, value, named))
-        for compose_address, address in addresses.items():
-            value = value.replace(compose_address, address)
-        argv.append(f"{name}={value}")
-    return argv
-
-
-def gpufleet_job(config: dict) -> dict:
-    return next(job for job in config["scrape_configs"] if job["job_name"] == "gpufleet")
 
 
 def test_every_mounted_file_exists_and_every_named_volume_is_declared():
@@ -255,31 +180,6 @@ def test_the_systemd_unit_verifies(tmp_path):
     assert verify.returncode == 0 and not verify.stderr.strip(), verify.stderr
 
 
-@contextlib.contextmanager
-def compose_alertmanager_and_simulator(tmp_path: Path) -> Iterator[tuple[str, str, Path]]:
-    """Alertmanager with the compose routing and the simulator with its compose command line; yields their URLs
-    and the directory that stands for the sim-targets volume."""
-    am_data, sim_volume, secrets = tmp_path / "am", tmp_path / "sim-targets", tmp_path / "secrets"
-    sim_volume.mkdir()
-    secrets.mkdir()
-    (secrets / "pagerduty-routing-key").write_text("test-key\n")
-    routing = tmp_path / "alertmanager.yml"  # Secrets from here, PagerDuty at a closed loopback port.
-    routing.write_text((COMPOSE_DIR / "alertmanager" / "alertmanager.yml").read_text()
-                       .replace("/etc/alertmanager/secrets", str(secrets))
-                       .replace("jiralert:9097", f"127.0.0.1:{free_port()}"))
-    simulate = SERVICES["simulator"]["command"]
-    args = [arg for arg in simulate[1:] if not arg.startswith(("--web.listen-address", "--file-sd"))]
-    args = [f"--scenario={host_path('simulator', flag(simulate, '--scenario'))}" if a.startswith("--scenario") else a
-            for a in args]
-    with alertmanager(am_data, routing) as am, simulator(sim_volume / "targets.json", *args, timeout=60) as sim:
-        yield am.url, sim.url, sim_volume
-
-
-def paged(am_url: str, alertname: str) -> list[dict]:
-    """The alerts named `alertname` that Alertmanager holds."""
-    return [a for a in alertmanager_alerts(am_url) if a["labels"]["alertname"] == alertname]
-
-
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_the_stack_scrapes_the_simulator_loads_its_rules_and_pages_on_a_fault(tmp_path):
@@ -360,118 +260,3 @@ def test_the_scale_tier_scrapes_every_target_twice_and_evaluates_the_same_rules_
     datasources = yaml.safe_load(host_path("grafana-scale", "/etc/grafana/provisioning/datasources/gpufleet.yml")
                                 .read_text())["datasources"]
     assert [(d["uid"], d["url"]) for d in datasources] == [("gpufleet-prometheus", storage)]
-
-
-STORE_OUTAGE = 60.0  # Seconds VictoriaMetrics stays stopped in the scale tier's drill.
-MAX_HOLE = 22.5  # Seconds: longer than one 15 s scrape interval, shorter than two, so one lost scrape shows.
-
-
-def up_gaps(vm_url: str, start: float, end: float) -> dict[str, float]:
-    """Each node's longest stretch without an `up` sample in [start, end] (Unix seconds), from the raw samples
-    VictoriaMetrics holds: what a dashboard or rule would see as a hole in the series."""
-    status, body = http("GET", f"{vm_url}/api/v1/export?" + urllib.parse.urlencode(
-        {"match[]": 'up{job="gpufleet"}', "start": int(start), "end": int(end) + 1}))
-    assert status == 200, body
-    gaps: dict[str, float] = {}
-    for line in body.splitlines():
-        series = json.loads(line)
-        times = sorted(t / 1000 for t in series["timestamps"] if start <= t / 1000 <= end)
-        gap = max(b - a for a, b in itertools.pairwise([start, *times, end]))
-        instance = series["metric"]["instance"]
-        gaps[instance] = max(gap, gaps.get(instance, 0.0))
-    return gaps
-
-
-@pytest.mark.slow
-@pytest.mark.e2e
-def test_the_scale_tier_pages_through_vmalert_past_a_lost_vmagent_and_a_store_outage(tmp_path):
-    """VictoriaMetrics, the three vmagents and vmalert from their compose command lines and configs (with
-    -loggerLevel=WARN added), Alertmanager and the simulator as in the single stack. Two drills:
-    - one vmagent is stopped once the targets are shared out: a fault on a node it scraped must page;
-    - then VictoriaMetrics is stopped for a minute while that page stands, and a second node faults meanwhile:
-      the standing page must stay at Alertmanager, unresolved and with its start (no second page), the new
-      fault must page once the store is back and not before, nothing else may page, and the vmagents' disk
-      buffers must leave no node's series with a hole, from the vmagent's stop to the store's return."""
-    named = {"sim-targets": tmp_path / "sim-targets", "victoriametrics-data": tmp_path / "vm",
-             **{volume: tmp_path / volume for volume in COMPOSE["volumes"] if volume.endswith("-buffer")}}
-    with compose_alertmanager_and_simulator(tmp_path) as (am_url, sim_url, _), contextlib.ExitStack() as stack:
-        addresses = {"alertmanager:9093": am_url.removeprefix("http://")}
-        for name in ("victoriametrics", "vmalert", *AGENTS):
-            addresses[name + command_flags(name)["-httpListenAddr"]] = f"127.0.0.1:{free_port()}"
-        url = {name: f"http://{addresses[name + command_flags(name)['-httpListenAddr']]}"
-               for name in ("victoriametrics", "vmalert", *AGENTS)}
-
-        def start(name: str, program: str, files: dict[str, Path] | None = None) -> contextlib.ExitStack:
-            argv = [binary(program), *host_command(name, named, addresses, files or {}),
-                    "-loggerLevel=WARN"]
-            running = contextlib.ExitStack()
-            running.enter_context(serving(argv, int(url[name].rsplit(":", 1)[1]), "/health", f"{name} start", 60))
-            return stack.enter_context(running)
-
-        store = start("victoriametrics", "victoria-metrics")
-        agents = {}
-        for name in AGENTS:
-            scrape = command_flags(name)["-promscrape.config"]
-            config = host_config(name, scrape, tmp_path / f"{name}.yml", named, addresses)
-            agents[name] = start(name, "vmagent", {scrape: config})
-        start("vmalert", "vmalert")
-
-        def shared_out() -> dict[str, set[str]] | None:
-            scraped = {name: scraped_instances(url[name]) & NODES for name in AGENTS}
-            return scraped if all(sum(node in s for s in scraped.values()) == 2 for node in NODES) else None
-
-        scraped = wait_for(shared_out, 60, "every node scraped by two vmagents")
-        agents[AGENTS[1]].close()
-        stopped, stopped_at = time.monotonic(), time.time()
-        node, second = sorted(scraped[AGENTS[1]])[:2]  # Now scraped by one vmagent only.
-        status, _ = http("POST", f"{sim_url}/control/faults", {"kind": "xid", "node": node, "gpu": 0, "xid": 79})
-        assert status == 201
-        alert = wait_for(lambda: paged(am_url, "GpuXidCritical"), 150, "GpuXidCritical at Alertmanager")[0]
-        fired = time.monotonic() - stopped
-        groups = json.loads(http("GET", f"{url['vmalert']}/api/v1/rules")[1])["data"]["groups"]
-        refused = []  # The dashboards' queries, unchanged, as Grafana would send them to VictoriaMetrics.
-        for target in targets(DASHBOARDS):
-            status, body = http("GET", f"{url['victoriametrics']}/api/v1/query?query="
-                                + urllib.parse.quote(expand(target.expr, 15)))
-            if status != 200:
-                refused.append((target.uid, target.title, body))
-
-        standing = (alert["labels"], alert["startsAt"])
-        dropped = []  # Seconds into the outage at which Alertmanager no longer held the standing page as it was.
-
-        def second_paged() -> list[dict]:
-            held = alertmanager_alerts(am_url)
-            if not any((a["labels"], a["startsAt"]) == standing for a in held):
-                dropped.append(round(time.monotonic() - outage))
-            return [a for a in held if a["labels"]["alertname"] == "GpuXidCritical"
-                    and a["labels"]["instance"] == second]
-
-        store.close()
-        outage = time.monotonic()
-        status, _ = http("POST", f"{sim_url}/control/faults", {"kind": "xid", "node": second, "gpu": 0, "xid": 79})
-        assert status == 201
-        while time.monotonic() < outage + STORE_OUTAGE:
-            assert not second_paged(), "a page while the store was down"
-            time.sleep(1)
-        start("victoriametrics", "victoria-metrics")
-        returned, returned_at = time.monotonic(), time.time()
-        wait_for(second_paged, 150, "the second GpuXidCritical at Alertmanager")
-        paged_again = time.monotonic() - returned
-        # The buffers drain after the store returns: give them a minute to fill every hole they can.
-        for _ in range(60):
-            holes = up_gaps(url["victoriametrics"], stopped_at, returned_at + 15)
-            if set(holes) == NODES and max(holes.values()) <= MAX_HOLE:
-                break
-            time.sleep(1)
-        pages = [(a["labels"]["alertname"], a["labels"]["instance"]) for a in alertmanager_alerts(am_url)
-                 if [r["name"] for r in a["receivers"]] == ["pager"]]
-    assert alert["labels"]["instance"] == node and [r["name"] for r in alert["receivers"]] == ["pager"]
-    assert {g["name"]: g["concurrency"] for g in groups} == CONCURRENCY
-    assert [(r["name"], r["lastError"]) for g in groups for r in g["rules"] if r["health"] != "ok"] == []
-    assert refused == [], "VictoriaMetrics refused dashboard queries"
-    assert dropped == [], "the standing page was resolved or restarted at these seconds of the outage"
-    # The demo scenario's own faults in these minutes (an application XID) open no page.
-    assert sorted(pages) == [("GpuXidCritical", node), ("GpuXidCritical", second)]
-    assert {n: gap <= MAX_HOLE for n, gap in holes.items()} == dict.fromkeys(NODES, True), holes
-    print(f"vmagent stopped to GpuXidCritical at Alertmanager: {fired:.0f}s; store back to the second page: "
-          f"{paged_again:.0f}s; longest hole in a node's up: {max(holes.values()):.1f}s")

@@ -204,6 +204,34 @@ class NvmlSession:
     def _open(self, device: _Device, problems: list[str]) -> bool:
         """Get the handle, identity and supported probes of one GPU; False where it does not answer."""
         nvml = self._nvml
+        opened = self._identify(device, problems)
+        if opened is None:
+            return False
+        handle, identity, links = opened
+        unsupported: list[str] = []
+        probes, static = self._supported_probes(handle, links, unsupported)
+        fields = self._supported_fields(handle, links, unsupported)
+        gpm = (GpmReader(device.index, self._gpm) if self._gpm and self._answers(
+            "GPM (nvmlGpmQueryDeviceSupport)", lambda: bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice),
+            unsupported) else None)
+        # Whether or not MIG is on now: it can be turned on at a reset.
+        mig = (MigReader(device.index, gpm is not None) if self._answers(
+            "MIG (nvmlDeviceGetMigMode)", lambda: bool(nvml.nvmlDeviceGetMigMode(handle)), unsupported) else None)
+        device.lists_processes = self._lists_processes(handle, unsupported)
+        device.handle = handle
+        device.identity = identity
+        device.probes = tuple(probes)
+        device.fields = tuple(fields)
+        device.static_readings = tuple(static)
+        device.gpm = gpm
+        device.mig = mig
+        device.unsupported = unsupported
+        self._known[device.index] = identity
+        return True
+
+    def _identify(self, device: _Device, problems: list[str]) -> tuple[Any, GpuIdentity, list[int]] | None:
+        """One GPU's handle, identity and NVLinks; None, with the problem noted, where it does not answer."""
+        nvml = self._nvml
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(device.index)
             pci = nvml.nvmlDeviceGetPciInfo(handle)
@@ -220,14 +248,17 @@ class NvmlSession:
             if err.value in DRIVER_LOST:
                 raise
             problems.append(f"GPU {device.index}: cannot open: {err}")
-            return False
+            return None
+        return handle, identity, links
 
+    def _supported_probes(self, handle: Any, links: list[int],
+                          unsupported: list[str]) -> tuple[list[Probe], list[Reading]]:
+        """The probes the GPU answers (read every cycle), and the readings of the static ones, read once now."""
         probes: list[Probe] = []
         static: list[Reading] = []
-        unsupported: list[str] = []
         for probe in (utilization_probe(), *PROBES, *nvlink_probes(links)):
             try:
-                readings = probe.read(nvml, handle)
+                readings = probe.read(self._nvml, handle)
             except pynvml.NVMLError as err:
                 if err.value in UNSUPPORTED:
                     unsupported.append(probe.name)
@@ -239,10 +270,13 @@ class NvmlSession:
                 static.extend(readings)
             else:
                 probes.append(probe)
+        return probes, static
 
+    def _supported_fields(self, handle: Any, links: list[int], unsupported: list[str]) -> list[Field]:
+        """The field values the GPU answers, asked all at once as every cycle asks them."""
         fields: list[Field] = []
         try:
-            for fld, value in read_fields(nvml, handle, (*FIELDS, *nvlink_fields(links))):
+            for fld, value in read_fields(self._nvml, handle, (*FIELDS, *nvlink_fields(links))):
                 if value is None:
                     unsupported.append(f"field {fld.field_id} ({fld.description})")
                 else:
@@ -251,33 +285,18 @@ class NvmlSession:
             if err.value in DRIVER_LOST:
                 raise
             unsupported.append("nvmlDeviceGetFieldValues")
+        return fields
 
-        gpm = (GpmReader(device.index, self._gpm) if self._gpm and self._answers(
-            "GPM (nvmlGpmQueryDeviceSupport)", lambda: bool(nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice),
-            unsupported) else None)
-        # Whether or not MIG is on now: it can be turned on at a reset.
-        mig = (MigReader(device.index, gpm is not None) if self._answers(
-            "MIG (nvmlDeviceGetMigMode)", lambda: bool(nvml.nvmlDeviceGetMigMode(handle)), unsupported) else None)
-
+    def _lists_processes(self, handle: Any, unsupported: list[str]) -> bool:
+        """Whether the GPU lists its compute processes: one that fails for another reason is asked again."""
         try:
-            nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-            device.lists_processes = True
+            self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)
         except pynvml.NVMLError as err:
             if err.value in DRIVER_LOST:
                 raise
-            device.lists_processes = err.value not in UNSUPPORTED
-            if not device.lists_processes:
+            if err.value in UNSUPPORTED:
                 unsupported.append("nvmlDeviceGetComputeRunningProcesses")
-
-        device.handle = handle
-        device.identity = identity
-        device.probes = tuple(probes)
-        device.fields = tuple(fields)
-        device.static_readings = tuple(static)
-        device.gpm = gpm
-        device.mig = mig
-        device.unsupported = unsupported
-        self._known[device.index] = identity
+                return False
         return True
 
     @staticmethod
