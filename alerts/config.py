@@ -101,14 +101,13 @@ class Config:
     ethernet_error_share: float = 0.01  # Errors per packet, as kube-prometheus.
 
     # vmalert only: how many rules of a pager group (one that runs at the evaluation interval) it asks at once,
-    # its group field `concurrency`, capped at the group's size. One after another, the pager's groups took 0.76
-    # and 0.93 s at p50 in ten and six round trips to VictoriaMetrics at 10,000 GPUs; four at once, about 0.6 s
-    # (README, the scale tier). More than the store's `-search.maxConcurrentRequests` only queues there.
+    # its group field `concurrency`, capped at the group's size: one after another, a group waits for each of
+    # its round trips to the store (docs/deployment/scale.md). More than the store's
+    # `-search.maxConcurrentRequests` only queues there.
     vmalert_concurrency: int = 4
-    # vmalert only: the same for the groups that run every minute (`rule.TREND_INTERVAL`). One at a time,
-    # the first tier, the stragglers and the fabric trends took 4 to 5 s at p50 and up to 16 % of their minute
-    # at 10,000 GPUs; two at once, 1.8 to 3.1 s. Groups that run less often ask one at a time, so that the
-    # capacity and reliability groups cannot take the store's query slots from the pager.
+    # vmalert only: the same for the groups that run every minute (`rule.TREND_INTERVAL`). Groups that run less
+    # often ask one at a time, so that the capacity and reliability groups cannot take the store's query slots
+    # from the pager.
     vmalert_trend_concurrency: int = 2
 
     def by(self, *labels: str) -> str:

@@ -4,7 +4,7 @@ A fault is a kind, a target (node, and the GPU, NVLink or port where the kind
 needs one), a start in simulated seconds and an optional duration. Kinds with a
 size take it (a straggler's slowdown and cause, a saturated port's level, an
 error counter's rate, a flap's period); left out, it is the size every test and
-the README have always described. Parsing
+the simulator's docs describe. Parsing
 checks everything up front and names the fault and field at fault, because a
 scenario that silently does nothing is worse than one that refuses to load.
 """
@@ -51,7 +51,7 @@ XIDS = {FaultKind.ECC_DBE: xid.DOUBLE_BIT_ECC, FaultKind.ROW_REMAP_FAILURE: xid.
         FaultKind.GPU_LOST: xid.FALLEN_OFF_BUS}
 _XID_CLASSES = "; ".join(f"{name}: {', '.join(map(str, codes))}" for name, codes in xid.CLASSES.items())
 
-# kind -> the target fields it needs, and a one-line description for errors, the landing page and the README.
+# kind -> the target fields it needs, and a one-line description for errors, the landing page and the docs.
 KINDS: dict[FaultKind, tuple[tuple[str, ...], str]] = {
     FaultKind.XID: (("gpu", "xid"), f"one XID event ({_XID_CLASSES})"),
     FaultKind.ECC_DBE: (("gpu",), f"a double-bit ECC error: uncorrected ECC counts rise, XID {xid.DOUBLE_BIT_ECC}"),

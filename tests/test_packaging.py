@@ -49,8 +49,19 @@ def imports(path: Path) -> set[str]:
 
 
 def test_the_gpu_layer_returns_records_and_never_reaches_up_into_the_collectors():
-    for path in sorted((ROOT / "exporter" / "gpu").glob("*.py")):
+    for path in sorted((ROOT / "exporter" / "gpu").rglob("*.py")):
         assert not {m for m in imports(path) if m.startswith("gpufleet.exporter.collector")}, path.name
+
+
+def test_the_collectors_import_the_hardware_never_the_node_that_builds_them():
+    for path in sorted((ROOT / "exporter" / "collector").glob("*.py")):
+        assert "gpufleet.exporter.node" not in imports(path), path.name
+
+
+def test_the_rules_dashboards_and_reports_import_nothing_of_the_exporter():
+    for package in ("alerts", "dashboards", "report"):
+        for path in sorted((ROOT / package).glob("*.py")):
+            assert not {m for m in imports(path) if m.startswith("gpufleet.exporter")}, f"{package}/{path.name}"
 
 
 @pytest.mark.slow
@@ -60,6 +71,7 @@ def test_the_wheel_adds_exactly_one_top_level_name(wheel: Path) -> None:
         top_level = archive.read(f"gpufleet-{__version__}.dist-info/top_level.txt").decode().split()
     assert {name.split("/")[0] for name in names if ".dist-info/" not in name} == {"gpufleet"}
     assert top_level == ["gpufleet"]
+    assert not [name for name in names if name.startswith("gpufleet/devtools/")], "the harness runs from a checkout"
     for data in ("gpufleet/py.typed", "gpufleet/alerts/gpufleet-rules.yml",
                  "gpufleet/alerts/gpufleet-vmalert-rules.yml", "gpufleet/simulator/scenarios/demo.yml",
                  "gpufleet/simulator/fault-rates/llama3.yml",

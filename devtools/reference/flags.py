@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Iterator
 
 from gpufleet import flags
@@ -63,7 +62,10 @@ def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     if not action.help or action.help == argparse.SUPPRESS:
         return ""
     text = parser._get_formatter()._expand_help(action)
-    return re.sub(r"\s*\(default: [^()]*\)$", "", text)  # The default has its own column.
+    start = text.rfind("(default: ")
+    if start >= 0 and text.endswith(")") and text[start:].count("(") == text[start:].count(")"):
+        text = text[:start].rstrip()  # The default has its own column.
+    return text
 
 
 def page() -> str:

@@ -2,8 +2,8 @@
 
 Each probe is one NVML call (or the one batched `nvmlDeviceGetFieldValues`
 call) that yields readings in base units. Keeping the table in one place means
-the support probe at start, the per-cycle read and the metric list in the
-README all describe the same set. Values NVML uses as "not available" markers,
+the support probe at start, the per-cycle read and the generated metric
+reference all describe the same set. Values NVML uses as "not available" markers,
 and values outside what the hardware can physically report, are dropped here
 so that no sentinel ever reaches /metrics.
 """
