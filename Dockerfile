@@ -6,7 +6,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
-# gpufleet/ links to the folders below; the links are copied as links and resolve inside /src.
+# gpufleet/ links to the folders below; the links are copied as links and resolve inside /src (all but
+# devtools, the harness of the tests and benches, which the package leaves out).
 COPY gpufleet ./gpufleet
 COPY exporter ./exporter
 COPY simulator ./simulator

@@ -71,10 +71,12 @@ def start_stores(stack: contextlib.ExitStack, workdir: Path, targets: Path) -> l
     agent_config.write_text(yaml.safe_dump({
         "global": {"scrape_interval": f"{SCRAPE_SECONDS}s", "scrape_timeout": "10s"},
         "scrape_configs": scrape_jobs(targets, own={"victoriametrics": vm_port, "vmagent": agent_port}, refresh=None)}))
-    prom = stack.enter_context(prometheus(prom_config, workdir / "prometheus", port=prom_port))
-    vm = stack.enter_context(victoria_metrics(workdir / "victoriametrics", "-loggerLevel=ERROR", port=vm_port))
+    prom = stack.enter_context(prometheus(prom_config, workdir / "prometheus", port=prom_port, timeout=120,
+                                          output="discard"))
+    vm = stack.enter_context(victoria_metrics(workdir / "victoriametrics", "-loggerLevel=ERROR", port=vm_port,
+                                              timeout=120, output="discard"))
     agent = stack.enter_context(vmagent(agent_config, vm.url, workdir / "vmagent", "-loggerLevel=ERROR",
-                                        port=agent_port))
+                                        port=agent_port, timeout=120, output="discard"))
     return [
         Program("prometheus", prom, prom.url, "prometheus_tsdb_head_series",
                 "prometheus_tsdb_head_samples_appended_total", workdir / "prometheus"),
@@ -100,7 +102,7 @@ def measure_size(nodes: int, warm_up: float, seconds: float, workdir: Path) -> r
     table = results.Table(["program", *COLUMNS])
     with contextlib.ExitStack() as stack:
         sim = stack.enter_context(simulator(targets, f"--nodes={nodes}", f"--collect-interval={SCRAPE_SECONDS}s",
-                                            "--log.level=warn", timeout=300))
+                                            "--log.level=warn", timeout=300, output="inherit"))
         programs = start_stores(stack, workdir, targets)
         time.sleep(warm_up)
         # VictoriaMetrics answers for samples 30 s old: wait, a bounded time, until every count has data.

@@ -1,7 +1,7 @@
 """Benchmark of `gpufleet exporter` against Debian's prometheus-node-exporter on the same sysfs tree.
 
 Usage: .venv/bin/python bench/exporter_bench.py [--cpu-seconds 60] [--load-scrapers 200] [--load-seconds 30]
-                                                [--node-exporter PATH]
+                                                [--gpm-rounds 5]
 
 It builds a node-sized sysfs tree (8 InfiniBand ports, 4 Ethernet interfaces,
 32 hwmon sensors), starts the exporter with 8 simulated GPUs on it and
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import os
 import platform
 import sys
@@ -45,13 +44,12 @@ import aiohttp
 import aiohttp.http_parser
 import multidict
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.devtools import results
 from gpufleet.devtools.net import get
-from gpufleet.devtools.nodes import write_bench_sysfs
+from gpufleet.devtools.nodes import series_by_family, write_bench_sysfs
 from gpufleet.devtools.processes import Server
-from gpufleet.devtools.programs import exporter, node_exporter
+from gpufleet.devtools.programs import binary, exporter, node_exporter
 from gpufleet.devtools.resources import cpu_seconds, peak_rss_mib, status_mib
 from gpufleet.devtools.stats import percentile
 from gpufleet.devtools.waiting import HarnessError
@@ -82,10 +80,6 @@ async def latencies(url: str, scrapers: int, requests_each: int) -> list[float]:
 
         await asyncio.gather(*(scraper() for _ in range(scrapers)))
     return results
-
-
-def series_by_family(text: str) -> collections.Counter[str]:
-    return collections.Counter({family.name: len(family.samples) for family in text_string_to_metric_families(text)})
 
 
 def latency_row(name: str, url: str) -> dict[str, float]:
@@ -129,17 +123,18 @@ async def sustained(url: str, scrapers: int, seconds: float) -> tuple[list[float
 def load_row(pid: int, url: str, scrapers: int, seconds: float) -> dict[str, results.Value]:
     asyncio.run(sustained(url, scrapers, 3.0))  # Warm up: every collector has run, caches are built.
     process = psutil.Process(pid)
-    rss_before, threads_before = resident(pid), process.num_threads()
+    rss_before, mib_before, threads_before = resident(pid), status_mib(pid)["VmRSS"], process.num_threads()
     scraped, statuses, failures = asyncio.run(sustained(url, scrapers, seconds))
-    rss_after, threads_after = resident(pid), process.num_threads()
+    rss_after, mib_after, threads_after = resident(pid), status_mib(pid)["VmRSS"], process.num_threads()
     print(f"load: {scrapers} scrapers for {seconds:g}s: {len(scraped)} scrapes, statuses {statuses}, "
           f"{failures} failed; p50 {percentile(scraped, 0.5) * 1000:.1f} ms, "
           f"p99 {percentile(scraped, 0.99) * 1000:.1f} ms; RSS {rss_before} -> {rss_after}; "
           f"threads {threads_before} -> {threads_after}")
     return {"load scrapes": len(scraped), "load scrapes not 200": len(scraped) - statuses.get(200, 0),
             "load failures": failures, "load p50 (ms)": percentile(scraped, 0.5) * 1000,
-            "load p99 (ms)": percentile(scraped, 0.99) * 1000, "load RSS before": rss_before,
-            "load RSS after": rss_after, "load threads before": threads_before, "load threads after": threads_after}
+            "load p99 (ms)": percentile(scraped, 0.99) * 1000, "load RSS before (MiB)": mib_before,
+            "load RSS after (MiB)": mib_after, "load threads before": threads_before,
+            "load threads after": threads_after}
 
 
 def resident(pid: int) -> str:
@@ -213,7 +208,7 @@ def compare(ours: Server, theirs: Server, cpu_window: float) -> dict[str, result
     """Series, latency, CPU and memory of both exporters, phase by phase."""
     ours_url, theirs_url = f"{ours.url}/metrics", f"{theirs.url}/metrics"
     time.sleep(6)  # Two GPU collections (every 5 s): GPM's series span two, so they come with the second.
-    phases = [("started", resident(ours.pid))]
+    phases = [("started", resident(ours.pid), status_mib(ours.pid)["VmRSS"])]
     body = get(ours_url)
     families = series_by_family(body.decode())
     print(f"machine: {os.cpu_count()} CPUs, {platform_summary()}")
@@ -221,22 +216,22 @@ def compare(ours: Server, theirs: Server, cpu_window: float) -> dict[str, result
     print("series by family: " + ", ".join(f"{name} {count}" for name, count in families.most_common()))
     print(f"{'scrape latency':<16} {'p50 1 ms':>9} {'p99 1 ms':>9} {'p50 50 ms':>10} {'p99 50 ms':>10}")
     ours_row = latency_row("gpufleet", ours_url)
-    phases.append(("1 and 50 scrapers", resident(ours.pid)))
+    phases.append(("1 and 50 scrapers", resident(ours.pid), status_mib(ours.pid)["VmRSS"]))
     theirs_row = latency_row("node_exporter", theirs_url)
     print(f"p99 at 50 scrapers, gpufleet / node_exporter: {ours_row['p99_50'] / theirs_row['p99_50']:.2f}")
     shares = cpu_shares({ours.pid: ours_url, theirs.pid: theirs_url}, cpu_window)
-    phases.append((f"{cpu_window:g}s at default intervals", resident(ours.pid)))
+    phases.append((f"{cpu_window:g}s at default intervals", resident(ours.pid), status_mib(ours.pid)["VmRSS"]))
     print(f"CPU over {cpu_window:g}s, scraped every 15 s: gpufleet (default intervals) "
           f"{shares[ours.pid] * 100:.2f}%, node_exporter {shares[theirs.pid] * 100:.2f}% of one core")
-    print("gpufleet RSS after each phase: " + ", ".join(f"{name} {rss}" for name, rss in phases))
+    print("gpufleet RSS after each phase: " + ", ".join(f"{name} {rss}" for name, rss, _ in phases))
     peaks = peak_rss_mib(ours.pid), peak_rss_mib(theirs.pid)
     print(f"peak RSS (VmHWM): gpufleet {peaks[0]:.1f} MiB, node_exporter {peaks[1]:.1f} MiB")
-    return {"machine": platform_summary(), "series": sum(families.values()), "bytes": len(body),
+    return {"series": sum(families.values()), "bytes": len(body),
             **{f"gpufleet {key} (ms)": value for key, value in ours_row.items()},
             **{f"node_exporter {key} (ms)": value for key, value in theirs_row.items()},
             "gpufleet CPU (share of a core)": shares[ours.pid],
             "node_exporter CPU (share of a core)": shares[theirs.pid],
-            **{f"gpufleet RSS, {name}": rss for name, rss in phases},
+            **{f"gpufleet RSS after {name} (MiB)": mib for name, _, mib in phases},
             "gpufleet peak RSS (MiB)": peaks[0], "node_exporter peak RSS (MiB)": peaks[1]}
 
 
@@ -248,6 +243,8 @@ def main() -> None:
     parser.add_argument("--gpm-rounds", type=int, default=5)
     results.add_argument(parser)
     args = parser.parse_args()
+    # The comparison is what tells a slow machine from a slow exporter: without it the figures mislead.
+    binary("prometheus-node-exporter")
     without, with_gpm = gpm_cost(args.gpm_rounds)
     print(f"GPU collection of 8 simulated GPUs: {without:.2f} ms without GPM, {with_gpm:.2f} ms with it "
           f"(+{with_gpm - without:.2f} ms)")
@@ -258,14 +255,14 @@ def main() -> None:
         write_bench_sysfs(sysfs)
         # node_exporter with the matching collectors; its default of 40 requests answers 503 to 50 scrapers.
         with (exporter("--log.level=warn", f"--web.max-requests={connections}",
-                       f"--web.max-connections={connections}", gpus=8, sysfs=sysfs) as ours,
+                       f"--web.max-connections={connections}", gpus=8, sysfs=sysfs, output="inherit") as ours,
               node_exporter(sysfs, "--collector.disable-defaults", "--collector.netclass", "--collector.infiniband",
                             "--collector.hwmon", "--collector.thermal_zone", "--web.max-requests=0",
-                            "--log.level=warn") as theirs):
+                            "--log.level=warn", output="discard") as theirs):
             figures = compare(ours, theirs, args.cpu_seconds)
             figures |= load_row(ours.pid, f"{ours.url}/metrics", args.load_scrapers, args.load_seconds)
     figures |= {"GPU collection without GPM (ms)": without, "GPU collection with GPM (ms)": with_gpm}
-    results.record("exporter_bench", figures, path=args.results)
+    results.record("exporter_bench", figures, notes=platform_summary(), path=args.results)
 
 
 if __name__ == "__main__":

@@ -218,14 +218,14 @@ def evaluate(workdir: Path, groups: dict[str, Any], nodes: list[Node], minutes: 
     rules.write_text(yaml.safe_dump(groups, sort_keys=False))
     with contextlib.ExitStack() as stack:
         vm = stack.enter_context(victoria_metrics(workdir / "vm", "-loggerLevel=ERROR", *victoria_metrics_flags(),
-                                                  quiet=True))
+                                                  timeout=120, output="discard"))
         now = time.time()
         began = time.monotonic()
         written = write(vm.url, import_lines(nodes, now - HISTORY, now + minutes * 60 + 120, read_series(groups)))
         print(f"wrote {written:,} series in {time.monotonic() - began:.0f} s")
-        am = stack.enter_context(alertmanager(workdir / "alertmanager"))
+        am = stack.enter_context(alertmanager(workdir / "alertmanager", timeout=120))
         evaluator: Server = stack.enter_context(vmalert(rules, vm.url, am.url, "-loggerLevel=ERROR", *vmalert_flags(),
-                                                        quiet=True))
+                                                        timeout=120, output="discard"))
         processes = {"victoriametrics": psutil.Process(vm.pid), "vmalert": psutil.Process(evaluator.pid)}
         cpu_before = {name: cpu_seconds(p) for name, p in processes.items()}
         iterations = VmalertIterations(evaluator.url)

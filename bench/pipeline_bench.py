@@ -27,6 +27,7 @@ import argparse
 import calendar
 import contextlib
 import json
+import math
 import tempfile
 import time
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from gpufleet.alerts.cli import VMALERT_RULES_FILE
 from gpufleet.devtools import results
 from gpufleet.devtools.compose import AGENTS, compose_flags, victoria_metrics_flags, vmalert_flags
 from gpufleet.devtools.net import get
-from gpufleet.devtools.paths import COMPOSE
+from gpufleet.devtools.paths import COMPOSE_DIR
 from gpufleet.devtools.processes import Server
 from gpufleet.devtools.programs import alertmanager, simulator, victoria_metrics, vmagent, vmalert
 from gpufleet.devtools.prom import OLDEST_SNAPSHOT, VmalertIterations, own_metric, query_value, rule_times
@@ -48,7 +49,7 @@ from gpufleet.devtools.resources import cpu_seconds, peak_rss_mib
 from gpufleet.devtools.stats import percentile
 from gpufleet.duration import parse as parse_duration
 
-SCRAPE = yaml.safe_load((COMPOSE / "vmagent" / "scrape.yml").read_text())
+SCRAPE = yaml.safe_load((COMPOSE_DIR / "vmagent" / "scrape.yml").read_text())
 SAMPLE_SECONDS = 2.0
 SCRAPE_SECONDS = 15  # compose's scrape interval and vmalert's -evaluationInterval.
 TIMEOUT = 60.0
@@ -95,7 +96,7 @@ def start_tier(stack: contextlib.ExitStack, args: argparse.Namespace, workdir: P
         targets.append(workdir / f"sim-{n}.json")
         running[f"simulator {n}"] = stack.enter_context(simulator(
             targets[-1], f"--nodes={nodes}", f"--cluster=sim-{n}", f"--seed={n}", "--log.level=warn", timeout=120,
-            niceness=args.simulator_nice, quiet=True))
+            niceness=args.simulator_nice, output="discard"))
     job = next(j for j in SCRAPE["scrape_configs"] if j["job_name"] == "gpufleet")
     scrape = workdir / "scrape.yml"
     scrape.write_text(yaml.safe_dump({"global": SCRAPE["global"], "scrape_configs": [
@@ -103,15 +104,15 @@ def start_tier(stack: contextlib.ExitStack, args: argparse.Namespace, workdir: P
     vm = running["victoriametrics"] = stack.enter_context(victoria_metrics(
         workdir / "vm", "-loggerLevel=ERROR",
         *victoria_metrics_flags(), *args.victoriametrics_flag,
-        quiet=True))
+        timeout=120, output="discard"))
     for name in AGENTS:
         running[name] = stack.enter_context(vmagent(
             scrape, vm.url, workdir / name, "-loggerLevel=ERROR",
             *compose_flags(name, ("-promscrape.config", "-remoteWrite.url", "-remoteWrite.tmpDataPath",
-                                  "-httpListenAddr")), *args.vmagent_flag, quiet=True))
-    am = running["alertmanager"] = stack.enter_context(alertmanager(workdir / "alertmanager"))
+                                  "-httpListenAddr")), *args.vmagent_flag, timeout=120, output="discard"))
+    am = running["alertmanager"] = stack.enter_context(alertmanager(workdir / "alertmanager", timeout=120))
     evaluator = running["vmalert"] = stack.enter_context(vmalert(
-        VMALERT_RULES_FILE, vm.url, am.url, "-loggerLevel=ERROR", *vmalert_flags(), quiet=True))
+        VMALERT_RULES_FILE, vm.url, am.url, "-loggerLevel=ERROR", *vmalert_flags(), timeout=120, output="discard"))
     return Tier(running, vm.url, evaluator)
 
 
@@ -214,7 +215,8 @@ def main() -> None:
         "nodes": args.nodes, "active series": measured["series"], "rows a second": measured["rows"],
         "queries that waited for a slot": measured["queued"], "oldest GPU snapshot (s)": measured["oldest"],
         "failed rule executions": iterations.since_start("vmalert_execution_errors_total"),
-        "worst evaluation / interval": max(float(row[7] or 0) for row in table.rows),
+        "worst evaluation / interval": max((float(row[7]) for row in table.rows
+                                            if isinstance(row[7], float) and not math.isnan(row[7])), default=None),
         **{f"{name} cores": cores for name, cores in measured["cpu"].items()},
         **{f"{name} peak RSS (MiB)": mib for name, mib in measured["rss"].items()}},
         {"rule groups": table}, path=args.results)

@@ -40,14 +40,14 @@ def _within(cell: str, value: float) -> str:
     return "yes" if low <= value <= high else "NO"
 
 
-def report(held: Month, days: int, out: Path) -> dict[str, dict[str, str]] | None:
-    """The report's rows of interruptions by cause, or None where it did not run."""
+def report(held: Month, days: int, out: Path) -> dict[str, dict[str, str]] | int:
+    """The report's rows of interruptions by cause, or its exit code where it failed."""
     began = time.monotonic()
     code = gpufleet_cli.main(["report", "reliability", "--prometheus", held.url, "--range", f"{days}d",
                               "--end", str(held.end), "--out", str(out)])
     print(f"report: {time.monotonic() - began:.1f} s, exit {code}")
     if code != 0:
-        return None
+        return code
     tables = markdown_tables((out / "reliability-report.md").read_text())
     return {row["Cause"]: row for row in rows(tables, "Interruptions by cause")}
 
@@ -61,7 +61,7 @@ def compare(found: dict[str, dict[str, str]], held: Month, scale: float) -> resu
         wanted = 1000 * (sum(asked.values()) if key == "all" else asked[key])
         begun = sum(held.started.values()) if key == "all" else held.started[key]
         row = found[title]
-        table.add(title, round(wanted, 3), begun, int(row["Interruptions"]), float(row["Per 1,000 GPU-days"]),
+        table.add(title, round(wanted, 3), begun, int(row["Interruptions"]), row["Per 1,000 GPU-days"],
                   row["95% interval"], _within(row["95% interval"], wanted))
     return table
 
@@ -86,8 +86,8 @@ def main() -> int:
               f"({collected:.1%} of every node at every step)")
         print(f"rules recorded over {args.days} days: {held.timings['rules']:.0f} s")
         found = report(held, args.days, Path(tmp) / "report")
-    if found is None:
-        return 1
+    if isinstance(found, int):
+        return found
     table = compare(found, held, args.scale)
     print(f"\n{'cause':50} {'asked':>8} {'started':>8} {'found':>6} {'rate':>8}  {'95% interval':>16}  holds asked")
     for title, wanted, begun, count, rate, bounds, holds in table.rows:

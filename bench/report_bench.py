@@ -33,7 +33,7 @@ from typing import TextIO
 
 from gpufleet.alerts import capacity as rec
 from gpufleet.devtools import results
-from gpufleet.devtools.programs import binary, gpufleet, prometheus
+from gpufleet.devtools.programs import binary, gpufleet_command, prometheus
 from gpufleet.devtools.prom import own_metric
 from gpufleet.devtools.waiting import HarnessError
 
@@ -263,7 +263,7 @@ def time_reports(work: Path, url: str, days: int, end: int) -> results.Table:
     for attempt in ("first", "second"):
         (work / "queries.log").write_text("")
         began = time.monotonic()
-        report = subprocess.run(gpufleet("report", "capacity", f"--prometheus={url}", f"--range={days}d",
+        report = subprocess.run(gpufleet_command("report", "capacity", f"--prometheus={url}", f"--range={days}d",
                                          f"--end={end}", f"--out={work / 'report'}"), capture_output=True, text=True)
         wall = time.monotonic() - began
         queries = len((work / "queries.log").read_text().splitlines())
@@ -296,7 +296,7 @@ def main() -> int:
               flush=True)
         config = work / "prometheus.yml"
         config.write_text(f"global:\n  scrape_interval: 1m\n  query_log_file: {work / 'queries.log'}\n")
-        with prometheus(config, work / "data", timeout=300) as server:
+        with prometheus(config, work / "data", timeout=300, output="inherit") as server:
             waited = settle(server.url)
             blocks = own_metric(server.url, "prometheus_tsdb_blocks_loaded")
             compactions = own_metric(server.url, "prometheus_tsdb_compactions_total")

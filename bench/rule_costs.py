@@ -54,8 +54,8 @@ def record_history(workdir: Path, nodes: int, rules: Path, warm_up: float) -> No
     """Scrape and evaluate for `warm_up`, then stop, leaving the storage in `workdir`/data."""
     targets = workdir / "targets.json"
     with (simulator(targets, f"--nodes={nodes}", f"--collect-interval={SCRAPE_SECONDS}s", "--log.level=warn",
-                    timeout=300),
-          prometheus(config(workdir, targets, rules), workdir / "data")):
+                    timeout=300, output="inherit"),
+          prometheus(config(workdir, targets, rules), workdir / "data", output="inherit")):
         print(f"recording {warm_up:g} s of history", flush=True)
         time.sleep(warm_up)
 
@@ -92,9 +92,9 @@ def rule_costs(url: str, groups: list[dict[str, Any]]) -> results.Table:
 def per_group(groups: list[dict[str, Any]], rules: results.Table) -> results.Table:
     """Per group, the rules' costs summed over one evaluation and over a minute at the group's interval."""
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for group, _, ms, mib in rules.rows:
-        totals[str(group)][0] += float(ms or 0) / 1000
-        totals[str(group)][1] += float(mib or 0)
+    for name, _, ms, mib in rules.rows:
+        totals[str(name)][0] += float(ms or 0) / 1000
+        totals[str(name)][1] += float(mib or 0)
     table = results.Table(["group", "interval", "one evaluation (s)", "one evaluation (MiB)", "a minute (s)",
                            "a minute (MiB)"])
     for group in groups:
@@ -122,7 +122,7 @@ def main() -> None:
         print(f"\n{args.nodes} nodes; each rule asked alone, best of {RUNS}, on a Prometheus that does "
               f"nothing else ({os.cpu_count()} CPUs)\n")
         # The same storage, no target and no rule; replaying a 1,000-node head takes minutes.
-        with prometheus(config(workdir, nothing, None), workdir / "data", timeout=600) as server:
+        with prometheus(config(workdir, nothing, None), workdir / "data", timeout=600, output="inherit") as server:
             rules = rule_costs(server.url, groups)
     groups_table = per_group(groups, rules)
     print(f"\n{'group':<28} {'interval':>8} {'one evaluation':>16} {'a minute':>18}")

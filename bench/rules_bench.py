@@ -270,7 +270,7 @@ def measure_both(args: argparse.Namespace, tmp: Path, targets: Path,
         workdir = tmp / name.replace(" ", "-")
         workdir.mkdir()
         env = {**os.environ, "GOMEMLIMIT": args.gomemlimit} if args.gomemlimit else None
-        with prometheus(write_config(workdir, targets, rules), workdir / "data", env=env) as server:
+        with prometheus(write_config(workdir, targets, rules), workdir / "data", env=env, output="inherit") as server:
             runs.append(measure(name, server, simulator_process, args.warm_up, args.seconds, args.profiles))
             if rules is not None:
                 querylog = workdir / "queries.log"
@@ -296,7 +296,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         targets = Path(tmp) / "targets.json"
         with simulator(targets, f"--nodes={args.nodes}", f"--collect-interval={SCRAPE_SECONDS}s", "--log.level=warn",
-                       timeout=300, niceness=args.simulator_nice) as sim:
+                       timeout=300, niceness=args.simulator_nice, output="inherit") as sim:
             runs, queries = measure_both(args, Path(tmp), targets, psutil.Process(sim.pid))
     print(f"\n{args.nodes} nodes x 8 GPUs, scraped and evaluated every {SCRAPE_SECONDS} s; "
           f"rules: {args.rules.name}" + (f"; GOMEMLIMIT={args.gomemlimit}" if args.gomemlimit else "")

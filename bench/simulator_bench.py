@@ -54,11 +54,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         targets = Path(tmp) / "targets.json"
         started = time.monotonic()
-        with simulator(targets, f"--nodes={args.nodes}", "--log.level=warn", timeout=120) as sim:
+        with simulator(targets, f"--nodes={args.nodes}", "--log.level=warn", timeout=120, output="inherit") as sim:
             simulator_start = time.monotonic() - started
             config = prometheus_config(Path(tmp) / "prometheus.yml", targets, f"{interval:g}s",
                                        scrape_timeout=f"{min(10.0, interval):g}s")
-            with prometheus(config, Path(tmp) / "data") as prom:
+            with prometheus(config, Path(tmp) / "data", output="inherit") as prom:
                 time.sleep(2 * interval)  # Warm-up: every target scraped at least once, caches filled.
                 sim_process, prom_process = psutil.Process(sim.pid), psutil.Process(prom.pid)
                 sim_cpu, prom_cpu, t0 = cpu_seconds(sim_process), cpu_seconds(prom_process), time.monotonic()
@@ -71,8 +71,12 @@ def main() -> None:
                     "Prometheus peak RSS (MiB)": peak_rss_mib(prom.pid),
                     **measure(prom.url, f"{int(args.seconds)}s")}
     print(f"{args.nodes} nodes x 8 GPUs, scraped every {interval:g}s; simulator ready in {simulator_start:.1f}s")
+    for program in ("simulator", "Prometheus"):
+        print(f"{program.lower()}: {figures[f'{program} CPU (share of a core)'] * 100:.1f}% of one core, "
+              f"peak RSS {figures[f'{program} peak RSS (MiB)']:.0f} MiB")
     for name, value in figures.items():
-        print(f"{name}: {value if not isinstance(value, float) else round(value, 3)}")
+        if not name.startswith(("simulator ", "Prometheus ")):
+            print(f"{name}: {value if not isinstance(value, float) else round(value, 3)}")
     results.record("simulator_bench", {"nodes": args.nodes, **figures}, path=args.results)
 
 

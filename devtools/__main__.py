@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpufleet import checkout
 from gpufleet.devtools.generate import ARTIFACTS, generate
+from gpufleet.devtools.paths import checkout
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,15 +16,12 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     build = commands.add_parser("generate", help="regenerate the rules, dashboards, golden exposition and docs pages")
     build.add_argument("--check", action="store_true", help="write nothing; exit 1 naming every file that is stale")
-    build.add_argument("--root", type=Path, help="the checkout to write into (default: the one this runs in)")
+    build.add_argument("--root", type=Path, help="the checkout to write into (default: the one this code is in)")
     build.add_argument("--only", action="append", default=[], choices=[a.name for a in ARTIFACTS],
                        metavar="ARTIFACT", help="only this artifact (repeatable): "
                                                 + ", ".join(a.name for a in ARTIFACTS))
     args = parser.parse_args(argv)
-    root = args.root or checkout.find()
-    if root is None:
-        print("gpufleet devtools: not in a gpufleet checkout; give --root DIR", file=sys.stderr)
-        return 2
+    root = args.root or checkout()
     changed = generate(root, args.check, tuple(args.only))
     verb = "stale" if args.check else "written"
     for path in changed:

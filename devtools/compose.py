@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from gpufleet.devtools.paths import COMPOSE as COMPOSE_DIR
+from gpufleet.devtools.paths import COMPOSE_DIR
 
 COMPOSE: dict[str, Any] = yaml.safe_load((COMPOSE_DIR / "docker-compose.yml").read_text())
 SERVICES: dict[str, Any] = COMPOSE["services"]

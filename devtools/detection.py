@@ -1,5 +1,5 @@
 """How small a straggler the rules find, how soon, and how often they are wrong: the detection sweep that
-`bench/detection_bench.py` runs at length and CI runs short (`SHORT`).
+`bench/detection_bench.py` runs at length and CI runs short (`short()`).
 
 Real programs: the fleet simulator, Prometheus with the rules generated at the sweep's time scale (every
 window and `for` divided by it, thresholds unchanged) and Alertmanager with the production routing,

@@ -30,11 +30,11 @@ ARTIFACTS = (
     Artifact("rules", lambda: {f"alerts/{COMMITTED[engine]}": render(Config(), engine) for engine in COMMITTED}),
     Artifact("dashboards", lambda: {f"dashboards/json/{name}": text for name, text in dashboards().items()},
              owns="dashboards/json/*.json"),
-    Artifact("golden exposition", lambda: {"tests/fixtures/e2e-output.txt": golden_exposition()}),
-    Artifact("flag reference", lambda: {"docs/reference/flags.md": flags.page()}),
-    Artifact("metric reference", lambda: {"docs/reference/metrics.md": metrics.page()}),
-    Artifact("alert reference", lambda: {"docs/reference/alerts.md": alerts.page()}),
-    Artifact("benchmark page", lambda: {"docs/benchmarks.md": benchmarks.page()}),
+    Artifact("golden", lambda: {"tests/fixtures/e2e-output.txt": golden_exposition()}),
+    Artifact("flags", lambda: {"docs/reference/flags.md": flags.page()}),
+    Artifact("metrics", lambda: {"docs/reference/metrics.md": metrics.page()}),
+    Artifact("alerts", lambda: {"docs/reference/alerts.md": alerts.page()}),
+    Artifact("benchmarks", lambda: {"docs/benchmarks.md": benchmarks.page()}),
 )
 
 

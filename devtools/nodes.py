@@ -36,7 +36,7 @@ from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.tree import DiskTree
 
 GOLDEN = FIXTURES / "e2e-output.txt"
-SERIES_BUDGET = 1100  # Series an 8-GPU node may serve at the default flags (DEVELOPERS.md).
+SERIES_BUDGET = 1100  # Series an 8-GPU node may serve at the default flags: the project's budget.
 UUID0 = "GPU-00000000-1111-2222-3333-444444444444"
 UUID1 = "GPU-55555555-6666-7777-8888-999999999999"
 GIB = 1024**3

@@ -10,8 +10,8 @@ from gpufleet.devtools.waiting import HarnessError
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 FIXTURE_SYSFS = FIXTURES / "sys"
-COMPOSE = ROOT / "compose"
-ROUTING = COMPOSE / "alertmanager" / "alertmanager.yml"
+COMPOSE_DIR = ROOT / "compose"
+ROUTING = COMPOSE_DIR / "alertmanager" / "alertmanager.yml"
 
 
 def checkout() -> Path:

@@ -7,10 +7,13 @@ import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Literal
 
 from gpufleet.devtools.net import http, listening
 from gpufleet.devtools.waiting import HarnessError, wait_for
+
+# Where a program's output goes: a temporary file shown when it fails to start, nowhere, or this terminal.
+Output = Literal["file", "discard", "inherit"]
 
 
 @dataclass
@@ -28,7 +31,7 @@ class Server:
     def output(self, limit: int = 4000) -> str:
         """The last `limit` characters the program wrote, where they were kept."""
         if self.log is None:
-            return ""
+            return "(its output was not kept)"
         self.log.seek(0)
         return self.log.read()[-limit:]
 
@@ -51,17 +54,23 @@ def stop(process: subprocess.Popen[str], seconds: float = 15.0) -> None:
 
 
 def start(argv: Sequence[str], port: int, ready_path: str, what: str, timeout: float, ready_status: int = 200,
-          quiet: bool = False, env: Mapping[str, str] | None = None) -> Server:
+          output: Output = "file", env: Mapping[str, str] | None = None) -> Server:
     """Run `argv` and return it once `ready_path` on `port` answers `ready_status`.
 
-    Its output goes to a temporary file, shown when it fails to start, not to a pipe: a program that logs an
-    error per failed write or rule evaluation (vmagent, vmalert while their store is down) fills a pipe nobody
-    reads within minutes and then blocks. `quiet` discards it instead, for benchmarks that run for an hour.
+    Its output goes to a temporary file by default, shown when it fails to start, not to a pipe: a program that
+    logs an error per failed write or rule evaluation (vmagent, vmalert while their store is down) fills a pipe
+    nobody reads within minutes and then blocks. A benchmark that runs for an hour discards the chatter of the
+    stores, and leaves its own programs' warnings on the terminal (`inherit`).
     """
-    log = None if quiet else tempfile.TemporaryFile("w+")  # noqa: SIM115 (the Server closes it when it stops)
-    sink = subprocess.DEVNULL if log is None else log
-    process = subprocess.Popen(list(argv), stdout=sink, stderr=subprocess.STDOUT, text=True,
-                               env=None if env is None else dict(env))
+    log = tempfile.TemporaryFile("w+") if output == "file" else None  # noqa: SIM115 (the Server closes it)
+    sink: IO[str] | int | None = log if log is not None else (subprocess.DEVNULL if output == "discard" else None)
+    try:
+        process = subprocess.Popen(list(argv), stdout=sink, stderr=subprocess.STDOUT if sink is not None else None,
+                                   text=True, env=None if env is None else dict(env))
+    except OSError as err:
+        if log is not None:
+            log.close()
+        raise HarnessError(f"{what}: cannot run {argv[0]}: {err}") from None
     server = Server(process, f"http://127.0.0.1:{port}", log)
 
     def answering() -> bool:
@@ -82,9 +91,10 @@ def start(argv: Sequence[str], port: int, ready_path: str, what: str, timeout: f
 
 @contextlib.contextmanager
 def serving(argv: Sequence[str], port: int, ready_path: str, what: str, timeout: float, ready_status: int = 200,
-            quiet: bool = False, env: Mapping[str, str] | None = None, stop_seconds: float = 15.0) -> Iterator[Server]:
+            output: Output = "file", env: Mapping[str, str] | None = None,
+            stop_seconds: float = 15.0) -> Iterator[Server]:
     """`start`, as a context: the program is stopped however the block ends."""
-    server = start(argv, port, ready_path, what, timeout, ready_status, quiet, env)
+    server = start(argv, port, ready_path, what, timeout, ready_status, output, env)
     try:
         yield server
     finally:

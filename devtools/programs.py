@@ -15,9 +15,10 @@ from typing import Any
 
 import yaml
 
+from gpufleet import duration
 from gpufleet.devtools.net import free_port
 from gpufleet.devtools.paths import FIXTURE_SYSFS
-from gpufleet.devtools.processes import Server, serving
+from gpufleet.devtools.processes import Output, Server, serving
 from gpufleet.devtools.waiting import HarnessError
 
 # The Debian package of every program the harness runs, named in the error when one is missing.
@@ -44,7 +45,7 @@ def binary(name: str) -> str:
     return path
 
 
-def gpufleet(*args: str, niceness: int = 0) -> list[str]:
+def gpufleet_command(*args: str, niceness: int = 0) -> list[str]:
     """The `gpufleet` command with this interpreter, at `niceness` where it is not 0: a simulator that stands
     for a fleet on machines of its own then yields the CPU to the servers under test. nice(1) execs, so the
     process's pid is gpufleet's."""
@@ -52,30 +53,30 @@ def gpufleet(*args: str, niceness: int = 0) -> list[str]:
 
 
 @contextlib.contextmanager
-def exporter(*flags: str, gpus: int = 1, sysfs: Path = FIXTURE_SYSFS, timeout: float = 20) -> Iterator[Server]:
+def exporter(*flags: str, gpus: int = 1, sysfs: Path = FIXTURE_SYSFS, timeout: float = 20,
+             output: Output = "file") -> Iterator[Server]:
     """`gpufleet exporter` with simulated GPUs over a sysfs tree (the fixture's by default), once /metrics answers."""
     port = free_port()
-    argv = gpufleet("exporter", "--gpu.backend=sim", f"--sim.gpus={gpus}", f"--path.sysfs={sysfs}",
+    argv = gpufleet_command("exporter", "--gpu.backend=sim", f"--sim.gpus={gpus}", f"--path.sysfs={sysfs}",
                     f"--web.listen-address=127.0.0.1:{port}", *flags)
-    with serving(argv, port, "/metrics", "exporter start", timeout) as server:
+    with serving(argv, port, "/metrics", "exporter start", timeout, output=output) as server:
         yield server
 
 
 @contextlib.contextmanager
 def simulator(targets: Path, *args: str, timeout: float = 30, niceness: int = 0,
-              quiet: bool = False) -> Iterator[Server]:
+              output: Output = "file") -> Iterator[Server]:
     """`gpufleet simulate`, writing its file_sd targets to `targets`, once it answers."""
     port = free_port()
-    argv = gpufleet("simulate", f"--web.listen-address=127.0.0.1:{port}", f"--file-sd={targets}", *args,
+    argv = gpufleet_command("simulate", f"--web.listen-address=127.0.0.1:{port}", f"--file-sd={targets}", *args,
                     niceness=niceness)
-    with serving(argv, port, "/healthz", "simulator start", timeout, quiet=quiet, stop_seconds=60) as server:
+    with serving(argv, port, "/healthz", "simulator start", timeout, output=output, stop_seconds=60) as server:
         yield server
 
 
 def scrape_timing(interval: str) -> dict[str, str]:
-    """A scrape interval in whole seconds, and a timeout just inside it."""
-    seconds = int(interval.removesuffix("s"))
-    return {"scrape_interval": interval, "scrape_timeout": f"{seconds * 1000 - 100}ms"}
+    """A scrape interval, and a timeout just inside it."""
+    return {"scrape_interval": interval, "scrape_timeout": f"{round(duration.parse(interval) * 1000) - 100}ms"}
 
 
 def scrape_jobs(targets: Path | Sequence[Path], job: str = "gpufleet", cluster_label: str = "cluster",
@@ -120,7 +121,7 @@ def prometheus_config(path: Path, targets: Path, interval: str, rules: Path | No
 
 @contextlib.contextmanager
 def prometheus(config: Path, data: Path, port: int | None = None, web_config: Path | None = None,
-               env: Mapping[str, str] | None = None, timeout: float = 60, quiet: bool = False) -> Iterator[Server]:
+               env: Mapping[str, str] | None = None, timeout: float = 60, output: Output = "file") -> Iterator[Server]:
     """Prometheus on `port` (a free one by default: pass one where its config must name its own address).
 
     With `web_config` (users and passwords), it is ready when it refuses an anonymous request. A year's
@@ -131,13 +132,13 @@ def prometheus(config: Path, data: Path, port: int | None = None, web_config: Pa
             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", "--storage.tsdb.retention.time=1y"]
     if web_config is not None:
         argv.append(f"--web.config.file={web_config}")
-    with serving(argv, port, "/-/ready", "prometheus start", timeout, 401 if web_config else 200, quiet, env,
+    with serving(argv, port, "/-/ready", "prometheus start", timeout, 401 if web_config else 200, output, env,
                  stop_seconds=60) as server:
         yield server
 
 
 @contextlib.contextmanager
-def alertmanager(data: Path, config: Path | None = None) -> Iterator[Server]:
+def alertmanager(data: Path, config: Path | None = None, timeout: float = 60) -> Iterator[Server]:
     """Alertmanager with `config`, or, without one, a route that sends every alert nowhere (vmalert needs an
     Alertmanager to notify; a benchmark wants no pages)."""
     if config is None:
@@ -148,33 +149,34 @@ def alertmanager(data: Path, config: Path | None = None) -> Iterator[Server]:
     argv = [binary("prometheus-alertmanager"), f"--config.file={config}", f"--storage.path={data}",
             f"--web.listen-address=127.0.0.1:{port}", f"--cluster.listen-address=127.0.0.1:{cluster_port}",
             "--log.level=warn"]
-    with serving(argv, port, "/-/ready", "alertmanager start", 60) as server:
+    with serving(argv, port, "/-/ready", "alertmanager start", timeout, stop_seconds=60) as server:
         yield server
 
 
 @contextlib.contextmanager
-def victoria_metrics(data: Path, *flags: str, port: int | None = None, quiet: bool = False) -> Iterator[Server]:
+def victoria_metrics(data: Path, *flags: str, port: int | None = None, timeout: float = 60,
+                     output: Output = "file") -> Iterator[Server]:
     """A single-node VictoriaMetrics on `data`, with `flags` after its storage and address."""
     port = port or free_port()
     argv = [binary("victoria-metrics"), f"-storageDataPath={data}", f"-httpListenAddr=127.0.0.1:{port}", *flags]
-    with serving(argv, port, "/health", "victoria-metrics start", 60, quiet=quiet, stop_seconds=60) as server:
+    with serving(argv, port, "/health", "victoria-metrics start", timeout, output=output, stop_seconds=60) as server:
         yield server
 
 
 @contextlib.contextmanager
-def vmagent(config: Path, remote_write: str, data: Path, *flags: str, port: int | None = None,
-            quiet: bool = False) -> Iterator[Server]:
+def vmagent(config: Path, remote_write: str, data: Path, *flags: str, port: int | None = None, timeout: float = 60,
+            output: Output = "file") -> Iterator[Server]:
     """vmagent scraping as `config` says and writing to `remote_write` (a store's URL), buffering under `data`."""
     port = port or free_port()
     argv = [binary("vmagent"), f"-promscrape.config={config}", f"-remoteWrite.url={remote_write}/api/v1/write",
             f"-remoteWrite.tmpDataPath={data}", f"-httpListenAddr=127.0.0.1:{port}", *flags]
-    with serving(argv, port, "/health", "vmagent start", 60, quiet=quiet) as server:
+    with serving(argv, port, "/health", "vmagent start", timeout, output=output, stop_seconds=60) as server:
         yield server
 
 
 @contextlib.contextmanager
 def vmalert(rules: Path, storage: str, alertmanager: str, *flags: str, port: int | None = None,
-            quiet: bool = False) -> Iterator[Server]:
+            timeout: float = 60, output: Output = "file") -> Iterator[Server]:
     """vmalert evaluating `rules` against `storage`, writing recorded series and alert state back to it (and
     restoring that state from it after a restart), and notifying `alertmanager`. Pass the `port` of a vmalert
     that was stopped to restart it where its clients look for it."""
@@ -182,15 +184,15 @@ def vmalert(rules: Path, storage: str, alertmanager: str, *flags: str, port: int
     argv = [binary("vmalert"), f"-rule={rules}", f"-datasource.url={storage}", f"-remoteWrite.url={storage}",
             f"-remoteRead.url={storage}", f"-notifier.url={alertmanager}", f"-httpListenAddr=127.0.0.1:{port}",
             *flags]
-    with serving(argv, port, "/health", "vmalert start", 60, quiet=quiet) as server:
+    with serving(argv, port, "/health", "vmalert start", timeout, output=output, stop_seconds=60) as server:
         yield server
 
 
 @contextlib.contextmanager
-def node_exporter(sysfs: Path, *flags: str) -> Iterator[Server]:
+def node_exporter(sysfs: Path, *flags: str, output: Output = "file") -> Iterator[Server]:
     """Debian's prometheus-node-exporter over a sysfs tree, once /metrics answers."""
     port = free_port()
     argv = [binary("prometheus-node-exporter"), f"--path.sysfs={sysfs}", f"--web.listen-address=127.0.0.1:{port}",
             *flags]
-    with serving(argv, port, "/metrics", "node_exporter start", 20) as server:
+    with serving(argv, port, "/metrics", "node_exporter start", 20, output=output) as server:
         yield server

@@ -17,10 +17,9 @@ from gpufleet.devtools.waiting import HarnessError
 QUERY_STEP = "300s"  # vmalert's -datasource.queryStep default, which the compose file keeps.
 
 
-def query(url: str, promql: str, timeout: float = 10.0, at: float | None = None) -> list[dict[str, Any]]:
-    """The result of an instant query (at `at`, or now); a server that refuses it raises a HarnessError."""
-    params = {"query": promql, **({} if at is None else {"time": f"{at:.3f}"})}
-    status, body = http("GET", f"{url}/api/v1/query?{urllib.parse.urlencode(params)}", timeout=timeout)
+def query(url: str, promql: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """The result of an instant query now; a server that refuses it raises a HarnessError."""
+    status, body = http("GET", f"{url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}", timeout=timeout)
     if status != 200:
         raise HarnessError(f"query {promql!r} answered {status}: {body[:500]!r}")
     result: list[dict[str, Any]] = json.loads(body)["data"]["result"]

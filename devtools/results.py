@@ -1,5 +1,5 @@
 """Benchmark figures as data: each run of a bench appends one record to `bench/results/<bench>.json`, which the
-benchmark page is generated from (`gpufleet dev generate`).
+benchmark page is generated from (`python -m gpufleet.devtools generate`).
 
 A record says what ran (the command, the commit and whether the tree had changes), where (the machine and
 the interpreter) and when, and holds its figures: single `figures` (name to value, with units in the names)
@@ -69,7 +69,7 @@ def record(bench: str, figures: Mapping[str, Value], tables: Mapping[str, Table]
     entry: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": _git("rev-parse", "--short", "HEAD"),
-        "changed": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "changed": bool(_git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results", ":!docs")),
         "command": " ".join(["python", f"bench/{bench}.py", *(sys.argv[1:] if argv is None else argv)]),
         "machine": machine(),
         "figures": dict(figures),

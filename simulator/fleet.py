@@ -96,7 +96,7 @@ class Node:
         self.effects = FaultEffects(self.state, self.boards, self.workload, self.nvml)
         self.sysfs = MemoryTree()
         self.procfs = MemoryTree()
-        self.files = NodeSysfs(self.state, self.workload, self.boards, self.sysfs)
+        self.sysfs_files = NodeSysfs(self.state, self.workload, self.boards, self.sysfs)
         # The simulated driver wakes the XID watcher's event wait when unloaded (see close()): it can wait long.
         self.hardware = Hardware(self.nvml, self.sysfs, self.procfs, nvml_event_wait_ms=30_000)
         self.collectors = exporter_node.build(fleet.exporter_flags, self.hardware)

@@ -26,5 +26,5 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def nvml(clock: FakeClock) -> SimulatedNvml:
-    """The two boards of helpers.two_boards behind the simulated library, on `clock`."""
+    """The two boards of gpufleet.devtools.nodes.two_boards behind the simulated library, on `clock`."""
     return SimulatedNvml(two_boards(), clock=clock)

@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 from gpufleet.devtools.compose import SERVICES, with_defaults
 from gpufleet.devtools.delivery import alertmanager_alerts
 from gpufleet.devtools.net import free_port
-from gpufleet.devtools.paths import COMPOSE as COMPOSE_DIR
+from gpufleet.devtools.paths import COMPOSE_DIR
 from gpufleet.devtools.programs import alertmanager, simulator
 
 NODES = {f"gpu-node-{n:04d}" for n in range(1, 17)}  # The compose simulator's 16 nodes.

@@ -28,8 +28,7 @@ from gpufleet.cli import build_parser
 from gpufleet.dashboards.cli import OUTPUT as DASHBOARDS
 from gpufleet.devtools.compose import AGENTS, COMPOSE, SERVICES, command_flags
 from gpufleet.devtools.net import free_port, http
-from gpufleet.devtools.paths import COMPOSE as COMPOSE_DIR
-from gpufleet.devtools.paths import ROOT
+from gpufleet.devtools.paths import COMPOSE_DIR, ROOT
 from gpufleet.devtools.programs import binary, prometheus
 from gpufleet.devtools.prom import query
 from gpufleet.devtools.waiting import wait_for

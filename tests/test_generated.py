@@ -25,7 +25,7 @@ def test_a_metric_added_without_regenerating_makes_the_metric_reference_stale(mo
     extra = "# HELP gpufleet_gpu_spare_ratio A family no one has documented.\n# TYPE gpufleet_gpu_spare_ratio gauge\n" \
             'gpufleet_gpu_spare_ratio{gpu="0",uuid="GPU-0"} 0.5\n'
     monkeypatch.setattr(metrics, "bench_node", lambda flags=None: served + extra)
-    artifact = _artifact("metric reference")
+    artifact = _artifact("metrics")
     assert stale(ROOT, artifact, artifact.render()) == ["docs/reference/metrics.md"]
     assert "gpufleet_gpu_spare_ratio" in artifact.render()["docs/reference/metrics.md"]
 
@@ -35,7 +35,7 @@ def test_an_alert_added_without_regenerating_makes_the_alert_reference_stale(mon
     rules["groups"][0]["rules"].append({"alert": "GpuSpareAlert", "expr": "vector(1)", "labels": {"severity": "info"},
                                         "annotations": {"summary": "An alert no one has documented."}})
     monkeypatch.setattr(alerts, "render", lambda config: yaml.safe_dump(rules))
-    artifact = _artifact("alert reference")
+    artifact = _artifact("alerts")
     assert stale(ROOT, artifact, artifact.render()) == ["docs/reference/alerts.md"]
 
 

@@ -256,9 +256,9 @@ def test_counters_never_go_backwards_through_faults():
             readings = {
                 "energy0": node.workload.telemetry(node.boards[0], 0).energy_joules,
                 "energy1": node.workload.telemetry(node.boards[1], 0).energy_joules,
-                "ib0_tx": node.files.ib_bytes("mlx5_0/1", "tx"),
-                "ib1_rx": node.files.ib_bytes("mlx5_1/1", "rx"),
-                "downed": node.files.ib_link_downed("mlx5_1/1"),
+                "ib0_tx": node.sysfs_files.ib_bytes("mlx5_0/1", "tx"),
+                "ib1_rx": node.sysfs_files.ib_bytes("mlx5_1/1", "rx"),
+                "downed": node.sysfs_files.ib_link_downed("mlx5_1/1"),
             }
             for key, value in readings.items():
                 assert value >= previous.get(key, 0), (key, node.t, value, previous.get(key))

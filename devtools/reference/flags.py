@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 from gpufleet import flags
 from gpufleet.cli import build_parser
@@ -54,7 +56,11 @@ def _default(action: argparse.Action) -> str:
         return ", ".join(str(v) for v in action.default)
     if action.type is flags.duration and isinstance(action.default, int | float):
         return f"{action.default:g}s"
-    return str(getattr(action.default, "pattern", action.default))
+    if isinstance(action.default, re.Pattern):
+        return str(action.default.pattern)
+    if isinstance(action.default, str | int | float | Path):
+        return str(action.default)
+    return ""  # A built object (the rules' configuration, say): the help says what it stands for.
 
 
 def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
@@ -63,7 +69,8 @@ def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
         return ""
     text = parser._get_formatter()._expand_help(action)
     start = text.rfind("(default: ")
-    if start >= 0 and text.endswith(")") and text[start:].count("(") == text[start:].count(")"):
+    balanced = text.endswith(")") and text[start:].count("(") == text[start:].count(")")
+    if start >= 0 and balanced and _default(action):
         text = text[:start].rstrip()  # The default has its own column.
     return text
 
