@@ -18,9 +18,10 @@ COPY report ./report
 RUN pip install '.[kubernetes]' && rm -rf /src
 
 # A fixed uid, so that host paths (a job mapping directory, a web config) can be granted to it.
-# The simulator writes its file_sd targets to /var/lib/gpufleet-sim, a volume Prometheus reads.
+# The simulator writes its file_sd targets to /var/lib/gpufleet-sim, a volume Prometheus reads; the exporter
+# keeps its state in /var/lib/gpufleet-exporter, a volume of its own (a new one takes these owners).
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin gpufleet \
-    && install -d -o gpufleet -g gpufleet /var/lib/gpufleet-sim
+    && install -d -o gpufleet -g gpufleet /var/lib/gpufleet-sim /var/lib/gpufleet-exporter
 USER 10001:10001
 WORKDIR /
 

@@ -131,7 +131,7 @@ def served(gpus: list[SimulatedGpu], sysfs: Path, flags: argparse.Namespace, xid
         for _ in range(collections - 1):
             clock.now += 15
             gpu.collect_now()
-        return Exposition(collectors).body().decode()
+        return Exposition(collectors, state=hardware.state).body().decode()
     finally:
         node.close(collectors)
 

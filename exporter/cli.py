@@ -15,6 +15,7 @@ from gpufleet.exporter.connections import ConnectionGuard
 from gpufleet.exporter.exposition import Exposition
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.server import build_app, serve_until_signalled
+from gpufleet.exporter.state import PersistentState
 from gpufleet.exporter.webconfig import WebConfigError, WebConfigWatcher
 from gpufleet.flags import duration, listen_address, non_negative_int
 from gpufleet.logfmt import configure_logging
@@ -65,14 +66,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"gpufleet exporter: error: --web.config.file: {err}", file=sys.stderr)
             return 1
     try:
-        collectors = node.build(args, node.hardware(args))
+        hardware = node.hardware(args)
+        collectors = node.build(args, hardware)
     except CollectorError as err:
         print(f"gpufleet exporter: error: {err}", file=sys.stderr)
         return 1
     try:
         host, port = args.listen_address
         connections = ConnectionGuard(args.max_connections, args.read_header_timeout)
-        asyncio.run(serve(collectors, host, port, web_config, args.max_requests, connections))
+        asyncio.run(serve(collectors, host, port, web_config, args.max_requests, connections, hardware.state))
     except OSError as err:
         print(f"gpufleet exporter: error: cannot listen on {args.listen_address[0] or '*'}:{args.listen_address[1]}: "
               f"{err.strerror or err}", file=sys.stderr)
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def serve(collectors: Sequence[ScheduledCollector], host: str | None, port: int,
                 web_config: WebConfigWatcher | None = None, max_requests: int = 0,
-                connections: ConnectionGuard | None = None) -> None:
+                connections: ConnectionGuard | None = None, state: PersistentState | None = None) -> None:
     """Serve until SIGINT or SIGTERM, then stop the collectors' tasks and the server."""
 
     def background() -> list[Coroutine[Any, Any, None]]:
@@ -96,7 +98,7 @@ async def serve(collectors: Sequence[ScheduledCollector], host: str | None, port
         return tasks
 
     await serve_until_signalled(
-        build_app(Exposition(collectors), web_config, max_requests, connections), host, port,
+        build_app(Exposition(collectors, state=state), web_config, max_requests, connections), host, port,
         background=background,
         ready=lambda: log.info("listening on %s:%d%s with collectors %s", host or "*", port,
                                " (TLS)" if web_config and web_config.current.ssl_context else "",

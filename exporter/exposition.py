@@ -17,6 +17,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from gpufleet import __version__
 from gpufleet.exporter.render import render
 from gpufleet.exporter.scheduler import CollectorState, ScheduledCollector
+from gpufleet.exporter.state import PersistentState
 
 _COLLECTOR = ("collector",)
 
@@ -45,12 +46,14 @@ def self_metrics(collectors: Sequence[ScheduledCollector]) -> list[Metric]:
 
 
 class Exposition:
-    """`process` yields the process_* families; the simulator gives its nodes one shared, cached reading."""
+    """`process` yields the process_* families; the simulator gives its nodes one shared, cached reading. `state`
+    is the node's kept state, whose health the exporter reports beside its collectors'."""
 
     def __init__(self, collectors: Sequence[ScheduledCollector],
-                 process: Callable[[], Iterable[Metric]] | None = None) -> None:
+                 process: Callable[[], Iterable[Metric]] | None = None, state: PersistentState | None = None) -> None:
         self.collectors = collectors
         self._process = process or ProcessCollector(registry=None).collect
+        self._state = state
         self._states: tuple[CollectorState, ...] | None = None
         self._body = b""
         self._gzipped: bytes | None = None
@@ -58,7 +61,8 @@ class Exposition:
     def body(self) -> bytes:
         states = tuple(c.state for c in self.collectors)
         if self._states is None or any(a is not b for a, b in zip(states, self._states, strict=True)):
-            own = render(self_metrics(self.collectors) + list(self._process()))
+            kept = self._state.families() if self._state is not None else []
+            own = render(self_metrics(self.collectors) + kept + list(self._process()))
             self._body = b"".join(state.body for state in states) + own
             self._gzipped = None
             self._states = states

@@ -3,9 +3,10 @@ them both import it without importing each other."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpufleet.exporter.gpu.nvml import Nvml
+from gpufleet.exporter.state import PersistentState
 from gpufleet.exporter.tree import Tree
 
 
@@ -20,3 +21,6 @@ class Hardware:
     # notices that it should stop. A simulated driver wakes its waiters when it is unloaded, so the
     # simulator's thousand nodes can wait long and spare their threads a wake-up every second.
     nvml_event_wait_ms: int = 1000
+    # What outlives a restart (`--path.state`): the disk for the exporter, memory for the simulator's nodes,
+    # whose exporters restart within one process; nothing by default.
+    state: PersistentState = field(default_factory=PersistentState)

@@ -26,6 +26,7 @@ from gpufleet.exporter.gpu.simulated.host import simulated_gpus, simulated_procf
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.scheduler import ScheduledCollector
+from gpufleet.exporter.state import FileStore, PersistentState
 from gpufleet.exporter.tree import DiskTree
 from gpufleet.flags import duration, positive_int
 
@@ -49,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="auto: NVML where a driver is present, else report the GPU collector as failing; "
              "nvml: require NVML at start; sim: simulated GPUs (default: %(default)s)",
     )
+    parser.add_argument("--path.state", dest="state_path", default="", metavar="DIR",
+                        help="directory where the exporter keeps what must outlive a restart: XID counts, the "
+                             "recovery action each GPU is held at, the InfiniBand ports seen ACTIVE; empty: kept "
+                             "in memory only (default: empty)")
     parser.add_argument("--sim.gpus", dest="sim_gpus", type=positive_int, default=8, metavar="N",
                         help="number of simulated GPUs with --gpu.backend=sim (default: %(default)s)")
     parser.add_argument("--sim.seed", dest="sim_seed", type=int, default=0, metavar="N",
@@ -80,10 +85,11 @@ def hardware(args: argparse.Namespace) -> Hardware:
     collector rather than invented data.
     """
     sysfs = DiskTree(args.sysfs_root)
+    state = PersistentState(FileStore(args.state_path)) if args.state_path else PersistentState()
     if args.gpu_backend == "sim":
         gpus = simulated_gpus(args.sim_gpus, args.sim_seed)
         # Simulated processes get simulated cgroup files, so attribution runs its production path.
-        return Hardware(SimulatedNvml(gpus), sysfs, simulated_procfs(gpus))
+        return Hardware(SimulatedNvml(gpus), sysfs, simulated_procfs(gpus), state=state)
     library: Nvml = pynvml
     if args.gpu_backend == "nvml":
         session = NvmlSession(library)
@@ -93,7 +99,7 @@ def hardware(args: argparse.Namespace) -> Hardware:
             raise CollectorError(f"--gpu.backend=nvml needs a working NVML: {err}") from None
         finally:
             session.close()
-    return Hardware(library, sysfs, DiskTree(args.procfs_root))
+    return Hardware(library, sysfs, DiskTree(args.procfs_root), state=state)
 
 
 def build(args: argparse.Namespace, node: Hardware) -> list[ScheduledCollector]:

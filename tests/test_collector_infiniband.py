@@ -1,7 +1,10 @@
+import re
+import shutil
 from pathlib import Path
 
 from gpufleet.devtools.paths import FIXTURE_SYSFS
 from gpufleet.exporter.collector.infiniband import InfinibandCollector
+from gpufleet.exporter.state import FileStore, PersistentState
 from gpufleet.exporter.tree import DiskTree
 
 from helpers import named, rendered, series
@@ -106,9 +109,55 @@ def test_garbage_state_and_rate_are_reported(sysfs: Path):
 
 
 def test_a_hot_unplugged_hca_disappears_without_error(sysfs: Path):
-    import shutil
-
     shutil.rmtree(sysfs / "class/infiniband/mlx5_1")
     collection, samples = collect(sysfs)
     assert collection.problems == ()
     assert {dict(l)["device"] for l in named(samples, "gpufleet_infiniband_state_id")} == {"mlx5_0", "mlx5_2"}
+
+
+def known(collector) -> tuple[dict, dict]:
+    """Each port's seen-active flag and known rate after one collection, by device."""
+    samples = rendered(collector.collect())
+    return ({dict(l)["device"]: v for l, v in named(samples, "gpufleet_infiniband_port_seen_active").items()},
+            {dict(l)["device"]: v for l, v in
+             named(samples, "gpufleet_infiniband_rate_capability_bytes_per_second").items()})
+
+
+def test_a_port_never_seen_active_is_told_from_one_that_died_across_restarts_and_reboots(sysfs: Path, tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+
+    def exporter() -> InfinibandCollector:  # A new process, reading what the last one kept.
+        return InfinibandCollector(DiskTree(sysfs), state=PersistentState(FileStore(state)))
+
+    seen, rates = known(exporter())
+    assert seen == {"mlx5_0": 1, "mlx5_1": 0, "mlx5_2": 1}  # mlx5_1 has been DOWN since the exporter began.
+    assert rates == {"mlx5_0": 400 * 125_000_000, "mlx5_2": 100 * 125_000_000}  # Each of its own model.
+    port = sysfs / "class/infiniband/mlx5_0/ports/1"
+    (port / "state").write_text("1: DOWN\n")
+    (port / "rate").write_text("10 Gb/sec (4X SDR)\n")
+    seen, rates = known(exporter())  # Restarted (or rebooted) with the port dead.
+    assert seen["mlx5_0"] == 1 and rates["mlx5_0"] == 400 * 125_000_000
+    (port / "state").write_text("4: ACTIVE\n")
+    (port / "rate").write_text("200 Gb/sec (2X NDR)\n")  # Back, trained down to half its lanes.
+    _, rates = known(exporter())
+    assert rates["mlx5_0"] == 400 * 125_000_000
+
+
+def test_a_port_that_came_up_slow_is_judged_against_its_same_model_peers(sysfs: Path):
+    shutil.copytree(sysfs / "class/infiniband/mlx5_0", sysfs / "class/infiniband/mlx5_3", symlinks=True)
+    (sysfs / "class/infiniband/mlx5_3/node_guid").write_text("946d:ae03:008a:1b2d\n")
+    (sysfs / "class/infiniband/mlx5_3/ports/1/rate").write_text("200 Gb/sec (2X NDR)\n")
+    _, rates = known(InfinibandCollector(DiskTree(sysfs)))
+    assert rates["mlx5_3"] == rates["mlx5_0"] == 400 * 125_000_000
+    assert rates["mlx5_2"] == 100 * 125_000_000  # Another model: not compared with the NDR HCAs.
+
+
+def test_hcas_can_be_left_out_by_name(sysfs: Path):
+    def devices(**flags) -> set[str]:
+        samples = rendered(InfinibandCollector(DiskTree(sysfs), **flags).collect())
+        return {dict(l)["device"] for l in named(samples, "gpufleet_infiniband_state_id")}
+
+    assert devices(exclude=re.compile("^mlx5_1$")) == {"mlx5_0", "mlx5_2"}
+    assert devices(include=re.compile("^mlx5_[01]$")) == {"mlx5_0", "mlx5_1"}
+    assert devices(include=re.compile("mlx5"), exclude=re.compile("_2$")) == {"mlx5_0", "mlx5_1"}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import ClassVar, Protocol
 
@@ -22,6 +23,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily
 from prometheus_client.samples import Sample
 
 from gpufleet.exporter.collector import Collection, CollectorError, FamilySet
+from gpufleet.exporter.gpu.actions import ActionBook
 from gpufleet.exporter.gpu.gpm import metric_set
 from gpufleet.exporter.gpu.jobs import Attribution, JobAttribution
 from gpufleet.exporter.gpu.nvlink import NvlinkSummary
@@ -30,8 +32,11 @@ from gpufleet.exporter.gpu.probes import GpuMetric
 from gpufleet.exporter.gpu.session import GpuIdentity, GpuUnavailable, NodeSample, NvmlSession
 from gpufleet.exporter.gpu.xid import KmsgXidReader, NvmlXidWatcher, XidLedger
 from gpufleet.exporter.hardware import Hardware
+from gpufleet.exporter.state import PersistentState
 from gpufleet.exporter.sysfs import SysfsReader
 from gpufleet.exporter.tree import DiskTree, Tree
+
+log = logging.getLogger(__name__)
 
 _GPU_LABELS = ("gpu", "uuid")
 _INFO_LABELS = ("gpu", "uuid", "name", "pci_bus_id", "serial", "vbios", "driver_version", "cuda_version")
@@ -139,15 +144,21 @@ class GpuCollector:
     name: ClassVar[str] = "gpu"
     default_interval: ClassVar[float] = 5.0
 
-    def __init__(self, session: NvmlSession, *, sysfs: Tree | None = None, jobs: JobAttribution | None = None,
-                 xids: XidLedger | None = None, xid_sources: Sequence[XidSource] = (),
-                 nvlink_per_link: bool = False) -> None:
+    def __init__(self, session: NvmlSession, *, sysfs: Tree | None = None, procfs: Tree | None = None,
+                 jobs: JobAttribution | None = None, xids: XidLedger | None = None,
+                 xid_sources: Sequence[XidSource] = (), nvlink_per_link: bool = False,
+                 state: PersistentState | None = None) -> None:
         self.session = session
         self.nvlinks = NvlinkSummary(nvlink_per_link)
         self.sysfs = sysfs
+        self.procfs = procfs
         self.jobs = jobs
         self.xids = xids if xids is not None else XidLedger()
         self.xid_sources = tuple(xid_sources)
+        self.actions = ActionBook()
+        self.state = state or PersistentState()
+        # What a previous process kept, applied once this one has seen which GPUs the node has.
+        self._kept: dict[str, object] | None = self.state.section(self.name)
 
     @staticmethod
     def add_arguments(parser: argparse._ArgumentGroup) -> None:
@@ -196,8 +207,8 @@ class GpuCollector:
         mapping = DiskTree(args.job_mapping_dir) if args.job_mapping_dir else None
         jobs = JobAttribution(hardware.procfs, mapping, args.gpu_process_memory, pod_resources)
         gpm = metric_set(args.gpu_gpm_detail) if args.gpu_gpm else ()
-        return cls(NvmlSession(hardware.nvml, gpm=gpm), sysfs=hardware.sysfs, jobs=jobs, xids=ledger,
-                   xid_sources=sources, nvlink_per_link=args.gpu_nvlink_per_link)
+        return cls(NvmlSession(hardware.nvml, gpm=gpm), sysfs=hardware.sysfs, procfs=hardware.procfs, jobs=jobs,
+                   xids=ledger, xid_sources=sources, nvlink_per_link=args.gpu_nvlink_per_link, state=hardware.state)
 
     def start(self) -> None:
         for source in self.xid_sources:
@@ -216,6 +227,7 @@ class GpuCollector:
             problems.append(str(err))
             for identity in self.session.known_gpus():
                 _identity_series(families, identity, False, self.session.driver_version, self.session.cuda_version)
+            self.actions.absent()
         else:
             sample = dataclasses.replace(sample, gpus=tuple(
                 dataclasses.replace(gpu, readings=tuple(self.nvlinks.apply(gpu.identity.uuid, gpu.readings)))
@@ -228,12 +240,53 @@ class GpuCollector:
                 problems.extend(attribution.problems)
             for gpu in sample.gpus:  # Lets kernel-log XIDs be matched to GPUs even if NVML events are off.
                 self.xids.register_gpu(gpu.identity.index, gpu.identity.uuid, gpu.identity.pci_bus_id)
-        add_xids(families, self.xids)
+            self._restore(sample)
+            for change in self.actions.observe(sample.gpus, sample.lost, self.xids.snapshot(), self._boot_time()):
+                log.info("%s", change)
+        self._add_kept(families)
         if self.sysfs is not None:
             sysfs = SysfsReader(self.sysfs)
             add_pci_devices(families, sysfs)
             problems.extend(sysfs.problems)
         return families.collection(problems)
+
+    def _add_kept(self, families: FamilySet) -> None:
+        """The XID counts and the held recovery actions, exported and kept for the next process."""
+        add_xids(families, self.xids)
+        for family in self.actions.families():
+            families.add(family)
+        if self._kept is None:  # Not before the kept state is carried over, which it would overwrite.
+            self.state.update(self.name, {"xids": self.xids.kept(), "actions": self.actions.kept()})
+
+    def _restore(self, sample: NodeSample) -> None:
+        """Carry over what a previous process kept, once: the XID counts and held actions of the GPUs this
+        node has now. Entries for others (replaced boards, or a file from another host) are dropped."""
+        if self._kept is None:
+            return
+        kept, self._kept = self._kept, None
+        identities = [*(gpu.identity for gpu in sample.gpus), *sample.lost]
+        xids, actions = kept.get("xids", []), kept.get("actions", {})
+        ignored, carried = self.xids.restore(xids if isinstance(xids, list) else [],
+                                             {identity.uuid: identity.index for identity in identities})
+        slots = {identity.pci_bus_id: identity.uuid for identity in identities}
+        dropped, settled = self.actions.restore(actions if isinstance(actions, dict) else {}, slots, carried)
+        for line in settled:
+            log.info("%s", line)
+        if ignored + dropped:
+            log.warning("the state file holds %d entries for GPUs this node does not have (replaced boards, or "
+                        "another host's file); they are not carried over", ignored + dropped)
+            self.state.ignored(ignored + dropped)
+
+    def _boot_time(self) -> float | None:
+        """When the node booted (procfs `stat`, btime): a change means it rebooted. None where it cannot be read."""
+        if self.procfs is None:
+            return None
+        try:
+            text = self.procfs.read("stat").decode(errors="replace")
+        except OSError:
+            return None
+        return next((float(line.split()[1]) for line in text.splitlines()
+                     if line.startswith("btime ") and len(line.split()) == 2 and line.split()[1].isdigit()), None)
 
     def close(self) -> None:
         for source in self.xid_sources:

@@ -5,14 +5,25 @@ so that a counter NVIDIA adds in a new driver appears without a code change.
 Two traps are handled here rather than left to PromQL: the data counters count
 4-byte words, not bytes, and the 32-bit `counters/` files saturate on busy
 links, so the 64-bit `counters_ext/*_64` file is preferred where it exists.
+
+Two facts a port's state and rate alone do not tell, kept in the exporter's state file so that a restart or
+a reboot does not forget them: whether the port has ever been ACTIVE (a port that never was is uncabled, not
+broken), and the rate it is known to reach (the fastest it has run at, or the fastest active port of the
+same HCA model on the node), against which a degraded link is judged rather than against another HCA.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
+from dataclasses import dataclass
 
 from gpufleet.exporter.collector import FamilySet, SysfsCollector
+from gpufleet.exporter.hardware import Hardware
+from gpufleet.exporter.state import PersistentState
 from gpufleet.exporter.sysfs import SysfsReader
+from gpufleet.exporter.tree import Tree
+from gpufleet.flags import regex
 
 _PORT_LABELS = ("device", "port")
 _BYTES_PER_GIGABIT = 125_000_000
@@ -20,6 +31,7 @@ _WORD_COUNTERS = frozenset({"port_xmit_data", "port_rcv_data"})
 _BYTES_PER_WORD = 4
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec")
 _STATE = re.compile(r"^\s*(\d+)\s*:")
+_ACTIVE = 4
 _COUNTER_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 # hw_counters entries that are settings, not counters.
 _HW_NOT_COUNTERS = frozenset({"lifespan"})
@@ -51,52 +63,143 @@ def _counter_files(sysfs: SysfsReader, port_dir: str) -> dict[str, str]:
     return files
 
 
+def _add_states(sysfs: SysfsReader, families: FamilySet, port_dir: str, labels: list[str]) -> float | None:
+    """Export the port's logical and physical state; returns the logical one, where read."""
+    read: dict[str, float] = {}
+    for filename, metric, documentation in (
+        ("state", "gpufleet_infiniband_state_id",
+         "Logical port state (1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER)."),
+        ("phys_state", "gpufleet_infiniband_physical_state_id",
+         "Physical port state (2 Polling, 3 Disabled, 5 LinkUp, 6 LinkErrorRecovery, 7 PhyTest)."),
+    ):
+        text = sysfs.text(f"{port_dir}/{filename}")
+        if text is None:
+            continue
+        match = _STATE.match(text)
+        if match:
+            read[filename] = float(match.group(1))
+            families.gauge(metric, documentation, _PORT_LABELS).add_metric(labels, read[filename])
+        else:
+            sysfs.problems.append(f"{port_dir}/{filename}: unrecognised state {text[:40]!r}")
+    return read.get("state")
+
+
+def _kept_ports(kept: object) -> dict[str, list[float]]:
+    """The ports a previous process knew, as the state file keeps them; entries that do not parse are dropped."""
+    if not isinstance(kept, dict):
+        return {}
+    return {str(key): [float(bool(value[0])), float(value[1])] for key, value in kept.items()
+            if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int | float) for v in value)}
+
+
+@dataclass
+class _Port:
+    """What one collection read of a port that the kept facts depend on."""
+
+    device: str
+    port: str
+    key: str  # The HCA's GUID and the port: a new HCA in the same slot starts with nothing known.
+    model: str
+    active: bool
+    rate: float | None
+
+
 class InfinibandCollector(SysfsCollector):
     name = "infiniband"
     default_interval = 5.0
 
+    def __init__(self, sysfs: Tree, include: re.Pattern[str] | None = None, exclude: re.Pattern[str] | None = None,
+                 state: PersistentState | None = None) -> None:
+        super().__init__(sysfs)
+        self.include = include
+        self.exclude = exclude
+        self.state = state or PersistentState()
+        # Port key -> [1 once ACTIVE, fastest rate seen while ACTIVE in bytes per second].
+        self.known = _kept_ports(self.state.section(self.name).get("ports"))
+
+    @staticmethod
+    def add_arguments(parser: argparse._ArgumentGroup) -> None:
+        parser.add_argument("--collector.infiniband.device-include", dest="infiniband_device_include", type=regex,
+                            metavar="REGEX", help="only HCAs whose name (mlx5_0) matches")
+        parser.add_argument("--collector.infiniband.device-exclude", dest="infiniband_device_exclude", type=regex,
+                            default="", metavar="REGEX",
+                            help="leave out HCAs whose name matches, such as one not in use; empty keeps all "
+                                 "(default: empty)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, hardware: Hardware) -> InfinibandCollector:
+        exclude = args.infiniband_device_exclude
+        return cls(hardware.sysfs, args.infiniband_device_include, exclude if exclude.pattern else None,
+                   hardware.state)
+
+    def wanted(self, device: str) -> bool:
+        if self.include is not None and not self.include.search(device):
+            return False
+        return self.exclude is None or not self.exclude.search(device)
+
     def read(self, sysfs: SysfsReader, families: FamilySet) -> None:
+        ports: list[_Port] = []
         for device in sysfs.listdir("class/infiniband"):
+            if not self.wanted(device):
+                continue
             base = f"class/infiniband/{device}"
+            info = {f: sysfs.text(f"{base}/{f}") or "" for f in ("board_id", "fw_ver", "hca_type", "node_guid")}
             families.gauge(
                 "gpufleet_infiniband_info",
                 "HCA metadata; the value is always 1.",
                 ("device", "board_id", "firmware_version", "hca_type", "node_guid"),
-            ).add_metric(
-                [device] + [sysfs.text(f"{base}/{f}") or "" for f in ("board_id", "fw_ver", "hca_type", "node_guid")],
-                1.0,
-            )
+            ).add_metric([device, *info.values()], 1.0)
             for port in sysfs.listdir(f"class/infiniband/{device}/ports"):
-                self._collect_port(sysfs, families, device, port)
+                state, rate = self._collect_port(sysfs, families, device, port)
+                ports.append(_Port(device, port, f"{info['node_guid'] or device}/{port}",
+                                   f"{info['hca_type']} {info['board_id']}", state == _ACTIVE, rate))
+        self._add_known(ports, families)
 
-    def _collect_port(self, sysfs: SysfsReader, families: FamilySet, device: str, port: str) -> None:
+    def _add_known(self, ports: list[_Port], families: FamilySet) -> None:
+        """Remember which ports have been ACTIVE and how fast, and export both: whether each port has ever been
+        ACTIVE, and the rate it is known to reach (its own fastest, or its same-model peers' fastest now)."""
+        for port in ports:
+            known = self.known.setdefault(port.key, [0.0, 0.0])
+            if port.active:
+                known[0] = 1.0
+                known[1] = max(known[1], port.rate or 0.0)
+        peers: dict[str, float] = {}
+        for port in ports:
+            if port.active and port.rate is not None:
+                peers[port.model] = max(peers.get(port.model, 0.0), port.rate)
+        seen = families.gauge("gpufleet_infiniband_port_seen_active",
+                              "1 once the port has been ACTIVE (remembered across restarts with --path.state); 0 "
+                              "for a port never seen up, such as one with no cable.", _PORT_LABELS)
+        capability = families.gauge(
+            "gpufleet_infiniband_rate_capability_bytes_per_second",
+            "The rate the port is known to reach: the fastest it has run at, or the fastest active port of the "
+            "same HCA model on the node now.", _PORT_LABELS)
+        for port in ports:
+            seen.add_metric([port.device, port.port], self.known[port.key][0])
+            fastest = max(self.known[port.key][1], peers.get(port.model, 0.0))
+            if fastest:
+                capability.add_metric([port.device, port.port], fastest)
+        self.state.update(self.name, {"ports": {key: [bool(v[0]), v[1]] for key, v in sorted(self.known.items())}})
+
+    def _collect_port(self, sysfs: SysfsReader, families: FamilySet, device: str,
+                      port: str) -> tuple[float | None, float | None]:
+        """Export one port's state, rate and counters; returns its logical state and rate, where read."""
         port_dir = f"class/infiniband/{device}/ports/{port}"
         labels = [device, port]
+        speed = None
 
         rate = sysfs.text(f"{port_dir}/rate")
         if rate is not None:
             match = _RATE.match(rate)
             if match:
+                speed = float(match.group(1)) * _BYTES_PER_GIGABIT
                 families.gauge(
                     "gpufleet_infiniband_rate_bytes_per_second", "Port link rate.", _PORT_LABELS
-                ).add_metric(labels, float(match.group(1)) * _BYTES_PER_GIGABIT)
+                ).add_metric(labels, speed)
             else:
                 sysfs.problems.append(f"{port_dir}/rate: unrecognised rate {rate[:40]!r}")
 
-        for filename, metric, documentation in (
-            ("state", "gpufleet_infiniband_state_id",
-             "Logical port state (1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 ACTIVE_DEFER)."),
-            ("phys_state", "gpufleet_infiniband_physical_state_id",
-             "Physical port state (2 Polling, 3 Disabled, 5 LinkUp, 6 LinkErrorRecovery, 7 PhyTest)."),
-        ):
-            text = sysfs.text(f"{port_dir}/{filename}")
-            if text is None:
-                continue
-            match = _STATE.match(text)
-            if match:
-                families.gauge(metric, documentation, _PORT_LABELS).add_metric(labels, float(match.group(1)))
-            else:
-                sysfs.problems.append(f"{port_dir}/{filename}: unrecognised state {text[:40]!r}")
+        state = _add_states(sysfs, families, port_dir, labels)
 
         link_layer = sysfs.text(f"{port_dir}/link_layer")
         if link_layer is not None:
@@ -126,3 +229,4 @@ class InfinibandCollector(SysfsCollector):
                 families.counter(
                     f"gpufleet_infiniband_hw_{name.lower()}_total", f"Port hardware counter {name}.", _PORT_LABELS
                 ).add_metric(labels, value)
+        return state, speed

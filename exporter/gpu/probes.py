@@ -82,17 +82,16 @@ PCIE_MAX_WIDTH = GpuMetric("gpufleet_gpu_pcie_link_max_width", "Maximum PCIe lin
 
 ECC_ENABLED = GpuMetric("gpufleet_gpu_ecc_enabled", "1 when ECC is on now.")
 ECC_PENDING_ENABLED = GpuMetric("gpufleet_gpu_ecc_pending_enabled", "1 when ECC will be on after the next reboot.")
-ECC_ERRORS = GpuMetric(
-    "gpufleet_gpu_ecc_errors_total",
-    "ECC errors: corrected (single-bit) or uncorrected (double-bit); volatile since the driver loaded, "
-    "aggregate over the board's life.",
-    counter=True,
-    labels=("error", "scope"),
-)
+ECC_ERRORS = GpuMetric("gpufleet_gpu_ecc_errors_total", "ECC errors: corrected (single-bit) or uncorrected "
+                       "(double-bit); volatile since the driver loaded, aggregate over the board's life.",
+                       counter=True, labels=("error", "scope"))
 REMAPPED_ROWS = GpuMetric("gpufleet_gpu_remapped_rows", "Memory rows remapped, by the error that caused it.",
                           labels=("cause",))
 ROW_REMAP_PENDING = GpuMetric("gpufleet_gpu_row_remap_pending", "1 when a row remap waits for a GPU reset.")
 ROW_REMAP_FAILED = GpuMetric("gpufleet_gpu_row_remap_failed", "1 when a row remap failed: a candidate for RMA.")
+DRIVER_RECOVERY_ACTION = GpuMetric("gpufleet_gpu_driver_recovery_action", "What the driver asks for (NVML's recovery "
+                                   "action): 0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and reset, 5 "
+                                   "recover the IMEX domain, 6 bus reset, 7 system reboot.")
 RETIRED_PAGES = GpuMetric("gpufleet_gpu_retired_pages", "Memory pages retired (GPUs before Ampere), by cause.",
                           labels=("cause",))
 RETIRED_PAGES_PENDING = GpuMetric("gpufleet_gpu_retired_pages_pending",
@@ -454,6 +453,7 @@ FIELDS: tuple[Field, ...] = (
     Field(pynvml.NVML_FI_DEV_RETIRED_DBE, "retired pages (double-bit)", RETIRED_PAGES, 0, 2**31,
           label_values=("double_bit",)),
     Field(pynvml.NVML_FI_DEV_RETIRED_PENDING, "retired pages pending", RETIRED_PAGES_PENDING, 0, 1),
+    Field(pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, "recovery action", DRIVER_RECOVERY_ACTION, 0, 7),
     Field(pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, "PCIe replays", PCIE_REPLAYS, 0, _COUNTER_MAX - 2),
     # Zero on almost every GPU for its whole life: a series only from the first rollover on (low 1), so that
     # the node stays within its series budget. Field 95 in nvml.h and in nvidia-ml-py alike.

@@ -124,6 +124,34 @@ class XidLedger:
             return [XidCount(gpu, uuid, xid, count, last)
                     for (gpu, uuid, xid), (count, last) in sorted(self._counts.items())]
 
+    def kept(self) -> list[dict[str, object]]:
+        """The counts as the exporter's state file keeps them: by GPU UUID, since indexes can change."""
+        with self._lock:
+            return [{"uuid": uuid, "xid": xid, "count": count, "last": last}
+                    for (_, uuid, xid), (count, last) in sorted(self._counts.items())]
+
+    def restore(self, kept: list[dict[str, object]], gpus: dict[str, int]) -> tuple[int, list[XidCount]]:
+        """Add counts a previous process kept, for the GPUs this node has now (UUID to index). Returns how many
+        entries named a GPU it does not have (replaced, or a file from another host), which are dropped, and the
+        counts carried over."""
+        ignored, carried = 0, []
+        with self._lock:
+            for entry in kept:
+                try:
+                    uuid, xid, count, last = (str(entry["uuid"]), int(str(entry["xid"])), int(str(entry["count"])),
+                                              float(str(entry["last"])))
+                except (KeyError, ValueError):
+                    ignored += 1
+                    continue
+                if uuid not in gpus:
+                    ignored += 1
+                    continue
+                key = (gpus[uuid], uuid, xid)
+                now, latest = self._counts.get(key, (0, 0.0))
+                self._counts[key] = (now + count, max(latest, last))
+                carried.append(XidCount(gpus[uuid], uuid, xid, count, last))
+        return ignored, carried
+
     def _count(self, index: int, uuid: str, xid: int, at: float) -> None:
         count, _ = self._counts.get((index, uuid, xid), (0, 0.0))
         self._counts[(index, uuid, xid)] = (count + 1, at)

@@ -143,6 +143,8 @@ class SimulatedGpu:
     remapped_rows: dict[str, int] = field(default_factory=dict)  # cause -> rows
     row_remap_pending: bool = False
     row_remap_failed: bool = False
+    recovery_action: int = 0  # What the driver asks for (NVML's nvmlGpuRecoveryAction_t); boards of older drivers
+    # list `field:230` in `unsupported`.
     retired_pages: dict[str, int] = field(default_factory=dict)  # cause -> pages (pre-Ampere boards)
     retired_pages_pending: bool = False
     pcie_replays: int = 0

@@ -12,6 +12,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+import psutil
+
 from gpufleet.exporter.gpu.simulated.board import (
     Load,
     SimulatedGpu,
@@ -76,8 +78,10 @@ def simulated_gpus(count: int, seed: int = 0) -> list[SimulatedGpu]:
 
 
 def simulated_procfs(gpus: Sequence[SimulatedGpu]) -> MemoryTree:
-    """`<pid>/cgroup` for every simulated process, as the kernel shows them under cgroup v2."""
+    """`<pid>/cgroup` for every simulated process, as the kernel shows them under cgroup v2, and `stat` with this
+    host's boot time, which the recovery actions read to see a reboot."""
     procfs = MemoryTree()
+    procfs.set("stat", f"btime {int(psutil.boot_time())}\n")
     for gpu in gpus:
         for process in gpu.processes:
             procfs.set(f"{process.pid}/cgroup", f"0::{process.cgroup}")

@@ -528,6 +528,7 @@ class SimulatedNvml:
             pynvml.NVML_FI_DEV_REMAPPED_UNC: (_UINT, gpu.remapped_rows.get("uncorrectable", 0)),
             pynvml.NVML_FI_DEV_REMAPPED_PENDING: (_UINT, int(gpu.row_remap_pending)),
             pynvml.NVML_FI_DEV_REMAPPED_FAILURE: (_UINT, int(gpu.row_remap_failed)),
+            pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: (_UINT, gpu.recovery_action),
             pynvml.NVML_FI_DEV_RETIRED_SBE: (_ULL, gpu.retired_pages.get("single_bit", 0)),
             pynvml.NVML_FI_DEV_RETIRED_DBE: (_ULL, gpu.retired_pages.get("double_bit", 0)),
             pynvml.NVML_FI_DEV_RETIRED_PENDING: (_UINT, int(gpu.retired_pages_pending)),

@@ -1,0 +1,236 @@
+"""The recovery action each GPU needs, held until the GPU is seen fixed, never for a fixed time.
+
+A page that resolves fifteen minutes after an XID, while the GPU still needs its reset, tells the on-call
+engineer the problem went away. So each GPU's action (`gpufleet_gpu_recovery_action`, one series per GPU
+whose value is the action) is raised by what the hardware reports and lowered only by what fixes it:
+
+- the driver's own verdict (NVML's recovery-action field), where it has one, raises it to that action; the
+  driver reporting none after having reported one lowers a DRAIN or RESET;
+- an XID of the reset-or-reboot class raises it to RESET, REBOOT for 79 (off the bus), REPLACE for 64 (a row
+  remap failure) (`gpufleet.xid.action_for`);
+- uncorrectable ECC errors counted since the driver loaded (volatile) raise it to RESET; the volatile count
+  falling (a reset clears it) lowers it;
+- a failed row remap raises it to REPLACE, which only another board (another UUID) at the GPU's PCI address
+  lowers.
+
+Whatever raised it, DRAIN and RESET also end when the GPU leaves NVML and comes back (a reset takes it off
+the bus for a moment), and DRAIN, RESET and REBOOT when the node's boot time changes (a reboot). REPLACE ends
+only with another board. The larger action covers the smaller: a GPU held at REBOOT needs no separate reset.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import pynvml
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+
+from gpufleet.exporter.gpu.probes import DRIVER_RECOVERY_ACTION, ECC_ERRORS, ROW_REMAP_FAILED, Reading
+from gpufleet.exporter.gpu.session import GpuIdentity, GpuSample
+from gpufleet.exporter.gpu.xid import XidCount
+from gpufleet.xid import Action, action_for
+
+# NVML's recovery actions (nvmlGpuRecoveryAction_t) as the actions an operator takes.
+DRIVER_ACTIONS = {
+    pynvml.NVML_GPU_RECOVERY_ACTION_NONE: Action.NONE,
+    pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET: Action.RESET,
+    pynvml.NVML_GPU_RECOVERY_ACTION_NODE_REBOOT: Action.REBOOT,
+    pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_P2P: Action.DRAIN,
+    pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET: Action.RESET,
+    pynvml.NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN: Action.DRAIN,
+    pynvml.NVML_GPU_RECOVERY_ACTION_BUS_RESET: Action.RESET,
+    pynvml.NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT: Action.REBOOT,
+}
+_SETTLED_BY_RESET = (Action.DRAIN, Action.RESET)
+_SETTLED_BY_REBOOT = (Action.DRAIN, Action.RESET, Action.REBOOT)
+
+
+@dataclass
+class Held:
+    """One GPU's action, with what raised it and when, and the node's boot time then."""
+
+    uuid: str
+    action: Action
+    reason: str
+    since: float
+    boot: float | None
+    driver: bool = False  # The driver asked for it: its "none" afterwards means it was done.
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What the last observation saw of one GPU, to tell what changed since."""
+
+    uuid: str
+    present: bool
+    driver: Action | None
+    volatile_dbe: float | None
+
+
+@dataclass(frozen=True)
+class _Health:
+    """The readings of one GPU that its action depends on, picked out of its sample once."""
+
+    driver: float | None = None  # NVML's recovery action, where the driver reports one.
+    volatile_dbe: float | None = None  # Uncorrectable ECC errors since the driver loaded.
+    remap_failed: bool = False
+
+    @classmethod
+    def of(cls, readings: Sequence[Reading]) -> _Health:
+        driver = dbe = None
+        failed = False
+        for r in readings:
+            if r.metric is DRIVER_RECOVERY_ACTION:
+                driver = r.value
+            elif r.metric is ECC_ERRORS and r.label_values == ("uncorrected", "volatile"):
+                dbe = r.value
+            elif r.metric is ROW_REMAP_FAILED:
+                failed = r.value == 1
+        return cls(driver, dbe, failed)
+
+
+class ActionBook:
+    """Every GPU's held action, by PCI address: what a node's slots need, whichever board is in them."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self.held: dict[str, Held] = {}
+        self._seen: dict[str, _Seen] = {}
+        # The XID counts seen, by (UUID, code): a count above its entry is a new XID. A restored state sets it
+        # to the counts kept, so that an XID is acted on once, whichever process saw it.
+        self._xids: dict[tuple[str, int], int] = {}
+        self._identities: dict[str, GpuIdentity] = {}
+
+    def observe(self, answering: Sequence[GpuSample], lost: Sequence[GpuIdentity], xids: Sequence[XidCount],
+                boot: float | None) -> list[str]:
+        """Raise and lower every GPU's action from one collection; returns what changed, as log lines."""
+        changes: list[str] = []
+        new_xids = self._new_xids(xids)
+        for sample in answering:
+            self._identities[sample.identity.pci_bus_id] = sample.identity
+            health = _Health.of(sample.readings)
+            changes += self._settle(sample.identity, True, health, boot)
+            changes += self._raise(sample.identity, health, new_xids.get(sample.identity.uuid, ()), boot)
+        for identity in lost:
+            self._identities[identity.pci_bus_id] = identity
+            changes += self._settle(identity, False, _Health(), boot)
+            changes += self._raise(identity, _Health(), new_xids.get(identity.uuid, ()), boot)
+        return changes
+
+    def absent(self) -> None:
+        """NVML answers for no GPU at all: each GPU counts as having left, for when it comes back."""
+        self._seen = {pci: _Seen(seen.uuid, False, None, None) for pci, seen in self._seen.items()}
+
+    def _new_xids(self, xids: Sequence[XidCount]) -> dict[str, list[int]]:
+        """The XID codes counted since the last observation, by GPU UUID."""
+        counts: dict[tuple[str, int], int] = {}
+        for x in xids:  # A GPU's index can change across restarts: its counts are summed by UUID.
+            counts[(x.uuid, x.xid)] = counts.get((x.uuid, x.xid), 0) + x.count
+        new: dict[str, list[int]] = {}
+        for (uuid, xid), count in counts.items():
+            if count > self._xids.get((uuid, xid), 0):
+                new.setdefault(uuid, []).append(xid)
+        self._xids.update(counts)
+        return new
+
+    def _settle(self, identity: GpuIdentity, present: bool, health: _Health, boot: float | None) -> list[str]:
+        """Lower the GPU's action where what fixes it was seen."""
+        pci = identity.pci_bus_id
+        driver = DRIVER_ACTIONS.get(int(health.driver)) if health.driver is not None else None
+        dbe = health.volatile_dbe
+        before = self._seen.get(pci)
+        self._seen[pci] = _Seen(identity.uuid, present, driver, dbe)
+        held = self.held.get(pci)
+        if held is None:
+            return []
+        why = None
+        if held.uuid != identity.uuid:
+            why = f"another board ({identity.uuid}) sits at {pci}"
+        elif boot is not None and held.boot is not None and boot != held.boot and held.action in _SETTLED_BY_REBOOT:
+            why = "the node rebooted"
+        elif held.action in _SETTLED_BY_RESET and present and before is not None:
+            if not before.present:
+                why = "the GPU left NVML and came back"
+            elif held.driver and driver is Action.NONE and before.driver not in (None, Action.NONE):
+                why = "the driver asks for nothing any more"
+            elif dbe is not None and before.volatile_dbe is not None and dbe < before.volatile_dbe:
+                why = "its volatile ECC counts were cleared by a reset"
+        if why is None:
+            return []
+        del self.held[pci]
+        return [f"GPU {identity.index} ({identity.uuid}) no longer needs {held.action.name.lower()}: {why}"]
+
+    def _raise(self, identity: GpuIdentity, health: _Health, new_xids: Sequence[int],
+               boot: float | None) -> list[str]:
+        """Raise the GPU's action to what the driver, a new XID, its ECC counts or its row remapper call for."""
+        demands: list[tuple[Action, str, bool]] = []
+        driver_value = health.driver
+        if driver_value is not None and DRIVER_ACTIONS.get(int(driver_value), Action.NONE) is not Action.NONE:
+            demands.append((DRIVER_ACTIONS[int(driver_value)], f"the driver asks for it (action {int(driver_value)})",
+                            True))
+        demands += [(action_for(xid), f"XID {xid}", False) for xid in new_xids if action_for(xid) is not Action.NONE]
+        if health.volatile_dbe:
+            demands.append((Action.RESET, "uncorrectable ECC errors since the driver loaded", False))
+        if health.remap_failed:
+            demands.append((Action.REPLACE, "a row remap failed", False))
+        changes = []
+        for action, reason, from_driver in demands:
+            held = self.held.get(identity.pci_bus_id)
+            if held is not None and held.uuid == identity.uuid and held.action >= action:
+                held.driver = held.driver or (from_driver and held.action == action)
+                continue
+            self.held[identity.pci_bus_id] = Held(identity.uuid, action, reason, self._clock(), boot, from_driver)
+            changes.append(f"GPU {identity.index} ({identity.uuid}) needs {action.name.lower()}: {reason}")
+        return changes
+
+    def kept(self) -> dict[str, dict[str, object]]:
+        """The held actions as the state file keeps them."""
+        return {pci: {**asdict(held), "action": int(held.action)} for pci, held in sorted(self.held.items())}
+
+    def restore(self, kept: dict[str, object], boards: dict[str, str],
+                xids: Sequence[XidCount]) -> tuple[int, list[str]]:
+        """Hold again what a previous process held, for the boards in their slots now (`boards`: PCI address to
+        UUID), and take its XID counts (`xids`) as already acted on. An entry whose slot holds another board is
+        settled: the board was replaced while no exporter watched (or the file is another host's). Returns how many
+        entries were dropped (those, and any that do not parse) and the settled ones' log lines."""
+        for x in xids:
+            self._xids[(x.uuid, x.xid)] = self._xids.get((x.uuid, x.xid), 0) + x.count
+        ignored, changes = 0, []
+        for pci, entry in kept.items():
+            try:
+                assert isinstance(entry, dict)
+                boot = entry.get("boot")
+                held = Held(str(entry["uuid"]), Action(int(str(entry["action"]))), str(entry["reason"]),
+                            float(str(entry["since"])), None if boot is None else float(str(boot)),
+                            bool(entry.get("driver", False)))
+            except (AssertionError, KeyError, ValueError):
+                ignored += 1
+                continue
+            if boards.get(pci) == held.uuid:
+                self.held[pci] = held
+                continue
+            ignored += 1
+            if pci in boards:
+                changes.append(f"the GPU at {pci} no longer needs {held.action.name.lower()}: another board "
+                               f"({boards[pci]}) sits there")
+        return ignored, changes
+
+    def families(self) -> list[Metric]:
+        """Every GPU's action, and why, for each GPU seen answering or lost."""
+        action = GaugeMetricFamily(
+            "gpufleet_gpu_recovery_action",
+            "What the GPU needs before it runs work again, held until that is seen done: 0 nothing, 1 drain, "
+            "2 reset, 3 reboot the node, 4 replace the board.", labels=("gpu", "uuid"))
+        reason = GaugeMetricFamily("gpufleet_gpu_recovery_action_reason",
+                                   "Why the GPU is held at its recovery action, and since when (Unix time).",
+                                   labels=("gpu", "uuid", "reason"))
+        for pci, identity in sorted(self._identities.items(), key=lambda item: item[1].index):
+            held = self.held.get(pci)
+            current = held if held is not None and held.uuid == identity.uuid else None
+            labels = [str(identity.index), identity.uuid]
+            action.add_metric(labels, float(current.action) if current else 0.0)
+            if current is not None:
+                reason.add_metric([*labels, current.reason], current.since)
+        return [family for family in (action, reason) if family.samples]

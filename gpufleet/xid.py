@@ -1,0 +1,44 @@
+"""NVIDIA's XID catalogue, reduced to what an operator must do about each code, and the recovery actions a GPU
+can need: the one table the exporter, the rules, the dashboards and the simulator all read.
+
+The classes follow NVIDIA's XID catalogue as gpud and NVSentinel apply it. The actions mirror what the
+driver itself reports where it can (NVML's recovery-action field), ordered so that the larger one covers the
+smaller: a GPU that needs its node rebooted needs no separate reset.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+# Codes that name a specific hardware failure, raised by the simulator's faults of the same kind.
+DOUBLE_BIT_ECC = 48
+ROW_REMAP_FAILURE = 64
+FALLEN_OFF_BUS = 79
+
+# Codes after which the GPU must be reset or the node rebooted (page).
+RESET_OR_REBOOT = (DOUBLE_BIT_ECC, 62, ROW_REMAP_FAILURE, 74, FALLEN_OFF_BUS, 95, 109, 119, 120, 136, 140, 143,
+                   *range(144, 151), 155, 156, 158)
+# Recorded by the driver, worth a ticket: row remap event, high single-bit rate, contained memory error.
+WATCH = (63, 92, 94)
+# The application's own fault (illegal address, MMU fault, ...): information, a ticket when repeated.
+APPLICATION = (13, 31, 43, 45)
+CLASSES = {"reset or reboot": RESET_OR_REBOOT, "watch": WATCH, "application": APPLICATION}
+
+
+class Action(IntEnum):
+    """What a GPU needs before it can run work again, the value of `gpufleet_gpu_recovery_action`."""
+
+    NONE = 0
+    DRAIN = 1  # Take work off it (the driver's DRAIN_P2P: peer-to-peer is unsafe until the fabric recovers).
+    RESET = 2  # A GPU reset (nvidia-smi -r), with the node drained first.
+    REBOOT = 3  # A reboot of the node: the GPU fell off the bus, or the driver asks for one.
+    REPLACE = 4  # A new board: it can no longer repair its memory.
+
+
+def action_for(xid: int) -> Action:
+    """The action an XID calls for on its own; codes outside the reset-or-reboot class call for none."""
+    if xid == FALLEN_OFF_BUS:
+        return Action.REBOOT
+    if xid == ROW_REMAP_FAILURE:
+        return Action.REPLACE
+    return Action.RESET if xid in RESET_OR_REBOOT else Action.NONE

@@ -1,0 +1,208 @@
+"""The recovery action each GPU needs (`gpufleet_gpu_recovery_action`), raised by what the hardware reports and
+held until what fixes it is seen, across exporter restarts; asserted on what the GPU collector exports.
+
+Two simulated boards behind the production session; XIDs enter the ledger as the NVML event watcher enters
+them; the node's boot time is procfs `stat`; the kept state is a real file in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pynvml
+import pytest
+
+from gpufleet.devtools.nodes import UUID0, UUID1, FakeClock, two_boards
+from gpufleet.exporter.collector.gpu import GpuCollector
+from gpufleet.exporter.gpu.session import NvmlSession
+from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
+from gpufleet.exporter.gpu.xid import XidLedger
+from gpufleet.exporter.state import FILE, FileStore, PersistentState
+from gpufleet.exporter.tree import MemoryTree
+from gpufleet.xid import Action
+
+from helpers import named, rendered, series
+
+BOOT = 1_799_990_000
+LOST = pynvml.NVML_ERROR_GPU_IS_LOST
+
+
+class Node:
+    """One node's boards, boot time and state directory, and the exporter process watching them now."""
+
+    def __init__(self, tmp_path, clock: FakeClock) -> None:
+        self.clock = clock
+        self.nvml = SimulatedNvml(two_boards(), clock=clock)
+        self.procfs = MemoryTree()
+        self.boot(BOOT)
+        self.directory = tmp_path
+        self.start()
+
+    def boot(self, at: int) -> None:
+        self.procfs.set("stat", f"cpu  1 2 3 4\nbtime {at}\nprocesses 10\n")
+
+    def start(self) -> None:
+        """A new exporter process, reading what the last one kept."""
+        self.state = PersistentState(FileStore(self.directory))
+        self.ledger = XidLedger(clock=self.clock)
+        self.collector = GpuCollector(NvmlSession(self.nvml, clock=self.clock), procfs=self.procfs,
+                                      xids=self.ledger, state=self.state)
+
+    def xid(self, gpu: int, code: int) -> None:
+        board = self.nvml.gpus[gpu]
+        self.ledger.record_nvml(board.index, board.uuid, board.pci_bus_id, code)
+
+    def actions(self) -> dict[str, float]:
+        """Each GPU's action after a collection, by UUID."""
+        self.clock.now += 15
+        samples = rendered(self.collector.collect())
+        return {dict(labels)["uuid"]: value for labels, value in named(samples, "gpufleet_gpu_recovery_action").items()}
+
+    def reasons(self) -> dict[str, str]:
+        samples = rendered(self.collector.collect())
+        return {dict(labels)["uuid"]: dict(labels)["reason"]
+                for labels in named(samples, "gpufleet_gpu_recovery_action_reason")}
+
+
+@pytest.fixture
+def node(tmp_path, clock):
+    return Node(tmp_path, clock)
+
+
+NONE, DRAIN, RESET, REBOOT, REPLACE = (float(a) for a in Action)
+
+
+def test_every_gpu_has_one_series_whose_value_is_the_action(node):
+    assert node.actions() == {UUID0: NONE, UUID1: NONE}
+    assert node.reasons() == {}
+
+
+def test_an_xid_that_needs_a_reset_is_held_until_the_gpu_leaves_nvml_and_comes_back(node):
+    node.actions()
+    node.xid(0, 62)
+    assert node.actions() == {UUID0: RESET, UUID1: NONE}
+    assert node.reasons() == {UUID0: "XID 62"}
+    node.clock.now += 3600  # No window: an hour later it still needs its reset.
+    assert node.actions()[UUID0] == RESET
+    node.nvml.gpus[0].errors["*"] = LOST  # While the reset takes it off the bus.
+    assert node.actions()[UUID0] == RESET
+    node.nvml.gpus[0].errors.clear()
+    assert node.actions() == {UUID0: NONE, UUID1: NONE}
+
+
+def test_a_double_bit_error_is_held_until_a_reset_clears_the_volatile_count(node):
+    node.actions()
+    board = node.nvml.gpus[1]
+    board.ecc_errors = {("uncorrected", "volatile"): 1, ("uncorrected", "aggregate"): 1}
+    assert node.actions()[UUID1] == RESET
+    node.clock.now += 3600
+    assert node.actions()[UUID1] == RESET
+    board.ecc_errors = {("uncorrected", "volatile"): 0, ("uncorrected", "aggregate"): 1}
+    assert node.actions()[UUID1] == NONE
+
+
+def test_the_drivers_own_verdict_is_read_and_its_none_afterwards_ends_it(node):
+    node.actions()
+    board = node.nvml.gpus[0]
+    board.recovery_action = 3  # DRAIN_P2P
+    assert node.actions()[UUID0] == DRAIN
+    board.recovery_action = 2  # NODE_REBOOT: the larger action replaces the smaller.
+    assert node.actions()[UUID0] == REBOOT
+    board.recovery_action = 0  # A reboot is seen by the boot time, not by the driver changing its mind.
+    assert node.actions()[UUID0] == REBOOT
+    node.boot(BOOT + 7200)
+    assert node.actions()[UUID0] == NONE
+
+    board.recovery_action = 1  # GPU_RESET, then none: the reset was done.
+    assert node.actions()[UUID0] == RESET
+    board.recovery_action = 0
+    assert node.actions()[UUID0] == NONE
+
+
+def test_a_gpu_off_the_bus_needs_a_reboot_which_a_reset_does_not_end(node):
+    node.actions()
+    node.xid(0, 79)
+    node.nvml.gpus[0].errors["*"] = LOST
+    assert node.actions()[UUID0] == REBOOT
+    node.nvml.gpus[0].errors.clear()
+    assert node.actions()[UUID0] == REBOOT
+    node.boot(BOOT + 600)
+    assert node.actions()[UUID0] == NONE
+
+
+def test_a_failed_row_remap_needs_another_board_and_outlasts_reboots(node):
+    node.actions()
+    node.nvml.gpus[0].row_remap_failed = True
+    node.xid(0, 64)
+    assert node.actions()[UUID0] == REPLACE
+    assert node.reasons()[UUID0] in ("a row remap failed", "XID 64")
+    node.boot(BOOT + 600)
+    node.start()
+    assert node.actions()[UUID0] == REPLACE
+    # The board is swapped during a reboot: the same slot, another UUID, none of the old board's errors.
+    node.nvml.gpus[0].uuid = "GPU-99999999-0000-0000-0000-000000000000"
+    node.nvml.gpus[0].row_remap_failed = False
+    node.boot(BOOT + 1200)
+    node.start()
+    assert node.actions() == {"GPU-99999999-0000-0000-0000-000000000000": NONE, UUID1: NONE}
+
+
+def test_an_exporter_killed_between_two_xids_keeps_their_counts_and_the_action(node, tmp_path):
+    node.actions()
+    node.xid(0, 62)
+    assert node.actions()[UUID0] == RESET
+    node.start()  # What kill -9 leaves: the file as of the last collection, no orderly shutdown.
+    node.xid(0, 62)
+    samples = rendered(node.collector.collect())
+    assert samples[series("gpufleet_gpu_xid_errors_total", gpu="0", uuid=UUID0, xid="62")] == 2
+    assert samples[series("gpufleet_gpu_recovery_action", gpu="0", uuid=UUID0)] == RESET
+    assert [s.value for s in node.state.families()[0].samples] == [1.0, 1.0]  # Loaded, and saved.
+    kept = json.loads((tmp_path / FILE).read_text())
+    assert kept["sections"]["gpu"]["xids"][0]["count"] == 2
+
+
+def test_a_restart_does_not_act_again_on_xids_already_acted_on(node):
+    node.actions()
+    node.xid(0, 62)
+    node.actions()
+    node.nvml.gpus[0].errors["*"] = LOST
+    node.actions()
+    node.nvml.gpus[0].errors.clear()
+    assert node.actions()[UUID0] == NONE  # Reset.
+    node.start()
+    assert node.actions()[UUID0] == NONE
+
+
+@pytest.mark.parametrize("content", [
+    '{"version": 1, "sections": {"gpu": {"xids": [{"uuid": "GPU-', # Truncated by a full disk.
+    "\x00\x00\x00\x00",
+    '{"version": 99, "sections": {}}',
+    '["a list"]',
+])
+def test_an_unreadable_state_file_starts_empty_with_one_line_and_a_metric(node, tmp_path, caplog, content):
+    (tmp_path / FILE).write_text(content)
+    with caplog.at_level(logging.WARNING):
+        node.start()
+        samples = rendered(node.collector.collect())
+    families = {f.name: f for f in node.state.families()}
+    assert [s.value for s in families["gpufleet_exporter_state_ok"].samples] == [0.0, 1.0]  # load, save
+    assert samples[series("gpufleet_gpu_recovery_action", gpu="0", uuid=UUID0)] == NONE
+    assert len([r for r in caplog.records if "state" in r.getMessage()]) == 1
+    assert json.loads((tmp_path / FILE).read_text())["version"] == 1  # Replaced by a good one.
+
+
+def test_a_state_file_of_another_hosts_gpus_is_not_applied_to_these(node, tmp_path):
+    node.actions()
+    node.xid(0, 79)
+    node.actions()
+    kept = (tmp_path / FILE).read_text()
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / FILE).write_text(kept.replace(UUID0, "GPU-77777777-0000-0000-0000-000000000000"))
+    node.directory = other
+    node.start()
+    samples = rendered(node.collector.collect())
+    assert samples[series("gpufleet_gpu_recovery_action", gpu="0", uuid=UUID0)] == NONE
+    assert not named(samples, "gpufleet_gpu_xid_errors_total")
+    assert {f.name: f.samples[0].value for f in node.state.families()}["gpufleet_exporter_state_ignored_entries"] == 2
