@@ -10,6 +10,7 @@ import sys
 
 from aiohttp import web
 
+from gpufleet import topology
 from gpufleet.exporter.server import serve_until_signalled
 from gpufleet.flags import duration, listen_address, positive_int
 from gpufleet.logfmt import configure_logging
@@ -87,6 +88,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--fault-rates.horizon", dest="fault_horizon", type=duration, default=duration("30d"),
                         metavar="DURATION", help="draw faults from the rates for this much simulated time "
                                                  "(default: 30d)")
+    parser.add_argument("--topology", metavar="FILE",
+                        help="YAML file of each node's place (rack, leaf), as `gpufleet alerts topology` reads it: "
+                             "labels on its targets, and the leaves a switch_down fault takes down")
     parser.add_argument("--layout", metavar="FILE",
                         help="YAML file naming each job and its nodes (default: drawn from --seed)")
     parser.add_argument("--mig", dest="mig", type=_mig, action="append", default=[], metavar="NODE:GPU=PROFILE,...",
@@ -147,6 +151,13 @@ def run(args: argparse.Namespace) -> int:
         return 1
     fleet = Fleet(args.nodes, args.gpus_per_node, seed=args.seed, layout=layout, job_lifetime=args.job_lifetime,
                   exporter_flags=collector_flags(args.collect_interval))
+    if args.topology:
+        try:
+            fleet.place(topology.load(args.topology).nodes)
+        except (topology.TopologyError, ValueError) as err:
+            print(f"gpufleet simulate: error: topology {args.topology}: {err}", file=sys.stderr)
+            fleet.close()
+            return 1
     for node, gpu, profiles in args.mig:
         try:
             fleet.split(node, gpu, profiles)

@@ -7,15 +7,25 @@ faults say at its frozen clock; the simulated NVML library then answers from the
 
 from __future__ import annotations
 
+import random
+from collections.abc import Sequence
+
 import pynvml
 
 from gpufleet.exporter.gpu.simulated.board import SimulatedGpu, nvlink_kib_for
+from gpufleet.exporter.gpu.simulated.host import random_uuid
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
-from gpufleet.simulator.faults import XIDS, Cause
+from gpufleet.simulator.faults import REBOOTS, XIDS, Cause, Fault
 from gpufleet.simulator.faults import FaultKind as Kind
 from gpufleet.simulator.node_state import NodeState
 from gpufleet.simulator.timeline import overlap
 from gpufleet.simulator.workload import Workload
+from gpufleet.xid import Action, action_for
+
+# The repairs that reset a GPU (an operator's reset; a reboot or a new board reset it too), that reboot it, and
+# that put a new board in its slot.
+_RESETS = frozenset({Kind.GPU_RESET, *REBOOTS})
+_NEW = frozenset({Kind.GPU_REPLACE})
 
 
 class FaultEffects:
@@ -37,8 +47,12 @@ class FaultEffects:
         braked_seconds = self.state.seconds_active(Kind.STRAGGLER, cause=Cause.POWER)
         for board in self.boards:
             gpu = board.index
-            board.errors = ({"*": pynvml.NVML_ERROR_GPU_IS_LOST}
-                            if any(f.active(t) for f in self.state.active(Kind.GPU_LOST, gpu)) else {})
+            # A repair ends what began before it: a reset clears the volatile ECC count and applies pending row
+            # remaps; a reboot also brings a lost GPU back; a new board has none of the old one's errors.
+            reset, rebooted, replaced = (self.state.repaired_at(kinds, gpu) for kinds in (_RESETS, REBOOTS, _NEW))
+            lost = any(f.active(t) and f.start > rebooted for f in self.state.active(Kind.GPU_LOST, gpu))
+            resetting = any(f.active(t) for f in self.state.active(Kind.GPU_RESET, gpu))
+            board.errors = {"*": pynvml.NVML_ERROR_GPU_IS_LOST} if lost or resetting else {}
             events = 0
             if any(f.active(t) for f in self.state.active(Kind.THERMAL_SLOWDOWN, gpu)):
                 events |= pynvml.nvmlClocksEventReasonSwThermalSlowdown | pynvml.nvmlClocksEventReasonHwThermalSlowdown
@@ -51,13 +65,17 @@ class FaultEffects:
                 pynvml.NVML_PERF_POLICY_THERMAL: self.state.seconds_active(Kind.THERMAL_SLOWDOWN, gpu) + hot_seconds,
                 pynvml.NVML_PERF_POLICY_POWER: self.state.seconds_active(Kind.POWER_BRAKE, gpu) + braked_seconds,
             }
-            dbe = sum(1 for f in self.state.active(Kind.ECC_DBE, gpu) if f.start <= t)
-            board.ecc_errors = {("uncorrected", "volatile"): dbe, ("uncorrected", "aggregate"): dbe}
-            pending = [f for f in self.state.active(Kind.ROW_REMAP_PENDING, gpu) if f.start <= t]
-            failed = [f for f in self.state.active(Kind.ROW_REMAP_FAILURE, gpu) if f.start <= t]
+            dbe = [f.start for f in self.state.active(Kind.ECC_DBE, gpu) if replaced < f.start <= t]
+            volatile = sum(1 for start in dbe if start > reset)
+            board.ecc_errors = {("uncorrected", "volatile"): volatile, ("uncorrected", "aggregate"): len(dbe)}
+            pending = [f for f in self.state.active(Kind.ROW_REMAP_PENDING, gpu) if replaced < f.start <= t]
+            failed = [f for f in self.state.active(Kind.ROW_REMAP_FAILURE, gpu) if replaced < f.start <= t]
             board.remapped_rows = {"uncorrectable": len(pending) + len(failed)}
-            board.row_remap_pending = any(f.active(t) for f in pending)
+            board.row_remap_pending = any(f.active(t) and f.start > reset for f in pending)
             board.row_remap_failed = any(f.active(t) for f in failed)
+            # The driver's own verdict (NVML's recovery action): a reset, after an uncorrectable error or an XID
+            # that calls for one, until the GPU is reset.
+            board.recovery_action = 1 if volatile or self._reset_xid_since(gpu, reset) else 0
             board.pcie_replays = self.state.counted(Kind.PCIE_REPLAY_STORM, gpu)
             down = {f.link: f for f in self.state.active(Kind.NVLINK_DOWN, gpu) if f.active(t) and f.link is not None}
             board.nvlinks_down = set(down)
@@ -70,6 +88,21 @@ class FaultEffects:
                     errors = int(fault.size * overlap(fault.start, fault.end, t))
                     board.nvlink_errors[key] = board.nvlink_errors.get(key, 0) + errors
         self._fire_events()
+
+    def _reset_xid_since(self, gpu: int, reset: float) -> bool:
+        """Whether an XID that calls for a GPU reset has been raised on `gpu` since it was last reset."""
+        return any(f.xid is not None and action_for(f.xid) is Action.RESET and reset < f.start <= self.state.t
+                   for f in self.state.active(Kind.XID, gpu))
+
+    def replace_boards(self, repairs: Sequence[Fault]) -> None:
+        """Give each board that `repairs` replace a new identity: another UUID and serial in the same slot, as
+        a new board at the same PCI address shows."""
+        for fault in repairs:
+            if fault.kind is Kind.GPU_REPLACE and fault.gpu is not None:
+                board = self.boards[fault.gpu]
+                rng = random.Random(f"replace:{self.state.name}:{fault.id}")
+                board.uuid = f"GPU-{random_uuid(rng)}"
+                board.serial = str(rng.randrange(10**12, 10**13))
 
     def _fire_events(self) -> None:
         """Raise each fault's XID once, when the node's time first passes the fault's start."""

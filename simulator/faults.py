@@ -18,8 +18,7 @@ from typing import Any
 
 import yaml
 
-from gpufleet import duration
-from gpufleet.alerts import xid
+from gpufleet import duration, xid
 
 
 class FaultKind(StrEnum):
@@ -44,6 +43,10 @@ class FaultKind(StrEnum):
     SYMBOL_ERRORS = "symbol_errors"
     EXPORTER_DOWN = "exporter_down"
     EXPORTER_RESTART = "exporter_restart"
+    GPU_RESET = "gpu_reset"
+    NODE_REBOOT = "node_reboot"
+    GPU_REPLACE = "gpu_replace"
+    SWITCH_DOWN = "switch_down"
 
 
 # The XID each kind raises on its GPU when it starts, from the catalog the alerts class them by.
@@ -74,9 +77,23 @@ KINDS: dict[FaultKind, tuple[tuple[str, ...], str]] = {
     FaultKind.EXPORTER_DOWN: ((), "the node's endpoint stops answering"),
     FaultKind.EXPORTER_RESTART: ((), "the node's exporter restarts: scrapes are refused for the fault's duration, "
                                      "then a new process serves, its own counters from zero"),
+    FaultKind.GPU_RESET: (("gpu",), "an operator resets the GPU: it leaves NVML for the fault's duration (5s), its "
+                                    "volatile ECC counts clear and the driver asks for nothing more"),
+    FaultKind.NODE_REBOOT: ((), "an operator reboots the node: down for the fault's duration (60s), then a new boot "
+                                "time, every GPU reset and back on the bus, a new exporter process"),
+    FaultKind.GPU_REPLACE: (("gpu",), "the board is replaced during a reboot of the node (60s): a new UUID at the "
+                                      "same PCI address, with none of the old board's errors"),
+    FaultKind.SWITCH_DOWN: (("leaf",), "a leaf switch goes down: its InfiniBand port (`port`, one rail) or every "
+                                       "port of every node behind it (the `leaf` of --topology) goes down at once"),
 }
+# What an operator does to repair a node, rather than what breaks it: each takes a while (its duration, by
+# default this long), during which the GPU or the node is away.
+REPAIR_SECONDS = {FaultKind.GPU_RESET: 5.0, FaultKind.NODE_REBOOT: 60.0, FaultKind.GPU_REPLACE: 60.0}
+# Kinds during which the node's exporter does not answer, and after which a new exporter process serves.
+RESTARTS = frozenset({FaultKind.EXPORTER_RESTART, FaultKind.NODE_REBOOT, FaultKind.GPU_REPLACE})
+REBOOTS = frozenset({FaultKind.NODE_REBOOT, FaultKind.GPU_REPLACE})
 _INFINIBAND = frozenset({FaultKind.IB_CONGESTION, FaultKind.IB_LINK_DOWN, FaultKind.IB_LINK_FLAP,
-                         FaultKind.IB_RATE_DEGRADED, FaultKind.SYMBOL_ERRORS})
+                         FaultKind.IB_RATE_DEGRADED, FaultKind.SYMBOL_ERRORS, FaultKind.SWITCH_DOWN})
 # kind -> its size: the field that sets it, its default, and the largest value it takes (above 0).
 SIZES: dict[FaultKind, tuple[str, float, float]] = {
     FaultKind.STRAGGLER: ("slowdown", 0.4, 4.0),
@@ -107,7 +124,7 @@ class Cause(StrEnum):
     HOST = "host"
 
 
-_FIELDS = {"kind", "node", "gpu", "link", "port", "xid", "direction", "start", "duration", "id", "cause",
+_FIELDS = {"kind", "node", "leaf", "gpu", "link", "port", "xid", "direction", "start", "duration", "id", "cause",
            *(field for field, _, _ in SIZES.values())}
 
 
@@ -135,6 +152,7 @@ class Fault:
     gpu: int | None = None
     link: int | None = None
     port: str | None = None  # "mlx5_0/1" for an InfiniBand port, "eth1" for an Ethernet interface.
+    leaf: str | None = None  # A switch_down's leaf, whose nodes it takes down; its `node` is then "".
     xid: int | None = None
     direction: str | None = None  # "tx" or "rx", for nic_saturation.
     slowdown: float | None = None  # The sizes of SIZES; None is the kind's default (see `size`).
@@ -193,16 +211,15 @@ def parse_fault(raw: Any, what: str, fault_id: str, nodes: dict[str, Any], gpus_
         kind = FaultKind(str(raw.get("kind")))
     except ValueError:
         raise ScenarioError(f"{what}: kind {raw.get('kind')!r} is not one of {', '.join(sorted(KINDS))}") from None
-    node = raw.get("node")
-    if node not in nodes:
-        raise ScenarioError(f"{what}: node {node!r} is not in the fleet")
+    node, leaf = _place(raw, what, kind, nodes)
     needed, _ = KINDS[kind]
     for name in needed:
         if name not in raw:
             raise ScenarioError(f"{what}: kind {kind} needs {name!r}")
     port = raw.get("port")
-    if port is not None and port not in nodes[node].ports:
-        raise ScenarioError(f"{what}: port {port!r} is not one of {', '.join(nodes[node].ports)}")
+    ports = nodes[node].ports if node else next(n.ports for n in nodes.values() if getattr(n, "leaf", None) == leaf)
+    if port is not None and port not in ports:
+        raise ScenarioError(f"{what}: port {port!r} is not one of {', '.join(ports)}")
     if kind in _INFINIBAND and port is not None and "/" not in port:
         raise ScenarioError(f"{what}: kind {kind} needs an InfiniBand port (device/port), not {port!r}")
     saturation = kind is FaultKind.NIC_SATURATION
@@ -219,11 +236,12 @@ def parse_fault(raw: Any, what: str, fault_id: str, nodes: dict[str, Any], gpus_
         raise ScenarioError(f"{what}: cause must be one of {', '.join(Cause)}, not {cause!r}")
     if kind is FaultKind.STRAGGLER and port is not None and "/" not in port:
         raise ScenarioError(f"{what}: a straggler's port is the InfiniBand port (device/port) it congests")
-    duration = raw.get("duration")
+    duration = raw.get("duration", REPAIR_SECONDS.get(kind))
     return Fault(
         id=str(raw.get("id", fault_id)),
         kind=kind,
         node=node,
+        leaf=leaf,
         start=seconds(raw.get("start", 0), f"{what}: start"),
         duration=None if duration is None else seconds(duration, f"{what}: duration"),
         gpu=_integer(raw, "gpu", what, 0, gpus_per_node - 1),
@@ -234,6 +252,24 @@ def parse_fault(raw: Any, what: str, fault_id: str, nodes: dict[str, Any], gpus_
         cause=None if cause is None else Cause(cause),
         **sizes,
     )
+
+
+def _place(raw: dict[str, Any], what: str, kind: FaultKind, nodes: dict[str, Any]) -> tuple[str, str | None]:
+    """The fault's node, or for a switch_down its leaf (and no node): each checked against the fleet."""
+    if kind is not FaultKind.SWITCH_DOWN:
+        node = raw.get("node")
+        if node not in nodes:
+            raise ScenarioError(f"{what}: node {node!r} is not in the fleet")
+        if "leaf" in raw:
+            raise ScenarioError(f"{what}: kind {kind} takes a node, not a leaf")
+        return node, None
+    if "node" in raw:
+        raise ScenarioError(f"{what}: a switch_down takes the leaf behind which its nodes are, not a node")
+    leaves = sorted({n.leaf for n in nodes.values() if getattr(n, "leaf", None)})
+    if raw.get("leaf") not in leaves:
+        raise ScenarioError(f"{what}: leaf {raw.get('leaf')!r} is not one of the topology's "
+                            f"({', '.join(leaves) or 'none: give the simulator --topology'})")
+    return "", str(raw["leaf"])
 
 
 def _sizes(raw: dict[str, Any], what: str, kind: FaultKind) -> dict[str, float]:

@@ -32,11 +32,12 @@ from gpufleet.exporter.gpu.simulated.host import mig_devices, simulated_board
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.scheduler import ScheduledCollector
+from gpufleet.exporter.state import MemoryStore, PersistentState
 from gpufleet.exporter.tree import MemoryTree
 from gpufleet.simulator import rates as fault_rates
 from gpufleet.simulator.churn import Churn
 from gpufleet.simulator.fault_effects import FaultEffects
-from gpufleet.simulator.faults import Fault
+from gpufleet.simulator.faults import RESTARTS, Fault
 from gpufleet.simulator.faults import FaultKind as Kind
 from gpufleet.simulator.layout import Job, draw
 from gpufleet.simulator.node_state import NodeState
@@ -86,6 +87,7 @@ class Node:
         self.index = index
         self.name = name
         self.ports = IB_PORTS + tuple(ETHERNET)
+        self.places: dict[str, str] = {}  # Its rack and leaf switch, from the fleet's topology: target labels.
         self.lock = threading.Lock()  # One collection at a time: the fleet's thread, or a first scrape.
         self.collected = False
         self.workload = Workload(self.state, [spread(f"{fleet.seed}:{name}:{gpu}") for gpu in range(gpus)])
@@ -96,12 +98,21 @@ class Node:
         self.effects = FaultEffects(self.state, self.boards, self.workload, self.nvml)
         self.sysfs = MemoryTree()
         self.procfs = MemoryTree()
+        self.procfs.set("stat", lambda: f"btime {self.state.boot_time()}\n")
         self.sysfs_files = NodeSysfs(self.state, self.workload, self.boards, self.sysfs)
+        # Its kept state lives in memory, as the exporter's would on the node's disk: a restart reads it back.
+        self.store = MemoryStore()
         # The simulated driver wakes the XID watcher's event wait when unloaded (see close()): it can wait long.
-        self.hardware = Hardware(self.nvml, self.sysfs, self.procfs, nvml_event_wait_ms=30_000)
+        self.hardware = Hardware(self.nvml, self.sysfs, self.procfs, nvml_event_wait_ms=30_000,
+                                 state=PersistentState(self.store))
         self.collectors = exporter_node.build(fleet.exporter_flags, self.hardware)
         self._last_tick = [-_FOREVER] * len(self.collectors)
-        self.exposition = Exposition(self.collectors, fleet.process_metrics)
+        self.exposition = Exposition(self.collectors, fleet.process_metrics, self.hardware.state)
+
+    @property
+    def leaf(self) -> str | None:
+        """The leaf switch (or group of leaves, one per rail) its InfiniBand ports connect to."""
+        return self.places.get("leaf")
 
     @property
     def t(self) -> float:
@@ -148,18 +159,21 @@ class Node:
         return self.state.has_at(kind, t)
 
     def _restart_if_due(self) -> None:
-        """A restart that has ended leaves a new exporter process: collectors built afresh, so every counter
-        and state the exporter keeps (XID counts, the last utilisation sample read) starts again."""
-        ended = [f for f in self.state.active(Kind.EXPORTER_RESTART) if f.end is not None and f.end <= self.t
-                 and f.id not in self.fired]
+        """A restart or reboot that has ended leaves a new exporter process: collectors built afresh, so what the
+        exporter holds in memory only (the last utilisation sample read) starts again, and what it keeps
+        (XID counts, recovery actions) is read back. A board replaced meanwhile shows its new identity."""
+        ended = [f for f in self.state.fleet.faults_for(self.name) if f.kind in RESTARTS and f.end is not None
+                 and f.end <= self.t and f.id not in self.fired]
         if not ended:
             return
         self.fired.update(f.id for f in ended)
         self.stop()  # Its driver reload wakes the old XID watcher, and empties the utilisation sample buffer.
         exporter_node.close(self.collectors)
+        self.effects.replace_boards(ended)
+        self.hardware = replace(self.hardware, state=PersistentState(self.store))
         self.collectors = exporter_node.build(self.fleet.exporter_flags, self.hardware)
         self._last_tick = [-_FOREVER] * len(self.collectors)
-        self.exposition = Exposition(self.collectors, self.fleet.process_metrics)
+        self.exposition = Exposition(self.collectors, self.fleet.process_metrics, self.hardware.state)
         self.start()
 
     # Collection -----------------------------------------------------------------------------------
@@ -284,12 +298,24 @@ class Fleet:
     def faults_for(self, node: str) -> list[Fault]:
         return self._by_node.get(node, [])
 
+    def place(self, topology: dict[str, dict[str, str]]) -> None:
+        """Give each node its place (rack, leaf) from a site topology; raises ValueError for a node not in the
+        fleet. A switch_down takes down the nodes of its leaf."""
+        unknown = sorted(set(topology) - set(self.nodes))
+        if unknown:
+            raise ValueError(f"nodes not in the fleet: {', '.join(unknown[:5])}")
+        for name, labels in topology.items():
+            self.nodes[name].places = dict(labels)
+        with self._lock:
+            self._set(self.faults)
+
     def _set(self, faults: list[Fault]) -> None:
         """Replace the fault list and its index by node: a fleet drawn from fault rates holds thousands of
         faults, and every node reads its own many times per collection."""
         by_node: dict[str, list[Fault]] = {}
         for fault in faults:
-            by_node.setdefault(fault.node, []).append(fault)
+            for node in [n.name for n in self.nodes.values() if n.leaf == fault.leaf] if fault.leaf else [fault.node]:
+                by_node.setdefault(node, []).append(fault)
         self.faults, self._by_node = faults, by_node
         self.fault_version += 1
 

@@ -83,7 +83,7 @@ class History:
             stamp = f"{start + index * step:.3f}"
             for name, node in self.fleet.nodes.items():
                 target = ",".join(f'{k}="{v}"' for k, v in {**self.labels, "instance": name, "job": "gpufleet"}.items())
-                if node.has_at(FaultKind.EXPORTER_DOWN, t) or node.has_at(FaultKind.EXPORTER_RESTART, t):
+                if node.has_at(FaultKind.EXPORTER_DOWN, t) or node.state.restarting_at(t):
                     # As Prometheus records a target that does not answer: up 0, nothing else.
                     families["up"].append(f"up{{{target}}} 0 {stamp}")
                     self._held.pop(name, None)  # It comes back with what it collects then.

@@ -6,10 +6,12 @@ object, so that they agree on the instant they describe without holding the node
 
 from __future__ import annotations
 
+import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpufleet.simulator.faults import Cause, Fault
+from gpufleet.simulator.faults import REBOOTS, RESTARTS, Cause, Fault
 from gpufleet.simulator.faults import FaultKind as Kind
 from gpufleet.simulator.timeline import overlap
 
@@ -32,6 +34,7 @@ class NodeState:
     name: str
     t: float = 0.0  # The node's frozen clock, in simulated seconds since the fleet started.
     fired: set[str] = field(default_factory=set)  # Faults whose one-off events (XIDs, restarts) have happened.
+    started: float = field(default_factory=time.time)  # Unix time of the node's first boot, at its time 0.
 
     def active(self, kind: Kind, gpu: int | None = None, port: str | None = None,
                 cause: Cause | None = None) -> list[Fault]:
@@ -57,3 +60,27 @@ class NodeState:
         """Whether a fault of `kind` is active on the node at time `t`, read without touching the node's clock:
         the server asks it of a scrape's instant before the node is advanced to it."""
         return any(f.kind is kind and f.active(t) for f in self.fleet.faults_for(self.name))
+
+    def links_down(self, port: str) -> list[Fault]:
+        """The faults that take an InfiniBand port's link down: its own, and its leaf switch's (on its rail, or
+        on every port)."""
+        return [f for f in self.fleet.faults_for(self.name)
+                if (f.kind is Kind.IB_LINK_DOWN and f.port == port)
+                or (f.kind is Kind.SWITCH_DOWN and f.port in (None, port))]
+
+    def restarting_at(self, t: float) -> bool:
+        """Whether the node's exporter is away at `t` (restarting, or the node rebooting): scrapes are refused."""
+        return any(f.kind in RESTARTS and f.active(t) for f in self.fleet.faults_for(self.name))
+
+    def repaired_at(self, kinds: Collection[Kind], gpu: int) -> float:
+        """When the latest repair of `kinds` touching GPU `gpu` (its own, or the whole node's) ended, up to now;
+        minus infinity where none has. A fault that began before it no longer shows."""
+        return max((f.end for f in self.fleet.faults_for(self.name)
+                    if f.kind in kinds and (f.gpu is None or f.gpu == gpu) and f.end is not None and f.end <= self.t),
+                   default=float("-inf"))
+
+    def boot_time(self) -> int:
+        """Unix time the node last booted: its first boot, or the end of its latest reboot."""
+        rebooted = max((f.end for f in self.fleet.faults_for(self.name)
+                        if f.kind in REBOOTS and f.end is not None and f.end <= self.t), default=0.0)
+        return int(self.started + rebooted)

@@ -64,7 +64,7 @@ class NodeSysfs:
             if fault.direction == direction:
                 total += IB_BYTES_PER_SECOND * (fault.size * overlap(fault.start, fault.end, self.state.t)
                                                 - self.workload.window_integral(fault, network))
-        for fault in self.state.active(Kind.IB_LINK_DOWN, port=port):
+        for fault in self.state.links_down(port):
             total -= IB_BYTES_PER_SECOND * self.workload.window_integral(fault, network)
         for fault in self.state.active(Kind.IB_LINK_FLAP, port=port):
             total -= 0.5 * IB_BYTES_PER_SECOND * self.workload.window_integral(fault, network)
@@ -80,14 +80,14 @@ class NodeSysfs:
 
     def ib_down(self, port: str) -> bool:
         t = self.state.t
-        if any(f.active(t) for f in self.state.active(Kind.IB_LINK_DOWN, port=port)):
+        if any(f.active(t) for f in self.state.links_down(port)):
             return True
         flaps = self.state.active(Kind.IB_LINK_FLAP, port=port)
         return any(f.active(t) and (t - f.start) % f.size < f.size / 2 for f in flaps)  # Down the first half.
 
     def ib_link_downed(self, port: str) -> int:
         t = self.state.t
-        downs = sum(1 for f in self.state.active(Kind.IB_LINK_DOWN, port=port) if f.start <= t)
+        downs = sum(1 for f in self.state.links_down(port) if f.start <= t)
         for fault in self.state.active(Kind.IB_LINK_FLAP, port=port):
             window = overlap(fault.start, fault.end, t)
             downs += math.ceil(window / fault.size) if window > 0 else 0

@@ -49,8 +49,8 @@ class SimClock:
 def file_sd_targets(fleet: Fleet, address: str, labels: dict[str, str]) -> list[dict[str, object]]:
     return [
         {"targets": [address],
-         "labels": {**labels, "instance": name, "__metrics_path__": f"/nodes/{name}/metrics"}}
-        for name in fleet.nodes
+         "labels": {**labels, **node.places, "instance": name, "__metrics_path__": f"/nodes/{name}/metrics"}}
+        for name, node in fleet.nodes.items()
     ]
 
 
@@ -69,7 +69,7 @@ async def node_metrics(request: web.Request) -> web.StreamResponse:
     if node is None:
         raise web.HTTPNotFound(text="no such node\n")
     now = request.app[CLOCK_KEY]()
-    if node.has_at(FaultKind.EXPORTER_RESTART, now) or request.app[MISSED_KEY]():
+    if node.state.restarting_at(now) or request.app[MISSED_KEY]():
         raise web.HTTPServiceUnavailable(text="exporter restarting, or a scrape missed (simulated)\n")
     if node.has_at(FaultKind.EXPORTER_DOWN, now):  # Held until the scraper gives up, as a hung exporter does.
         await asyncio.sleep(request.app[HOLD_KEY])

@@ -29,6 +29,10 @@ SIXTEEN_NODES = {"jobs": [
 ]}
 
 
+# Where the sixteen nodes sit: four racks of four, every node's InfiniBand rails on one group of leaf switches.
+SIXTEEN_NODES_TOPOLOGY = {"nodes": {node(n): {"rack": f"r{(n - 1) // 4 + 1}", "leaf": "su1"} for n in range(1, 17)}}
+
+
 def write(path: Path, layout: dict) -> Path:
     path.write_text(yaml.safe_dump(layout))
     return path

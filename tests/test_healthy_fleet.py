@@ -60,7 +60,7 @@ async def test_jobs_end_and_new_ones_take_most_of_their_nodes_while_counters_kee
         fleet.close()
 
 
-async def test_a_restarted_exporter_refuses_scrapes_then_counts_its_own_counters_from_zero():
+async def test_a_restarted_exporter_refuses_scrapes_then_keeps_what_it_counted():
     fleet = Fleet(node_count=2, seed=1)
     fleet.add([Fault("x", "xid", "gpu-node-0001", 5.0, gpu=2, xid=79),
                Fault("r", "exporter_restart", "gpu-node-0001", 40.0, 10.0)])
@@ -87,8 +87,10 @@ async def test_a_restarted_exporter_refuses_scrapes_then_counts_its_own_counters
         finally:
             await client.close()
         after = parse(await node.scrape(60.0, wall))
-        # The XID came before the restart: the new process has not seen it. The driver's counters go on.
-        assert total(after, "gpufleet_gpu_xid_errors_total") == 0
+        # The XID came before the restart: the new process reads its count back from the kept state, and the
+        # reboot the GPU needs. The driver's counters go on.
+        assert total(after, "gpufleet_gpu_xid_errors_total") == 1
+        assert total(after, "gpufleet_gpu_recovery_action") == 3
         assert total(after, "gpufleet_gpu_energy_joules_total") > energy_before
         assert total(after, "gpufleet_gpu_up") == 8
     finally:

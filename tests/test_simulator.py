@@ -115,10 +115,14 @@ async def test_the_healthy_fleet_is_healthy(baseline):
 
 @pytest.mark.parametrize(("fault", "expected"), [
     ({"kind": "xid", "gpu": 2, "xid": 13}, {"gpufleet_gpu_xid_errors_total"}),
-    ({"kind": "ecc_dbe", "gpu": 2}, {"gpufleet_gpu_ecc_errors_total", "gpufleet_gpu_xid_errors_total"}),
+    # Each with the reset or new board it calls for, and the driver's own verdict where it gives one.
+    ({"kind": "ecc_dbe", "gpu": 2}, {"gpufleet_gpu_ecc_errors_total", "gpufleet_gpu_xid_errors_total",
+                                     "gpufleet_gpu_recovery_action", "gpufleet_gpu_recovery_action_reason",
+                                     "gpufleet_gpu_driver_recovery_action"}),
     ({"kind": "row_remap_pending", "gpu": 2}, {"gpufleet_gpu_remapped_rows", "gpufleet_gpu_row_remap_pending"}),
     ({"kind": "row_remap_failure", "gpu": 2},
-     {"gpufleet_gpu_remapped_rows", "gpufleet_gpu_row_remap_failed", "gpufleet_gpu_xid_errors_total"}),
+     {"gpufleet_gpu_remapped_rows", "gpufleet_gpu_row_remap_failed", "gpufleet_gpu_xid_errors_total",
+      "gpufleet_gpu_recovery_action", "gpufleet_gpu_recovery_action_reason"}),
     ({"kind": "pcie_replay_storm", "gpu": 2}, {"gpufleet_gpu_pcie_replays_total"}),
     ({"kind": "nvlink_crc", "gpu": 2, "link": 5},
      {"gpufleet_gpu_nvlink_errors_total", "gpufleet_gpu_nvlink_link_errors_total"}),
@@ -179,12 +183,15 @@ async def test_a_straggler_slows_itself_and_its_peers_wait_while_other_nodes_see
      {"gpufleet_infiniband_port_xmit_data_bytes_total", "gpufleet_infiniband_port_xmit_packets_total"}),
     ({"kind": "ib_congestion", "port": "mlx5_3/1"}, {"gpufleet_infiniband_port_xmit_wait_total"}),
     ({"kind": "symbol_errors", "port": "mlx5_3/1"}, {"gpufleet_infiniband_symbol_error_total"}),
+    # Down from the fleet's start, and at its first collection: never seen ACTIVE, as an uncabled port.
     ({"kind": "ib_link_down", "port": "mlx5_3/1"},
      {"gpufleet_infiniband_state_id", "gpufleet_infiniband_physical_state_id", "gpufleet_infiniband_link_downed_total",
+      "gpufleet_infiniband_port_seen_active",
       "gpufleet_infiniband_port_xmit_data_bytes_total", "gpufleet_infiniband_port_rcv_data_bytes_total",
       "gpufleet_infiniband_port_xmit_packets_total", "gpufleet_infiniband_port_rcv_packets_total"}),
     ({"kind": "ib_link_flap", "port": "mlx5_3/1", "start": 295},
      {"gpufleet_infiniband_state_id", "gpufleet_infiniband_physical_state_id", "gpufleet_infiniband_link_downed_total",
+      "gpufleet_infiniband_port_seen_active",
       "gpufleet_infiniband_port_xmit_data_bytes_total", "gpufleet_infiniband_port_rcv_data_bytes_total",
       "gpufleet_infiniband_port_xmit_packets_total", "gpufleet_infiniband_port_rcv_packets_total"}),
     ({"kind": "ib_rate_degraded", "port": "mlx5_3/1"}, {"gpufleet_infiniband_rate_bytes_per_second"}),

@@ -1,0 +1,90 @@
+"""Where each node sits (rack, leaf switch), as labels the scrape configuration puts on its series: the one
+file format the scrape targets, the simulator and a site share.
+
+With a `leaf` label on every node, a leaf switch that drops the links of all the nodes behind it is one
+incident naming the leaf (`FabricLeafDown`) rather than one per node; without a topology everything works
+per node. A site writes one YAML file:
+
+    nodes:
+      gpu-node-0001: {rack: r01, leaf: su1}
+      gpu-node-0002: {rack: r01, leaf: su1}
+
+In a rail-optimised fabric a node's HCAs go to as many leaf switches, one per rail; `leaf` then names the
+group of leaves that a set of nodes shares (the scalable unit), and the alert names the rail by its HCA
+(`device`). `gpufleet alerts topology` turns the file into file_sd targets, or into relabelling rules for
+a site that keeps its own service discovery (kube-prometheus-stack's ServiceMonitor relabelings among them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+# Labels the scrape itself sets, which a topology must not replace.
+RESERVED = frozenset({"instance", "job", "cluster"})
+
+
+class TopologyError(ValueError):
+    """A topology file that cannot be used; the message names the file and the node."""
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Each node's place, as label name -> value."""
+
+    nodes: dict[str, dict[str, str]]
+
+    def groups(self) -> list[tuple[dict[str, str], list[str]]]:
+        """The nodes grouped by identical labels, in order of first appearance: one file_sd entry each."""
+        grouped: dict[tuple[tuple[str, str], ...], list[str]] = {}
+        for node, labels in self.nodes.items():
+            grouped.setdefault(tuple(sorted(labels.items())), []).append(node)
+        return [(dict(labels), nodes) for labels, nodes in grouped.items()]
+
+
+def load(path: str | Path) -> Topology:
+    """The topology of a YAML file, each node's labels checked."""
+    try:
+        document = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as err:
+        raise TopologyError(f"{path}: cannot read: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise TopologyError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(document, dict) or set(document) != {"nodes"} or not isinstance(document["nodes"], dict):
+        raise TopologyError(f"{path}: expected a mapping with one key, 'nodes', of node name -> labels")
+    nodes: dict[str, dict[str, str]] = {}
+    for node, labels in document["nodes"].items():
+        if not isinstance(labels, dict) or not labels:
+            raise TopologyError(f"{path}: {node}: expected labels such as {{rack: r01, leaf: su1}}, not {labels!r}")
+        for name, value in labels.items():
+            if not isinstance(name, str) or not _LABEL.match(name) or name.startswith("__") or name in RESERVED:
+                raise TopologyError(f"{path}: {node}: {name!r} is not a label a topology may set "
+                                    f"(not {', '.join(sorted(RESERVED))}, nor one starting __)")
+            if not isinstance(value, str | int) or isinstance(value, bool) or str(value) == "":
+                raise TopologyError(f"{path}: {node}: {name} must be a name, not {value!r}")
+        nodes[str(node)] = {name: str(value) for name, value in labels.items()}
+    return Topology(nodes)
+
+
+def file_sd(topology: Topology, port: int, extra: dict[str, str]) -> str:
+    """Prometheus file_sd targets: each node at `port`, with its place and the `extra` labels (a cluster)."""
+    entries = [{"targets": [f"{node}:{port}" for node in nodes], "labels": {**extra, **labels}}
+               for labels, nodes in topology.groups()]
+    return json.dumps(entries, indent=2) + "\n"
+
+
+def relabel_configs(topology: Topology, source: str) -> str:
+    """`relabel_configs` that set each node's labels from `source` (a node name, or `name:port`), for a scrape
+    job with service discovery of its own."""
+    rules: list[dict[str, Any]] = []
+    for labels, nodes in topology.groups():
+        regex = "(" + "|".join(re.escape(node) for node in nodes) + ")(:[0-9]+)?"
+        rules += [{"source_labels": [source], "regex": regex, "target_label": name, "replacement": value}
+                  for name, value in sorted(labels.items())]
+    return yaml.safe_dump(rules, sort_keys=False, width=1000)

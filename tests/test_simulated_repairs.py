@@ -1,0 +1,98 @@
+"""The simulator's repairs (a GPU reset, a node reboot, a board replaced) end what they fix and nothing else, as
+the exporter on the repaired node reports it: the recovery action it holds, the counts a reset clears, the
+identity of a new board."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gpufleet.xid import Action
+
+from fleets import SLOW, Probe, value
+
+
+@pytest.fixture
+def probe_of():
+    probes = []
+
+    def make(*entries: dict) -> Probe:
+        probes.append(Probe(*entries))
+        probes[-1].fleet.start()  # Each exporter's XID watcher, as the simulator runs them.
+        return probes[-1]
+
+    yield make
+    for probe in probes:
+        probe.close()
+
+
+def actions(samples: dict) -> dict[str, float]:
+    """Each GPU's recovery action, by index."""
+    return {dict(labels)["gpu"]: v for (name, labels), v in samples.items() if name == "gpufleet_gpu_recovery_action"}
+
+
+async def held(probe: Probe, t: float, gpu: str, action: Action) -> dict:
+    """The node's scrape at `t` once GPU `gpu` is held at `action`: an XID reaches the exporter through its
+    event thread, a moment after the collection that raised it."""
+    for _ in range(50):
+        samples = await probe.at(SLOW, t)
+        if actions(samples).get(gpu) == action:
+            return samples
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"GPU {gpu} never held at {action.name}: {actions(samples)}")
+
+
+def uuid_of(samples: dict, gpu: str) -> str:
+    return next(dict(labels)["uuid"] for (name, labels) in samples
+                if name == "gpufleet_gpu_info" and dict(labels)["gpu"] == gpu)
+
+
+async def test_a_reset_ends_a_double_bit_error_and_nothing_else(probe_of):
+    probe = probe_of({"kind": "ecc_dbe", "node": SLOW, "gpu": 1, "start": 10},
+                     {"kind": "row_remap_failure", "node": SLOW, "gpu": 2, "start": 10},
+                     {"kind": "gpu_reset", "node": SLOW, "gpu": 1, "start": 100},
+                     {"kind": "gpu_reset", "node": SLOW, "gpu": 2, "start": 100})
+    await probe.at(SLOW, 0)
+    held = await probe.at(SLOW, 50)
+    assert actions(held)["1"] == Action.RESET and actions(held)["2"] == Action.REPLACE
+    assert value(held, "gpufleet_gpu_driver_recovery_action", gpu="1") == 1
+    during = await probe.at(SLOW, 102)  # Off the bus while it resets.
+    assert value(during, "gpufleet_gpu_up", gpu="1") == 0
+    after = await probe.at(SLOW, 110)
+    assert actions(after)["1"] == Action.NONE
+    assert value(after, "gpufleet_gpu_ecc_errors_total", gpu="1", error="uncorrected", scope="volatile") == 0
+    assert value(after, "gpufleet_gpu_ecc_errors_total", gpu="1", error="uncorrected", scope="aggregate") == 1
+    assert actions(after)["2"] == Action.REPLACE  # A reset does not mend a board that cannot remap rows.
+
+
+async def test_a_reboot_brings_a_lost_gpu_back_with_a_new_boot_time_and_exporter(probe_of):
+    probe = probe_of({"kind": "gpu_lost", "node": SLOW, "gpu": 5, "start": 10},
+                     {"kind": "node_reboot", "node": SLOW, "start": 100})
+    await probe.at(SLOW, 0)
+    lost = await held(probe, 50, "5", Action.REBOOT)  # Its XID 79.
+    assert value(lost, "gpufleet_gpu_up", gpu="5") == 0
+    node = probe.fleet.nodes[SLOW]
+    assert node.state.restarting_at(130)
+    before = node.state.boot_time()
+    back = await probe.at(SLOW, 170)
+    assert node.state.boot_time() == before + 160
+    assert value(back, "gpufleet_gpu_up", gpu="5") == 1
+    assert set(actions(back).values()) == {Action.NONE}
+    assert value(back, "gpufleet_gpu_xid_errors_total", gpu="5", xid="79") == 1  # Kept across the restart.
+
+
+async def test_a_new_board_ends_a_failed_row_remap_and_shows_another_uuid(probe_of):
+    probe = probe_of({"kind": "row_remap_failure", "node": SLOW, "gpu": 3, "start": 10},
+                     {"kind": "node_reboot", "node": SLOW, "start": 100},
+                     {"kind": "gpu_replace", "node": SLOW, "gpu": 3, "start": 300})
+    await probe.at(SLOW, 0)
+    failed = await probe.at(SLOW, 50)
+    old = uuid_of(failed, "3")
+    assert actions(failed)["3"] == Action.REPLACE
+    rebooted = await probe.at(SLOW, 200)
+    assert actions(rebooted)["3"] == Action.REPLACE and uuid_of(rebooted, "3") == old
+    replaced = await probe.at(SLOW, 400)
+    assert uuid_of(replaced, "3") != old
+    assert actions(replaced)["3"] == Action.NONE
+    assert value(replaced, "gpufleet_gpu_row_remap_failed", gpu="3") == 0
