@@ -1,4 +1,5 @@
-"""`gpufleet alerts build`: regenerate the committed rule files, or check that they are current."""
+"""`gpufleet alerts build`: regenerate the committed rule files, or check that they are current; and
+`gpufleet alerts topology`: a site's topology as scrape targets or relabelling."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gpufleet import checkout
+from gpufleet import checkout, topology
 from gpufleet.alerts import config
 from gpufleet.alerts.rules import ENGINES, Engine, render
 
@@ -35,6 +36,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        help="divide every window and `for` duration by FACTOR, for tests against a fast "
                             "simulated fleet; never for production (default: 1)")
     build.set_defaults(handler=run_build)
+    places = commands.add_parser("topology", help="turn a topology file into scrape targets or relabelling",
+                                 description="Each node's rack and leaf switch as labels on its series, so that "
+                                             "the rules and routing can see a leaf switch fail as one incident.")
+    places.add_argument("file", type=Path, metavar="TOPOLOGY", help="YAML: nodes: {NODE: {rack: R, leaf: L}}")
+    places.add_argument("--format", choices=("file-sd", "relabel"), default="file-sd",
+                        help="file-sd: Prometheus file_sd targets; relabel: relabel_configs for a scrape job with "
+                             "its own discovery (default: %(default)s)")
+    places.add_argument("--port", type=int, default=19400,
+                        help="the exporters' port, for file-sd (default: %(default)s)")
+    places.add_argument("--label", action="append", default=[], metavar="NAME=VALUE",
+                        help="another label on every target, for file-sd (a cluster; repeatable)")
+    places.add_argument("--source-label", default="__address__", metavar="LABEL",
+                        help="the label holding the node's name, for relabel (default: %(default)s; "
+                             "__meta_kubernetes_pod_node_name for a DaemonSet's pods)")
+    places.set_defaults(handler=run_topology)
 
 
 def _time_scale(text: str) -> float:
@@ -78,7 +94,28 @@ def run_build(args: argparse.Namespace) -> int:
         print("gpufleet alerts build: not in a gpufleet checkout; give --output FILE or --output-dir DIR",
               file=sys.stderr)
         return 2
-    stale = write(files, args.config.scaled(args.time_scale), args.check)
+    try:
+        stale = write(files, args.config.scaled(args.time_scale), args.check)
+    except config.ConfigError as err:
+        print(f"gpufleet alerts build: error: {err}", file=sys.stderr)
+        return 2
     for path in stale:
         print(f"gpufleet alerts build: {path} is out of date; run `gpufleet alerts build`", file=sys.stderr)
     return 1 if stale else 0
+
+
+def run_topology(args: argparse.Namespace) -> int:
+    try:
+        places = topology.load(args.file)
+    except topology.TopologyError as err:
+        print(f"gpufleet alerts topology: error: {err}", file=sys.stderr)
+        return 2
+    if args.format == "relabel":
+        sys.stdout.write(topology.relabel_configs(places, args.source_label))
+        return 0
+    extra = dict(label.partition("=")[::2] for label in args.label)
+    if any(not name or not value for name, value in extra.items()):
+        print("gpufleet alerts topology: error: --label takes NAME=VALUE", file=sys.stderr)
+        return 2
+    sys.stdout.write(topology.file_sd(places, args.port, extra))
+    return 0

@@ -20,13 +20,16 @@ import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import yaml
 
 from gpufleet import duration
 
 Duration: TypeAlias = str  # In gpufleet's duration grammar, as PromQL writes it: `15m`, `1h30m`.
+AlertOverrides: TypeAlias = dict[str, dict[str, Any]]  # Alert name -> severity, disabled, labels.
+SEVERITIES = ("critical", "warning", "info")
+_OVERRIDES = ("severity", "disabled", "labels")
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
@@ -58,6 +61,7 @@ class Config:
     slowdown_share: float = 0.1  # Share of samples with a hardware slowdown reason active.
     slowdown_window: Duration = "10m"
     thermal_margin_celsius: float = 2.0  # NVSentinel flags H100s below about 2 °C of margin.
+    thermal_margin_gpus: int = 4  # This many GPUs of one node that close to slowdown is its cooling, and pages.
     retired_pages_critical: int = 60  # DCGM: 60+ retired pages is an RMA candidate on pre-Ampere GPUs.
     stale_seconds: int = 300  # A collector without a success for this long is stale.
 
@@ -99,6 +103,11 @@ class Config:
     roce_out_of_buffer_per_second: float = 100.0
     roce_slow_restarts_per_second: float = 1.0
     ethernet_error_share: float = 0.01  # Errors per packet, as kube-prometheus.
+    # A leaf switch down: at least this share of the nodes behind one leaf (the label `leaf_label`, from the
+    # site's topology; see alerts/topology.py), and this many, have the same InfiniBand HCA down at once.
+    leaf_label: str = "leaf"
+    leaf_down_share: float = 0.5
+    leaf_down_nodes: int = 2
 
     # vmalert only: how many rules of a pager group (one that runs at the evaluation interval) it asks at once,
     # its group field `concurrency`, capped at the group's size: one after another, a group waits for each of
@@ -109,6 +118,14 @@ class Config:
     # often ask one at a time, so that the capacity and reliability groups cannot take the store's query slots
     # from the pager.
     vmalert_trend_concurrency: int = 2
+
+    # A site's own view of each alert, by name, without editing generated files: another `severity`
+    # (critical pages, warning tickets, info reaches nobody), `disabled: true`, or more `labels` (a team, a
+    # service) for its routing. For example:
+    #     alerts:
+    #       GpuNeedsReplacement: {severity: info, labels: {team: hardware}}
+    #       NicInfinibandRateDegraded: {disabled: true}
+    alerts: AlertOverrides = dataclasses.field(default_factory=dict)
 
     def by(self, *labels: str) -> str:
         """A grouping that keeps clusters apart: `cluster, instance` for `by("instance")`."""
@@ -168,6 +185,9 @@ def _value(kind: object, value: object) -> object:
 
 
 def _check(path: str | Path, key: str, kind: object, value: object) -> None:
+    if kind == "AlertOverrides":
+        _check_overrides(path, value)
+        return
     expected = {"str": str, "Duration": str | int | float, "float": int | float, "int": int}[str(kind)]
     if isinstance(value, bool) or not isinstance(value, expected):
         what = {"str": "text", "Duration": "a duration", "float": "a number", "int": "a whole number"}[str(kind)]
@@ -177,10 +197,33 @@ def _check(path: str | Path, key: str, kind: object, value: object) -> None:
             duration.parse(value)
         except duration.DurationError as err:
             raise ConfigError(f"{path}: {key}: {err}") from None
-    if key == "cluster_label" and not _LABEL.fullmatch(str(value)):
-        raise ConfigError(f"{path}: cluster_label {value!r} is not a Prometheus label name")
+    if key in ("cluster_label", "leaf_label") and not _LABEL.fullmatch(str(value)):
+        raise ConfigError(f"{path}: {key} {value!r} is not a Prometheus label name")
     if key in ("vmalert_concurrency", "vmalert_trend_concurrency") and isinstance(value, int) and value < 1:
         raise ConfigError(f"{path}: {key} must be 1 or more, not {value!r}")
+
+
+def _check_overrides(path: str | Path, value: object) -> None:
+    """`alerts:` is alert name -> {severity, disabled, labels}; whether each name is an alert is checked when the
+    rules are built (`rules.render`), which knows them."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: alerts must map alert names to their changes, not {value!r}")
+    for name, change in value.items():
+        if not isinstance(change, dict) or not change:
+            raise ConfigError(f"{path}: alerts: {name}: expected some of {', '.join(_OVERRIDES)}, not {change!r}")
+        for key, setting in change.items():
+            if key not in _OVERRIDES:
+                raise ConfigError(f"{path}: alerts: {name}: unknown key {key!r}; the keys are {', '.join(_OVERRIDES)}")
+            if key == "severity" and setting not in SEVERITIES:
+                raise ConfigError(f"{path}: alerts: {name}: severity must be one of {', '.join(SEVERITIES)}, "
+                                  f"not {setting!r}")
+            if key == "disabled" and not isinstance(setting, bool):
+                raise ConfigError(f"{path}: alerts: {name}: disabled must be true or false, not {setting!r}")
+            if key == "labels" and (not isinstance(setting, dict) or not all(
+                    isinstance(k, str) and _LABEL.fullmatch(k) and k not in ("alertname", "severity")
+                    and isinstance(v, str) for k, v in setting.items())):
+                raise ConfigError(f"{path}: alerts: {name}: labels must map label names (not alertname or "
+                                  f"severity) to text, not {setting!r}")
 
 
 def add_argument(parser: argparse.ArgumentParser) -> None:

@@ -11,7 +11,6 @@ from typing import Any
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.recording import (
     LINK_UTILIZATION,
-    NODE_IB_RATE,
     NODE_JOBS,
     RATE_WINDOW,
     congested,
@@ -48,6 +47,24 @@ def _rate_above(c: Config, name: str, counter: str, per_second: float, summary: 
                  f"{PORT} has {{{{ $value | humanize }}}} {what} per second.", for_="5m")
 
 
+def _leaf_down(c: Config, down: str) -> dict[str, Any]:
+    """One alert for a leaf switch whose nodes' links went down together, where the site's topology gives each
+    node a leaf (`Config.leaf_label`): by leaf and HCA (in a rail-optimised fabric the HCA names the rail). It
+    fires before the nodes' own port alerts (`for` 1m against their 2m), which it inhibits at Alertmanager,
+    so the leaf is one incident rather than one per node."""
+    leaf = c.by(c.leaf_label)
+    on_leaf = f'{c.leaf_label}!=""'
+    nodes_down = f"count by ({leaf}, device) (max by ({leaf}, instance, device) ({down}))"
+    job = f'job="{c.exporter_job}"'
+    nodes = f"count by ({leaf}) ({c.metric('up', job, on_leaf)})"
+    return alert(c, "FabricLeafDown",
+                 f"({nodes_down} >= {c.leaf_down_nodes}) and "
+                 f"({nodes_down} / on ({leaf}) group_left () {nodes} >= {c.leaf_down_share:g})",
+                 "critical", "The InfiniBand links of the nodes behind one leaf switch went down together.",
+                 f"{{{{ $value }}}} nodes behind {c.leaf_label} {{{{ $labels.{c.leaf_label} }}}} lost their "
+                 "{{ $labels.device }} link at once: the switch (or its rail), not the nodes.", for_="1m", held=False)
+
+
 def fabric(c: Config) -> dict[str, Any]:
     """What pages for a port the moment it fails, evaluated at the scrape interval: a port down or trained
     down, and a link's downs over a window. Two sparse series, recorded first, read the link-downs' window
@@ -57,21 +74,24 @@ def fabric(c: Config) -> dict[str, Any]:
     # Rounded: increase() extrapolates to the window's edges, which can make 2 link-downs read 2.1.
     downed = f"round(increase({c.metric(ib + 'link_downed_total')}[{c.d(c.link_downed_window)}]))"
     not_active = f"{c.metric(ib + 'state_id')} != 4"
+    unexpected = f"({c.metric(ib + 'physical_state_id')} == 3 or {c.metric(ib + 'port_seen_active')} == 0)"
     rules = [
         record(LINK_DOWNS, f"{downed} > 0"),
         record(NOT_ACTIVE, not_active),
-        alert(c, "NicInfinibandPortDown",
-              f"{not_active} unless on ({port}) {c.metric(ib + 'physical_state_id')} == 3", "critical",
+        # Not a port disabled on purpose, nor one never seen ACTIVE (no cable): the exporter remembers which
+        # have been, across restarts and reboots, so that a port that died is not taken for one never cabled.
+        alert(c, "NicInfinibandPortDown", f"{not_active} unless on ({port}) {unexpected}", "critical",
               "An InfiniBand port is not active.",
               f"{PORT} is in state {{{{ $value }}}}, not 4 (ACTIVE).", for_="2m"),
-        # Against the fastest rate of the node's ports as the first tier recorded it, up to a minute ago: a
-        # port that trains down is slower than that at once.
+        _leaf_down(c, f"{NOT_ACTIVE} unless on ({port}) {unexpected}"),
+        # Against the rate the port is known to reach (its own fastest, or its same-model peers'), as the
+        # exporter reports it: never against another HCA, such as a slower storage HCA of the same node.
         alert(c, "NicInfinibandRateDegraded",
-              f"({c.metric(ib + 'rate_bytes_per_second')} < on ({c.by('instance')}) group_left {NODE_IB_RATE}) "
-              f"unless on ({port}) {NOT_ACTIVE}", "critical",
-              "An InfiniBand port runs below the rate of the node's other ports.",
-              f"{PORT} runs at {{{{ $value | humanize }}}}B/s, below the node's other ports: the link "
-              "trained down.", for_="5m"),
+              f"({c.metric(ib + 'rate_bytes_per_second')} < on ({port}) "
+              f"{c.metric(ib + 'rate_capability_bytes_per_second')}) unless on ({port}) {NOT_ACTIVE}", "critical",
+              "An InfiniBand port runs below the rate it is known to reach.",
+              f"{PORT} runs at {{{{ $value | humanize }}}}B/s, below the rate it has run at or its same-model "
+              "peers run at: the link trained down.", for_="5m"),
         # Only for a port that is back and was not paged for: a port still down is NicInfinibandPortDown's
         # page, and the link-downs a page already counted would reopen as a ticket once the page resolved.
         # It waits `link_downed_for`, so that a flap pages before its first link-down opens a ticket.
@@ -113,7 +133,7 @@ def fabric_trends(c: Config) -> dict[str, Any]:
               f"over {c.saturation_window}.", for_=c.saturation_for),
         alert(c, "NicSaturatedTrainingJob",
               f"({SATURATED} > {c.saturation_critical:g}) + on ({node}) "
-              f"group_left (scheduler, job_id, namespace, pod) {main_job}", "critical",
+              f"group_left (scheduler, job_id, namespace, pod) {main_job}", "warning",
               "A network link of a node running a training job is saturated.",
               f"{_LINK} {{{{ $labels.direction }}}}s at {{{{ $value | humanizePercentage }}}} of its link speed "
               f"over {c.saturation_window} while it runs a "

@@ -1,7 +1,11 @@
-"""Failing GPUs: XIDs by class, memory errors, lost boards, NVLink, PCIe and hardware slowdowns.
+"""Failing GPUs: the recovery action each needs, XIDs by class, memory errors, lost boards, NVLink, PCIe and
+hardware slowdowns.
 
-Event alerts (XIDs) fire on the event's timestamp rather than on `increase()`, which misses the
-first event of a new series.
+A GPU that needs a reset, a reboot or a new board pages (or tickets) from the recovery action the exporter
+holds for it, which lasts until the action is seen done: never from an event's window, which would resolve
+while the GPU is still broken. The events themselves (XIDs, new uncorrectable ECC errors) are information for
+the dashboards; they fire on the event's timestamp rather than on `increase()`, which misses the first event
+of a new series.
 """
 
 from __future__ import annotations
@@ -19,8 +23,8 @@ from gpufleet.alerts.recording import (
     pcie_degraded,
     share_of_time,
 )
-from gpufleet.alerts.rule import GPU, TREND_INTERVAL, alert
-from gpufleet.alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH, matcher
+from gpufleet.alerts.rule import GPU, TREND_INTERVAL, alert, matcher, printf
+from gpufleet.xid import APPLICATION, RESET_OR_REBOOT, WATCH, Action
 
 _CRC = 'error=~"crc_flit|crc_data"'
 _HW_SLOWDOWN = 'reason=~"hw_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"'
@@ -33,12 +37,32 @@ def _xid_event(c: Config, name: str, codes: tuple[int, ...], severity: str, summ
                  f"{GPU} reported XID {{{{ $labels.xid }}}} {{{{ $value | humanizeDuration }}}} ago.")
 
 
+def _needs(c: Config, name: str, action: Action, severity: str, summary: str, what: str) -> dict[str, Any]:
+    """An alert for GPUs held at one recovery action: it fires while the exporter holds it, which is until the
+    action is seen done (a reset, a reboot, another board), however long that takes and across restarts."""
+    reason = printf(c.metric("gpufleet_gpu_recovery_action_reason", f'{c.cluster_label}="%s",instance="%s",uuid="%s"'),
+                    f"$labels.{c.cluster_label}", "$labels.instance", "$labels.uuid")
+    return alert(c, name, f"{c.metric('gpufleet_gpu_recovery_action')} == {int(action)}", severity, summary,
+                 f"{GPU} needs {what}{{{{ with {reason} | query }}}}{{{{ with first . }}}}: "
+                 "{{ .Labels.reason }}, since {{ .Value | humanizeTimestamp }}{{ end }}{{ end }}. "
+                 "The alert stays until the exporter sees it done.")
+
+
 def gpu_failures(c: Config) -> dict[str, Any]:
     """What pages for a GPU the moment it breaks, evaluated at the scrape interval: instant selectors over
     the raw series, and a window only over the sparse new-ECC-error series it records first."""
     rules = [
         ecc_new(c),
-        _xid_event(c, "GpuXidCritical", RESET_OR_REBOOT, "critical",
+        _needs(c, "GpuNeedsDrain", Action.DRAIN, "critical", "A GPU's driver asks for its work to be drained.",
+               "its work drained"),
+        _needs(c, "GpuNeedsReset", Action.RESET, "critical", "A GPU needs a reset before it runs work again.",
+               "a reset"),
+        _needs(c, "GpuNeedsReboot", Action.REBOOT, "critical", "A GPU needs its node rebooted before it runs work "
+               "again.", "its node rebooted"),
+        _needs(c, "GpuNeedsReplacement", Action.REPLACE, "warning", "A GPU needs to be replaced: an RMA.",
+               "replacing"),
+        # The events themselves, for the dashboards: the recovery action they raise is what pages.
+        _xid_event(c, "GpuXidCritical", RESET_OR_REBOOT, "info",
                    "A GPU reported an XID that needs a GPU reset or a reboot."),
         _xid_event(c, "GpuXidWarning", WATCH, "warning",
                    "A GPU reported a memory XID to watch (row remap, high single-bit rate, contained error)."),
@@ -52,19 +76,22 @@ def gpu_failures(c: Config) -> dict[str, Any]:
               "critical", "A node has GPUs on its PCI bus that NVML does not list.",
               "{{ $labels.instance }} has {{ $value }} NVIDIA GPUs on the PCI bus, more than NVML lists.",
               for_="5m"),
-        alert(c, "GpuEccUncorrectable", f"max_over_time({ECC_NEW}[{c.d(c.ecc_window)}])", "critical",
+        alert(c, "GpuEccUncorrectable", f"max_over_time({ECC_NEW}[{c.d(c.ecc_window)}])", "info",
               "A GPU had an uncorrectable ECC error.",
               f"{GPU} counted uncorrectable ECC errors in the last {c.ecc_window}, {{{{ $value | humanize }}}} "
               "within one minute at most."),
-        alert(c, "GpuRowRemapFailed", f"{c.metric('gpufleet_gpu_row_remap_failed')} == 1", "critical",
-              "A GPU failed to remap a memory row: an RMA candidate.",
-              f"{GPU} failed a row remap; it cannot repair its memory any more."),
         alert(c, "GpuNvlinkDown", f"{c.metric('gpufleet_gpu_nvlink_up')} == 0", "critical",
               "An NVLink is down.", f"NVLink {{{{ $labels.link }}}} of {GPU} is down.", for_="2m"),
         alert(c, "GpuThermalMarginLow",
-              f"{c.metric('gpufleet_gpu_thermal_margin_celsius')} < {c.thermal_margin_celsius:g}", "critical",
+              f"{c.metric('gpufleet_gpu_thermal_margin_celsius')} < {c.thermal_margin_celsius:g}", "warning",
               "A GPU is about to slow down for heat.",
               f"{GPU} is {{{{ $value }}}} °C from thermal slowdown.", for_="2m"),
+        alert(c, "NodeThermalMarginLow",
+              f"count by ({c.by('instance')}) ({c.metric('gpufleet_gpu_thermal_margin_celsius')} < "
+              f"{c.thermal_margin_celsius:g}) >= {c.thermal_margin_gpus}", "critical",
+              "Several GPUs of a node are about to slow down for heat: its cooling is failing.",
+              f"{{{{ $value }}}} GPUs of {{{{ $labels.instance }}}} are within {c.thermal_margin_celsius:g} °C of "
+              "thermal slowdown.", for_="2m"),
     ]
     return {"name": "gpufleet-gpu-failures", "rules": rules}
 
@@ -88,7 +115,7 @@ def gpu_trends(c: Config) -> dict[str, Any]:
               f"{GPU} reported XID {{{{ $labels.xid }}}} again within {c.repeat_window}."),
         alert(c, "GpuCountDropped",
               f"{c.metric('gpufleet_gpu_devices')} < max_over_time({c.metric('gpufleet_gpu_devices')}"
-              f"[{c.d(c.gpu_count_lookback)}])", "critical", "A node lists fewer GPUs than it did earlier today.",
+              f"[{c.d(c.gpu_count_lookback)}])", "warning", "A node lists fewer GPUs than it did earlier today.",
               "{{ $labels.instance }} lists {{ $value }} GPUs, fewer than in the last "
               f"{c.gpu_count_lookback}.", for_="5m"),
         alert(c, "GpuRowRemapPending", f"{c.metric('gpufleet_gpu_row_remap_pending')} == 1", "warning",
@@ -99,7 +126,7 @@ def gpu_trends(c: Config) -> dict[str, Any]:
               f"{GPU} has a retired page pending; reboot the node when its job allows.", for_="5m"),
         alert(c, "GpuRetiredPagesHigh",
               f"sum by ({c.by('instance', 'gpu', 'uuid')}) ({c.metric('gpufleet_gpu_retired_pages')}) >= "
-              f"{c.retired_pages_critical}", "critical", "A GPU has retired many memory pages: an RMA candidate.",
+              f"{c.retired_pages_critical}", "warning", "A GPU has retired many memory pages: an RMA candidate.",
               f"{GPU} has retired {{{{ $value }}}} pages."),
         alert(c, "GpuNvlinkCrcErrors",
               f"rate({c.metric('gpufleet_gpu_nvlink_link_errors_total', _CRC)}[{c.d('5m')}]) > "

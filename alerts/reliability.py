@@ -32,8 +32,8 @@ from typing import Any
 
 from gpufleet import duration
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.rule import record
-from gpufleet.alerts.xid import APPLICATION, DOUBLE_BIT_ECC, FALLEN_OFF_BUS, RESET_OR_REBOOT, ROW_REMAP_FAILURE, matcher
+from gpufleet.alerts.rule import matcher, record
+from gpufleet.xid import APPLICATION, DOUBLE_BIT_ECC, FALLEN_OFF_BUS, RESET_OR_REBOOT, ROW_REMAP_FAILURE
 
 # Each interruption is dated to its interval: ten minutes do for a month's count, and cost half of five at
 # a thousand nodes (the dense series are read four times an evaluation).

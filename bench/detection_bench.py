@@ -16,7 +16,13 @@ description lists it; `clock` expects none), time to detect (from the fault's st
 and to resolve (from its end to the last firing seen). Precision: of every alert that fired, the share a
 fault explains: `NodeStraggler` on the straggler's node, or the alert of its own cause on it (thermal
 margin, hardware slowdown, InfiniBand congestion, a degraded PCIe link). Every other alert is false, and
-is counted against the node-hours of nodes that had no fault at the time. The figures are appended to
+is counted against the node-hours of nodes that had no fault at the time. Two nodes have an InfiniBand port
+never cabled (`--uncabled`), which must page nobody.
+
+After the stragglers, a round of the end-to-end fault kinds (`--kinds`, each on a node of its own for
+`--kinds-minutes`) counts the pager incidents each fault opens at production timing: PagerDuty dedup keys at
+an Alertmanager whose timers are divided like the rules'. A fault that should page opens one, one that
+tickets none, and an incident on a node with no fault is a false page. The figures are appended to
 bench/results/detection_bench.json.
 """
 
@@ -26,7 +32,7 @@ import argparse
 import dataclasses
 import statistics
 
-from gpufleet.devtools import results
+from gpufleet.devtools import incidents, results
 from gpufleet.devtools.detection import Outcome, Sweep, cases, run, short
 from gpufleet.simulator.faults import Cause
 
@@ -34,7 +40,8 @@ from gpufleet.simulator.faults import Cause
 def sweep_from(args: argparse.Namespace) -> Sweep:
     sizes = [int(size) for size in args.jobs.split(",")]
     moving = {"seed": args.seed, "time_scale": args.time_scale, "interval": args.interval,
-              "restarts_per_node_day": args.restarts_per_node_day, "missed_scrapes": args.missed_scrapes}
+              "restarts_per_node_day": args.restarts_per_node_day, "missed_scrapes": args.missed_scrapes,
+              "uncabled": args.uncabled}
     if args.short:
         return dataclasses.replace(short(), **moving)
     if args.healthy_hours:
@@ -46,7 +53,8 @@ def sweep_from(args: argparse.Namespace) -> Sweep:
         pairs = [(Cause(cause), float(slowdown)) for cause in args.causes.split(",")
                  for slowdown in args.slowdowns.split(",")]
     return Sweep(sizes, cases(pairs, sizes, args.seeds), fault_minutes=args.fault_minutes,
-                 settle_minutes=args.settle_minutes, healthy_minutes=args.healthy_minutes, **moving)
+                 settle_minutes=args.settle_minutes, healthy_minutes=args.healthy_minutes, kinds=args.kinds,
+                 kinds_minutes=args.kinds_minutes, **moving)
 
 
 def figures(outcome: Outcome) -> tuple[dict[str, results.Value], dict[str, results.Table]]:
@@ -59,7 +67,12 @@ def figures(outcome: Outcome) -> tuple[dict[str, results.Value], dict[str, resul
         "detect max (production min)": max(detected, default=None),
         "alerts": tally.alerts, "explained": tally.explained,
         "precision": tally.explained / tally.alerts if tally.alerts else 1.0,
-        "false alerts": len(tally.false), "healthy node-hours": round(outcome.healthy_node_hours, 1)}
+        "false alerts": len(tally.false), "healthy node-hours": round(outcome.healthy_node_hours, 1),
+        "fault kinds": len(outcome.round), "fault kinds as they should page": sum(f.right for f in outcome.round),
+        "most incidents for one fault": max((f.incidents for f in outcome.round), default=None),
+        "false pages": len(outcome.false_pages),
+        "time to page max (production min)": max((f.paged for f in outcome.round if f.paged is not None),
+                                                 default=None)}
     table = results.Table(["cause", "slowdown", "job size", "found", "named", "detect p50 (min)", "resolve max (min)"])
     groups: dict[tuple[str, float, int], list] = {}
     for case in outcome.cases:
@@ -69,7 +82,10 @@ def figures(outcome: Outcome) -> tuple[dict[str, results.Value], dict[str, resul
         table.add(str(cause), slowdown, size, f"{len(hits)}/{len(group)}", sum(c.named for c in hits),
                   statistics.median(c.detected for c in hits) if hits else None,
                   max((c.resolved for c in hits if c.resolved is not None), default=None))
-    return single, {"per cause, slowdown and job size": table}
+    kinds = results.Table(["kind", "should page", "incidents", "time to page (min)"])
+    for fault in outcome.round:
+        kinds.add(fault.kind, fault.pages, fault.incidents, fault.paged)
+    return single, {"per cause, slowdown and job size": table, "pager incidents per fault kind": kinds}
 
 
 def main() -> None:
@@ -94,8 +110,17 @@ def main() -> None:
                         help="exporter restarts per node and production day (default: %(default)s)")
     parser.add_argument("--missed-scrapes", type=float, default=0.005,
                         help="share of scrapes that fail (default: %(default)s)")
+    parser.add_argument("--kinds", type=int, default=len(incidents.KINDS),
+                        help="fault kinds in the round after the stragglers, 0 for none (default: all "
+                             f"{len(incidents.KINDS)}; none with --healthy-hours)")
+    parser.add_argument("--kinds-minutes", type=float, default=20.0,
+                        help="production minutes the round of fault kinds lasts (default: %(default)s)")
+    parser.add_argument("--uncabled", type=int, default=2,
+                        help="nodes with an InfiniBand port never cabled, which must page nobody "
+                             "(default: %(default)s)")
     parser.add_argument("--short", action="store_true",
-                        help="CI's version: jobs of 4 and 8, one 20%% clock and one 20%% NIC straggler, one round")
+                        help="CI's version: jobs of 4 and 8, one 20%% clock and one 20%% NIC straggler, one round, "
+                             "five fault kinds")
     results.add_argument(parser)
     args = parser.parse_args()
     outcome = run(sweep_from(args))
@@ -105,8 +130,10 @@ def main() -> None:
     single, tables = figures(outcome)
     results.record("detection_bench", single, tables, notes=outcome.movement, path=args.results)
     if args.short:
-        print(f"found and named: {outcome.found_and_named}; false alerts: {len(outcome.tally.false)}")
-        if not (outcome.found_and_named and not outcome.tally.false):
+        right = all(f.right for f in outcome.round) and not outcome.false_pages
+        print(f"found and named: {outcome.found_and_named}; false alerts: {len(outcome.tally.false)}; "
+              f"fault kinds paged as they should: {right}")
+        if not (outcome.found_and_named and not outcome.tally.false and right):
             raise SystemExit(1)
 
 

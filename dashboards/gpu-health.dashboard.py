@@ -9,9 +9,10 @@ from grafanalib.core import Dashboard
 
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.recording import ECC_NEW, PCIE_REPLAYS, RATE_WINDOW, SLOWDOWN
-from gpufleet.alerts.xid import CLASSES, matcher
+from gpufleet.alerts.rule import matcher
 from gpufleet.dashboards.panels import Scope, dashboard, table, timeseries
 from gpufleet.duration import spoken
+from gpufleet.xid import CLASSES
 
 
 def build(config: Config) -> Dashboard:
@@ -46,6 +47,7 @@ def build(config: Config) -> Dashboard:
                  (f"count by (reason) ({SLOWDOWN}{{{recorded_gpu}}})", "{{reason}}")], "short", stacked=True,
                  description="GPUs whose clocks a hardware slowdown, thermal slowdown or power brake holds down.")],
             [table("GPUs to drain", [
+                (f"max by ({row}) (gpufleet_gpu_recovery_action{{{gpu}}} > 0)", "action"),
                 (f"sum by ({row}) (increase(gpufleet_gpu_xid_errors_total{{{gpu}}}[24h]))", "XIDs 24h"),
                 (f'sum by ({row}) (increase(gpufleet_gpu_ecc_errors_total{{{gpu}, '
                  'error="uncorrected", scope="volatile"}[24h]))', "uncorrected ECC 24h"),
@@ -53,7 +55,8 @@ def build(config: Config) -> Dashboard:
                 (f"max by ({row}) (gpufleet_gpu_row_remap_failed{{{gpu}}})", "remap failed"),
                 (f"sum by ({row}) (increase(gpufleet_gpu_pcie_replays_total{{{gpu}}}[24h]))", "PCIe replays 24h"),
             ], height=10, node_link=s,
-                description="One row per GPU; sort by any column to find the GPUs to drain first."),
+                description="One row per GPU; sort by any column to find the GPUs to drain first. Action is "
+                            "what the GPU needs, held until it is done: 1 drain, 2 reset, 3 reboot, 4 replace."),
              ],
             [table("Lost GPUs", [(f"gpufleet_gpu_up{{{gpu}}} == 0", "")], width=12, node_link=s,
                    description="GPUs NVML no longer answers for."),

@@ -12,12 +12,14 @@ import json
 import re
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from gpufleet import duration
 from gpufleet.devtools.net import free_port, http
 from gpufleet.devtools.paths import ROUTING
 from gpufleet.devtools.waiting import HarnessError
@@ -25,11 +27,23 @@ from gpufleet.devtools.waiting import HarnessError
 Labels = frozenset[tuple[str, str]]  # An alert's labels, as a key.
 
 
+@dataclass(frozen=True)
+class Page:
+    """One PagerDuty event: its dedup key (Alertmanager's group, and so PagerDuty's incident), what it did
+    (trigger or resolve), when (monotonic seconds), and the firing alerts' labels it listed."""
+
+    key: str
+    action: str
+    at: float
+    alerts: tuple[dict[str, str], ...]
+
+
 class Receiver:
     """The pager (PagerDuty's Events API v2) and ticket (webhook) endpoints, on 127.0.0.1."""
 
     def __init__(self) -> None:
         self.received: list[tuple[str, dict[str, str]]] = []
+        self.pages: list[Page] = []
         self._lock = threading.Lock()
         receiver = self
 
@@ -50,15 +64,33 @@ class Receiver:
 
     def add(self, path: str, body: dict[str, Any]) -> None:
         if path == "pager":
-            if body.get("event_action") != "trigger":
-                return
-            firing = body["payload"]["custom_details"]["firing"]
+            action = str(body.get("event_action"))
+            firing = body.get("payload", {}).get("custom_details", {}).get("firing", "")
             alerts = [dict(re.findall(r"^ - (\w+) = (.*)$", block.split("Annotations:")[0], re.M))
-                      for block in firing.split("Labels:")[1:]]
+                      for block in firing.split("Labels:")[1:]] if action == "trigger" else []
+            with self._lock:
+                self.pages.append(Page(str(body.get("dedup_key")), action, time.monotonic(), tuple(alerts)))
         else:
             alerts = [a["labels"] for a in body["alerts"] if a["status"] == "firing"]
         with self._lock:
             self.received.extend((path, labels) for labels in alerts)
+
+    def incidents(self) -> list[tuple[str, list[Page]]]:
+        """The pager's incidents: each dedup key's triggers from one opening to its resolve (PagerDuty opens a
+        new incident for a key triggered again after it resolved), with every page it received."""
+        opened: dict[str, list[Page]] = {}
+        incidents: list[tuple[str, list[Page]]] = []
+        with self._lock:
+            pages = list(self.pages)
+        for page in pages:
+            if page.action == "trigger":
+                if page.key not in opened:
+                    opened[page.key] = []
+                    incidents.append((page.key, opened[page.key]))
+                opened[page.key].append(page)
+            elif page.action == "resolve" and page.key in opened:
+                opened.pop(page.key).append(page)
+        return incidents
 
     def snapshot(self) -> list[tuple[str, dict[str, str]]]:
         with self._lock:
@@ -120,9 +152,14 @@ def alertmanager_alerts(am_url: str) -> list[dict[str, Any]]:
     return alerts
 
 
-def routing(workdir: Path, receiver: Receiver) -> Path:
-    """The production routing, with the pager key written to a file here and receivers pointed here."""
+def routing(workdir: Path, receiver: Receiver, time_scale: float = 1.0) -> Path:
+    """The production routing, with the pager key written to a file here and receivers pointed here, and its
+    timers (group_wait, group_interval, repeat_interval) divided by `time_scale`, as the rules' are."""
     config = yaml.safe_load(ROUTING.read_text())
+    for route in [config["route"], *config["route"].get("routes", [])]:
+        for timer in ("group_wait", "group_interval", "repeat_interval"):
+            if timer in route:
+                route[timer] = f"{max(1, round(duration.parse(route[timer]) * 1000 / time_scale))}ms"
     key = workdir / "pagerduty-routing-key"
     key.write_text("e2e-test-key\n")
     for entry in config["receivers"]:

@@ -30,6 +30,7 @@ import yaml
 
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.rules import render
+from gpufleet.devtools import incidents
 from gpufleet.devtools.delivery import AlertLog, Receiver, routing
 from gpufleet.devtools.net import http
 from gpufleet.devtools.programs import alertmanager, prometheus, prometheus_config, simulator
@@ -131,10 +132,14 @@ def post(url: str, case: Case, seconds: float) -> None:
         raise HarnessError(f"the simulator refused a fault: {status} {body!r}")
 
 
-def explains(labels: dict[str, str], first: float, last: float, done: list[Case], scale: float) -> bool:
+def explains(labels: dict[str, str], first: float, last: float, done: list[Case], scale: float,
+             round_: list[incidents.Injected]) -> bool:
     """Whether a fault explains an alert episode: one on the alert's node that overlaps it, allowing the
-    alert to resolve up to two signal windows (10 production minutes) after the fault's end."""
+    alert to resolve up to two signal windows (10 production minutes) after the fault's end. A fault of the
+    kinds round explains any alert on its node that began while it lasted."""
     grace = 600 / scale
+    if any(f.node == labels.get("instance") and f.start <= first <= f.end + grace for f in round_):
+        return True
     for case in done:
         if case.node != labels.get("instance") or not (case.start <= last and first <= case.end + grace):
             continue
@@ -143,7 +148,7 @@ def explains(labels: dict[str, str], first: float, last: float, done: list[Case]
     return False
 
 
-def judge(log: AlertLog, done: list[Case], scale: float, since: float) -> Tally:
+def judge(log: AlertLog, done: list[Case], scale: float, since: float, round_: list[incidents.Injected]) -> Tally:
     tally = Tally()
     for key, spells in log.episodes.items():
         labels = dict(key)
@@ -151,7 +156,7 @@ def judge(log: AlertLog, done: list[Case], scale: float, since: float) -> Tally:
             if last < since:
                 continue
             tally.alerts += 1
-            if explains(labels, first, last, done, scale):
+            if explains(labels, first, last, done, scale, round_):
                 tally.explained += 1
             else:
                 tally.false.append(f"{labels.get('alertname')} on {labels.get('instance')} "
@@ -215,12 +220,19 @@ class Sweep:
     job_lifetime: float | None = None  # Production minutes a job lasts on average; None: jobs never end.
     restarts_per_node_day: float = 6.0
     missed_scrapes: float = 0.005
+    # After the stragglers, a round of the first `kinds` end-to-end fault kinds (`incidents.KINDS`), each on a
+    # node of its own for `kinds_minutes`, counting the pager incidents each opens.
+    kinds: int = 0
+    kinds_minutes: float = 20.0
+    # Nodes with an InfiniBand port never cabled (down from the start): they must page nobody.
+    uncabled: int = 2
 
 
 def short() -> Sweep:
-    """CI's sweep: jobs of 4 and 8, one round, a 20 % clock straggler in the first and a NIC one in the second."""
+    """CI's sweep: jobs of 4 and 8, one round, a 20 % clock straggler in the first and a NIC one in the second;
+    then four fault kinds (three that page, one that tickets)."""
     return Sweep([4, 8], {4: [Case(Cause.CLOCK, 0.2, 4)], 8: [Case(Cause.NIC, 0.2, 8)]},
-                 healthy_minutes=12.0, fault_minutes=18.0, settle_minutes=11.0)
+                 healthy_minutes=12.0, fault_minutes=18.0, settle_minutes=11.0, kinds=5, kinds_minutes=12.0)
 
 
 @dataclass
@@ -234,13 +246,16 @@ class Outcome:
     healthy_node_hours: float
     delivered: int
     movement: str
+    round: list[incidents.Injected]
+    false_pages: list[str]
 
     @property
     def found_and_named(self) -> bool:
         return all(c.detected is not None and c.named for c in self.cases)
 
     def table(self) -> str:
-        return report(self.cases, self.tally, self.healthy_node_hours, self.config)
+        text = report(self.cases, self.tally, self.healthy_node_hours, self.config)
+        return f"{text}\n\n{incidents.table(self.round, self.false_pages)}" if self.round else text
 
 
 def _simulator_flags(sweep: Sweep, work: Path, nodes: int) -> list[str]:
@@ -250,9 +265,13 @@ def _simulator_flags(sweep: Sweep, work: Path, nodes: int) -> list[str]:
     restart_rates(work / "restarts.yml", sweep.restarts_per_node_day, scale)
     rounds_count = max((len(queue) for queue in sweep.queues.values()), default=0)
     horizon = (sweep.healthy_minutes + rounds_count * (sweep.fault_minutes + sweep.settle_minutes)) * 60 / scale
+    uncabled = random.Random(f"uncabled:{sweep.seed}").sample(range(1, nodes + 1), min(sweep.uncabled, nodes))
+    (work / "uncabled.yml").write_text(yaml.safe_dump({"faults": [
+        {"kind": "ib_link_down", "node": f"gpu-node-{number:04d}", "port": "mlx5_7/1"} for number in uncabled]}))
     flags = [f"--nodes={nodes}", f"--seed={sweep.seed}", f"--layout={work / 'layout.yml'}", "--cluster=bench",
              f"--collect-interval={sweep.interval}", f"--fault-rates={work / 'restarts.yml'}",
-             f"--fault-rates.horizon={round(horizon) + 60}s", f"--missed-scrapes={sweep.missed_scrapes}"]
+             f"--fault-rates.horizon={round(horizon) + 60}s", f"--missed-scrapes={sweep.missed_scrapes}",
+             f"--scenario={work / 'uncabled.yml'}"]
     if sweep.job_lifetime is not None:
         flags.append(f"--job-lifetime={round(sweep.job_lifetime * 60 / scale)}s")
     return flags
@@ -286,7 +305,7 @@ def run(sweep: Sweep) -> Outcome:
         receiver = Receiver()
         targets = work / "targets.json"
         with simulator(targets, *_simulator_flags(sweep, work, nodes)) as sim, \
-                alertmanager(work / "am", routing(work, receiver)) as am, \
+                alertmanager(work / "am", routing(work, receiver, scale)) as am, \
                 prometheus(prometheus_config(work / "prometheus.yml", targets, sweep.interval, work / "rules.yml",
                                              am.url), work / "data") as prom:
             log = AlertLog(prom.url)
@@ -296,10 +315,26 @@ def run(sweep: Sweep) -> Outcome:
                   "minutes", file=sys.stderr)
             time.sleep(sweep.healthy_minutes * 60 / scale)
             done = _inject(sweep, jobs, sim.url)
+            round_ = _kinds_round(sweep, nodes, sim.url)
             log.stop()
             ended = time.monotonic()
             moved = movement(sim.url, prom.url, round(ended - began))
         delivered = len(receiver.snapshot())
+        false_pages = incidents.count(round_, receiver, scale) if round_ else []
     faulted = sum(min(c.end + 600 / scale, ended) - c.start for c in done)
+    faulted += sum(ended - f.start for f in round_)  # Their held alerts last to the end.
     healthy_node_hours = (nodes * (ended - since) - faulted) * scale / 3600
-    return Outcome(config, done, judge(log, done, scale, since), healthy_node_hours, delivered, moved)
+    return Outcome(config, done, judge(log, done, scale, since, round_), healthy_node_hours, delivered, moved,
+                   round_, false_pages)
+
+
+def _kinds_round(sweep: Sweep, nodes: int, sim_url: str) -> list[incidents.Injected]:
+    """The round of fault kinds, once the stragglers' rounds have settled: injected, then left to page."""
+    if not sweep.kinds:
+        return []
+    seconds = sweep.kinds_minutes * 60 / sweep.time_scale
+    names = [f"gpu-node-{number:04d}" for number in range(1, nodes + 1)]
+    round_ = incidents.inject(sim_url, names, sweep.kinds, seconds, sweep.seed, time.monotonic())
+    print("fault kinds: " + ", ".join(f"{f.kind} on {f.node}" for f in round_), file=sys.stderr)
+    time.sleep(seconds)
+    return round_

@@ -14,9 +14,9 @@ from gpufleet.alerts import capacity as rec
 from gpufleet.alerts.cli import RULES_FILE, VMALERT_RULES_FILE
 from gpufleet.alerts.config import Config, load
 from gpufleet.alerts.rules import recorded_by, render
-from gpufleet.alerts.xid import APPLICATION, RESET_OR_REBOOT, WATCH
 from gpufleet.devtools.programs import binary
 from gpufleet.report.capacity import CAPACITY
+from gpufleet.xid import APPLICATION, RESET_OR_REBOOT, WATCH
 
 TESTS = sorted((Path(__file__).parent.parent / "alerts" / "tests").glob("*.test.yml"))
 
@@ -49,7 +49,7 @@ def test_vmalerts_file_is_prometheus_rules_with_the_pagers_groups_asking_rules_a
     site = yaml.safe_load(render(load_config_text("vmalert_concurrency: 8\nvmalert_trend_concurrency: 3\n"),
                                  "vmalert"))["groups"]
     assert {g["name"]: g["concurrency"] for g in site if g["concurrency"] > 1} == {
-        "gpufleet-gpu-failures": 8, "gpufleet-fabric": 6, "gpufleet-exporter": 2, "gpufleet-recording": 3,
+        "gpufleet-gpu-failures": 8, "gpufleet-fabric": 7, "gpufleet-exporter": 2, "gpufleet-recording": 3,
         "gpufleet-stragglers": 3, "gpufleet-exporter-trends": 2, "gpufleet-gpu-trends": 3,
         "gpufleet-fabric-trends": 3}
     # Time-scaled (the end-to-end test), the minute groups run every 8 s and keep their concurrency.
@@ -119,7 +119,7 @@ def test_every_alert_carries_severity_summary_description_and_runbook():
     for rule in alerting_rules():
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}, rule["alert"]
         assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}, rule["alert"]
-        assert rule["alert"].startswith(("Gpu", "Nic", "Node")), rule["alert"]
+        assert rule["alert"].startswith(("Gpu", "Nic", "Node", "Fabric")), rule["alert"]
 
 
 def test_each_xid_has_one_class():
@@ -128,13 +128,32 @@ def test_each_xid_has_one_class():
     assert {79, 48, 64, 95, 119, 144, 150} <= set(RESET_OR_REBOOT) and 63 in WATCH and 13 in APPLICATION
 
 
+RUNBOOKS = Path(__file__).parent.parent / "docs" / "runbooks.md"
+
+
+def runbook_sections() -> dict[str, str]:
+    """Each section of the runbooks by its anchor (the heading, lower case), with its text."""
+    parts = re.split(r"^## (\w+)\n", RUNBOOKS.read_text(), flags=re.M)
+    return {name.lower(): text for name, text in zip(parts[1::2], parts[2::2], strict=True)}
+
+
 def test_every_runbook_url_points_at_a_section_of_the_runbooks():
-    headings = {line[3:].strip().lower() for line in
-                (Path(__file__).parent.parent / "docs" / "runbooks.md").read_text().splitlines()
-                if line.startswith("## ")}
+    sections = runbook_sections()
     for rule in alerting_rules():
         anchor = rule["annotations"]["runbook_url"].rsplit("#", 1)[1]
-        assert anchor in headings, rule["alert"]
+        assert anchor in sections, rule["alert"]
+    assert set(sections) == {rule["alert"].lower() for rule in alerting_rules()}, "runbooks of alerts that are gone"
+
+
+def test_every_runbook_gives_its_alerts_severity_and_why():
+    """A page is for what a person must do now; the runbook says why each alert pages, tickets or informs."""
+    said = {"critical": "critical, pages", "warning": "warning, a ticket", "info": "info, reaches nobody"}
+    sections = runbook_sections()
+    for rule in alerting_rules():
+        text = sections[rule["alert"].lower()]
+        match = re.match(r"\n\*\*Severity: ([^.]+)\.\*\* (\S.{20,})\n", text)
+        assert match, f"{rule['alert']}: no severity line with its reason"
+        assert match.group(1) == said[rule["labels"]["severity"]], rule["alert"]
 
 
 def test_every_alert_has_unit_tests_where_it_fires_and_where_it_must_not():
@@ -223,7 +242,11 @@ def test_the_routing_keeps_secrets_out_of_the_repository():
 @pytest.mark.parametrize("command", [["alerts", "build"], ["dashboards", "build"],
                                      ["report", "capacity", "--prometheus=http://127.0.0.1:1"]])
 @pytest.mark.parametrize(("text", "message"), [
-    ("cluster_label: site\ncolour: red\n", "unknown key 'colour'; the keys are busy_utilization, cluster_label"),
+    ("cluster_label: site\ncolour: red\n", "unknown key 'colour'; the keys are alerts, busy_utilization, cluster"),
+    ("alerts: [GpuLost]\n", "alerts must map alert names to their changes"),
+    ("alerts:\n  GpuLost: {severity: page}\n", "alerts: GpuLost: severity must be one of critical, warning, info"),
+    ("alerts:\n  GpuLost: {mute: true}\n", "alerts: GpuLost: unknown key 'mute'"),
+    ("alerts:\n  GpuLost: {labels: {severity: info}}\n", "alerts: GpuLost: labels must map label names (not"),
     ("saturation_warning: high\n", "saturation_warning must be a number, not 'high'"),
     ("straggler_for: soon\n", "straggler_for: invalid duration 'soon'"),
     ("cluster_label: 'data centre'\n", "cluster_label 'data centre' is not a Prometheus label name"),
@@ -247,6 +270,22 @@ def load_config_text(text: str) -> Config:
         handle.write(text)
         handle.flush()
         return load(handle.name)
+
+
+def test_a_site_changes_an_alerts_severity_labels_or_presence_without_editing_generated_files(tmp_path, capsys):
+    site = load_config_text("alerts:\n  GpuNeedsReplacement: {severity: info, labels: {team: hardware}}\n"
+                            "  NicInfinibandRateDegraded: {disabled: true}\n")
+    built = {r["alert"]: r for g in yaml.safe_load(render(site))["groups"] for r in g["rules"] if "alert" in r}
+    assert built["GpuNeedsReplacement"]["labels"] == {"severity": "info", "team": "hardware"}
+    assert "NicInfinibandRateDegraded" not in built
+    assert {name: rule for name, rule in built.items() if name != "GpuNeedsReplacement"} == {
+        name: rule for name, rule in ((r["alert"], r) for r in alerting_rules())
+        if name not in ("GpuNeedsReplacement", "NicInfinibandRateDegraded")}
+    config = tmp_path / "site.yml"
+    config.write_text("alerts:\n  GpuEccUncorrectible: {disabled: true}\n")
+    assert cli.main(["alerts", "build", f"--config={config}", f"--output={tmp_path / 'out'}"]) == 2
+    assert "GpuEccUncorrectible: no such alert; the alerts are " in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_config_file_changes_what_is_built_and_nothing_else():

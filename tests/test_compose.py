@@ -206,7 +206,7 @@ def test_the_stack_scrapes_the_simulator_loads_its_rules_and_pages_on_a_fault(tm
                              {"kind": "xid", "node": "gpu-node-0001", "gpu": 0, "xid": 79})
             assert status == 201
             started = time.monotonic()
-            alert = wait_for(lambda: paged(am_url, "GpuXidCritical"), 120, "GpuXidCritical at Alertmanager")[0]
+            alert = wait_for(lambda: paged(am_url, "GpuNeedsReboot"), 120, "GpuNeedsReboot at Alertmanager")[0]
     assert alert["labels"]["instance"] == "gpu-node-0001" and alert["labels"]["cluster"] == "sim"
     assert [r["name"] for r in alert["receivers"]] == ["pager"]
     print(f"fault to Alertmanager: {time.monotonic() - started:.0f}s")

@@ -109,7 +109,7 @@ def store_outage(tier: ScaleTier, am_url: str, sim_url: str, standing: dict,
         held = alertmanager_alerts(am_url)
         if not any((a["labels"], a["startsAt"]) == kept for a in held):
             dropped.append(round(time.monotonic() - outage))
-        return [a for a in held if a["labels"]["alertname"] == "GpuXidCritical" and a["labels"]["instance"] == second]
+        return [a for a in held if a["labels"]["alertname"] == "GpuNeedsReboot" and a["labels"]["instance"] == second]
 
     tier.store.close()
     outage = time.monotonic()
@@ -119,7 +119,7 @@ def store_outage(tier: ScaleTier, am_url: str, sim_url: str, standing: dict,
         time.sleep(1)
     tier.start("victoriametrics", "victoria-metrics")
     returned, returned_at = time.monotonic(), time.time()
-    wait_for(second_paged, 150, "the second GpuXidCritical at Alertmanager")
+    wait_for(second_paged, 150, "the second GpuNeedsReboot at Alertmanager")
     return dropped, time.monotonic() - returned, returned_at
 
 
@@ -151,7 +151,7 @@ def test_the_scale_tier_pages_through_vmalert_past_a_lost_vmagent_and_a_store_ou
         stopped, stopped_at = time.monotonic(), time.time()
         node, second = sorted(scraped[AGENTS[1]])[:2]  # Now scraped by one vmagent only.
         fault(sim_url, node)
-        alert = wait_for(lambda: paged(am_url, "GpuXidCritical"), 150, "GpuXidCritical at Alertmanager")[0]
+        alert = wait_for(lambda: paged(am_url, "GpuNeedsReboot"), 150, "GpuNeedsReboot at Alertmanager")[0]
         fired = time.monotonic() - stopped
         groups = json.loads(http("GET", f"{tier.url['vmalert']}/api/v1/rules")[1])["data"]["groups"]
         refused = tier.refused_dashboard_queries()
@@ -165,7 +165,7 @@ def test_the_scale_tier_pages_through_vmalert_past_a_lost_vmagent_and_a_store_ou
     assert refused == [], "VictoriaMetrics refused dashboard queries"
     assert dropped == [], "the standing page was resolved or restarted at these seconds of the outage"
     # The demo scenario's own faults in these minutes (an application XID) open no page.
-    assert sorted(pages) == [("GpuXidCritical", node), ("GpuXidCritical", second)]
+    assert sorted(pages) == [("GpuNeedsReboot", node), ("GpuNeedsReboot", second)]
     assert {n: gap <= MAX_HOLE for n, gap in holes.items()} == dict.fromkeys(NODES, True), holes
-    print(f"vmagent stopped to GpuXidCritical at Alertmanager: {fired:.0f}s; store back to the second page: "
+    print(f"vmagent stopped to GpuNeedsReboot at Alertmanager: {fired:.0f}s; store back to the second page: "
           f"{paged_again:.0f}s; longest hole in a node's up: {max(holes.values()):.1f}s")

@@ -1,0 +1,103 @@
+"""The end-to-end fault kinds as a round of the detection sweep: one of each on a node of its own, and how many
+pager incidents each opens at production timing, with how long it took to page.
+
+An incident is PagerDuty's: a dedup key (Alertmanager's group) from its first trigger to its resolve, as
+`delivery.Receiver` keeps them, at an Alertmanager whose timers are divided like the rules'. A fault that
+should page must open exactly one; one that should not (it needs a ticket or nothing) none; and an incident
+on a node with no fault is a false page.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet.devtools.delivery import Receiver
+from gpufleet.devtools.net import http
+from gpufleet.devtools.waiting import HarnessError
+
+# Each kind as the round injects it, and whether it should page (otherwise it tickets, or only informs).
+KINDS: tuple[tuple[dict[str, Any], bool], ...] = (
+    ({"kind": "xid", "gpu": 0, "xid": 79}, True),
+    ({"kind": "ecc_dbe", "gpu": 1}, True),
+    ({"kind": "gpu_lost", "gpu": 5}, True),
+    ({"kind": "ib_link_down", "port": "mlx5_4/1"}, True),
+    ({"kind": "row_remap_failure", "gpu": 0}, False),
+    ({"kind": "nvlink_down", "gpu": 2, "link": 3}, True),
+    ({"kind": "ib_link_flap", "port": "mlx5_5/1"}, True),
+    ({"kind": "ib_rate_degraded", "port": "mlx5_6/1"}, True),
+    ({"kind": "exporter_down"}, True),
+    ({"kind": "thermal_slowdown", "gpu": 1}, False),
+    ({"kind": "power_brake", "gpu": 0}, False),
+    ({"kind": "pcie_replay_storm", "gpu": 3}, False),
+    ({"kind": "symbol_errors", "port": "mlx5_3/1"}, False),
+    ({"kind": "nic_saturation", "port": "mlx5_1/1", "direction": "tx"}, False),
+)
+
+
+@dataclass
+class Injected:
+    """One fault of the round, and what the pager made of it."""
+
+    fault: dict[str, Any]
+    pages: bool  # Whether it should page.
+    node: str
+    start: float = 0.0  # Monotonic seconds.
+    end: float = 0.0
+    incidents: int = 0
+    paged: float | None = None  # Production minutes from its start to its first page.
+
+    @property
+    def kind(self) -> str:
+        return str(self.fault["kind"])
+
+    @property
+    def right(self) -> bool:
+        return self.incidents == (1 if self.pages else 0)
+
+
+def inject(sim_url: str, nodes: list[str], kinds: int, seconds: float, seed: int, now: float) -> list[Injected]:
+    """The first `kinds` kinds, each on a node drawn from `nodes`, lasting `seconds` (wall)."""
+    if kinds > len(nodes):
+        raise HarnessError(f"{kinds} fault kinds need as many nodes; the fleet has {len(nodes)}")
+    chosen = random.Random(f"incidents:{seed}").sample(nodes, kinds)
+    round_ = [Injected(fault, pages, node) for (fault, pages), node in zip(KINDS[:kinds], chosen, strict=True)]
+    for fault in round_:
+        status, body = http("POST", f"{sim_url}/control/faults",
+                            {**fault.fault, "node": fault.node, "duration": seconds})
+        if status != 201:
+            raise HarnessError(f"the simulator refused {fault.fault}: {status} {body!r}")
+        fault.start, fault.end = now, now + seconds
+    return round_
+
+
+def count(round_: list[Injected], receiver: Receiver, scale: float) -> list[str]:
+    """Fill in each fault's incidents and time to page; returns the incidents no fault explains (false pages),
+    by the alerts they listed."""
+    incidents = receiver.incidents()
+    explained: set[int] = set()
+    for fault in round_:
+        mine = [(number, pages) for number, (_, pages) in enumerate(incidents)
+                if any(alert.get("instance") == fault.node for page in pages for alert in page.alerts)]
+        fault.incidents = len(mine)
+        explained.update(number for number, _ in mine)
+        if mine:
+            fault.paged = (min(pages[0].at for _, pages in mine) - fault.start) * scale / 60
+    return [", ".join(sorted({f"{alert.get('alertname')} on {alert.get('instance', '')}"
+                              for page in pages for alert in page.alerts}))
+            for number, (_, pages) in enumerate(incidents) if number not in explained]
+
+
+def table(round_: list[Injected], false_pages: list[str]) -> str:
+    """The round as the bench prints it."""
+    lines = ["Fault kinds: pager incidents per fault at production timing", "",
+             "| kind | node | should page | incidents | time to page (min) |", "|---|---|---|---|---|"]
+    lines += [f"| {f.kind} | {f.node} | {'yes' if f.pages else 'no'} | {f.incidents} | "
+              + (f"{f.paged:.1f} |" if f.paged is not None else "- |") for f in round_]
+    right = sum(f.right for f in round_)
+    lines += ["", f"Faults whose incidents are as they should be: {right}/{len(round_)}; "
+                  f"most incidents for one fault: {max((f.incidents for f in round_), default=0)}; "
+                  f"false pages: {len(false_pages)}."]
+    lines += [f"  false page: {text}" for text in false_pages]
+    return "\n".join(lines)
