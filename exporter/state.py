@@ -58,7 +58,7 @@ class FileStore:
             data = json.loads(text)
         except ValueError as err:
             raise StateError(f"{self.path} is not valid JSON ({err}); starting empty") from None
-        if not isinstance(data, dict) or data.get("version") != VERSION:
+        if not isinstance(data, dict) or data.get("version") != VERSION or not isinstance(data.get("sections"), dict):
             raise StateError(f"{self.path} is not a version {VERSION} gpufleet state file; starting empty")
         return data
 

@@ -178,6 +178,7 @@ def test_a_restart_does_not_act_again_on_xids_already_acted_on(node):
     '{"version": 1, "sections": {"gpu": {"xids": [{"uuid": "GPU-', # Truncated by a full disk.
     "\x00\x00\x00\x00",
     '{"version": 99, "sections": {}}',
+    '{"version": 1, "sections": ["gpu"]}',
     '["a list"]',
 ])
 def test_an_unreadable_state_file_starts_empty_with_one_line_and_a_metric(node, tmp_path, caplog, content):

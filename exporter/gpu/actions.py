@@ -91,6 +91,19 @@ class _Health:
         return cls(driver, dbe, failed)
 
 
+def _held(entry: object) -> Held | None:
+    """One held action as the state file keeps it; None where it does not parse."""
+    if not isinstance(entry, dict):
+        return None
+    try:
+        boot = entry.get("boot")
+        return Held(str(entry["uuid"]), Action(int(str(entry["action"]))), str(entry["reason"]),
+                    float(str(entry["since"])), None if boot is None else float(str(boot)),
+                    bool(entry.get("driver", False)))
+    except (KeyError, ValueError):
+        return None
+
+
 class ActionBook:
     """Every GPU's held action, by PCI address: what a node's slots need, whichever board is in them."""
 
@@ -199,13 +212,8 @@ class ActionBook:
             self._xids[(x.uuid, x.xid)] = self._xids.get((x.uuid, x.xid), 0) + x.count
         ignored, changes = 0, []
         for pci, entry in kept.items():
-            try:
-                assert isinstance(entry, dict)
-                boot = entry.get("boot")
-                held = Held(str(entry["uuid"]), Action(int(str(entry["action"]))), str(entry["reason"]),
-                            float(str(entry["since"])), None if boot is None else float(str(boot)),
-                            bool(entry.get("driver", False)))
-            except (AssertionError, KeyError, ValueError):
+            held = _held(entry)
+            if held is None:
                 ignored += 1
                 continue
             if boards.get(pci) == held.uuid:
