@@ -52,8 +52,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--path.state", dest="state_path", default="", metavar="DIR",
                         help="directory where the exporter keeps what must outlive a restart: XID counts, the "
-                             "recovery action each GPU is held at, the InfiniBand ports seen ACTIVE; empty: kept "
-                             "in memory only (default: empty)")
+                             "recovery action each GPU is held at, the InfiniBand ports seen ACTIVE; created if "
+                             "missing; empty: kept in memory only (default: empty)")
     parser.add_argument("--sim.gpus", dest="sim_gpus", type=positive_int, default=8, metavar="N",
                         help="number of simulated GPUs with --gpu.backend=sim (default: %(default)s)")
     parser.add_argument("--sim.seed", dest="sim_seed", type=int, default=0, metavar="N",

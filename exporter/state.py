@@ -65,6 +65,7 @@ class FileStore:
     def save(self, data: dict[str, Any]) -> None:
         text = json.dumps(data, sort_keys=True, separators=(",", ":"))
         try:
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             handle, temporary = tempfile.mkstemp(prefix=".state-", dir=self.directory)
             try:
                 with os.fdopen(handle, "w", encoding="utf-8") as out:

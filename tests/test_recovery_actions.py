@@ -207,3 +207,12 @@ def test_a_state_file_of_another_hosts_gpus_is_not_applied_to_these(node, tmp_pa
     assert samples[series("gpufleet_gpu_recovery_action", gpu="0", uuid=UUID0)] == NONE
     assert not named(samples, "gpufleet_gpu_xid_errors_total")
     assert {f.name: f.samples[0].value for f in node.state.families()}["gpufleet_exporter_state_ignored_entries"] == 2
+
+
+def test_a_state_directory_that_does_not_exist_yet_is_made(tmp_path, clock):
+    node = Node(tmp_path / "var" / "lib" / "gpufleet-exporter", clock)
+    node.actions()
+    node.xid(0, 62)
+    node.actions()
+    assert [s.value for s in node.state.families()[0].samples] == [1.0, 1.0]
+    assert (tmp_path / "var" / "lib" / "gpufleet-exporter" / FILE).exists()
