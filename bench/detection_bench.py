@@ -17,7 +17,8 @@ and to resolve (from its end to the last firing seen). Precision: of every alert
 fault explains: `NodeStraggler` on the straggler's node, or the alert of its own cause on it (thermal
 margin, hardware slowdown, InfiniBand congestion, a degraded PCIe link). Every other alert is false, and
 is counted against the node-hours of nodes that had no fault at the time. Two nodes have an InfiniBand port
-never cabled (`--uncabled`), which must page nobody.
+never cabled (`--uncabled`), every node a storage HCA of another model at half the training HCAs' rate, and
+one node has a GPU taken out on purpose (`--removals`) during a short reboot: none of these may page.
 
 After the stragglers, a round of the end-to-end fault kinds (`--kinds`, each on a node of its own for
 `--kinds-minutes`) counts the pager incidents each fault opens at production timing: PagerDuty dedup keys at
@@ -41,7 +42,7 @@ def sweep_from(args: argparse.Namespace) -> Sweep:
     sizes = [int(size) for size in args.jobs.split(",")]
     moving = {"seed": args.seed, "time_scale": args.time_scale, "interval": args.interval,
               "restarts_per_node_day": args.restarts_per_node_day, "missed_scrapes": args.missed_scrapes,
-              "uncabled": args.uncabled}
+              "uncabled": args.uncabled, "removals": args.removals}
     if args.short:
         return dataclasses.replace(short(), **moving)
     if args.healthy_hours:
@@ -117,6 +118,9 @@ def main() -> None:
                         help="production minutes the round of fault kinds lasts (default: %(default)s)")
     parser.add_argument("--uncabled", type=int, default=2,
                         help="nodes with an InfiniBand port never cabled, which must page nobody "
+                             "(default: %(default)s)")
+    parser.add_argument("--removals", type=int, default=1,
+                        help="nodes with a GPU taken out on purpose, halfway through the healthy start "
                              "(default: %(default)s)")
     parser.add_argument("--short", action="store_true",
                         help="CI's version: jobs of 4 and 8, one 20%% clock and one 20%% NIC straggler, one round, "

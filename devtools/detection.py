@@ -133,12 +133,15 @@ def post(url: str, case: Case, seconds: float) -> None:
 
 
 def explains(labels: dict[str, str], first: float, last: float, done: list[Case], scale: float,
-             round_: list[incidents.Injected]) -> bool:
+             round_: list[incidents.Injected], removed: set[str]) -> bool:
     """Whether a fault explains an alert episode: one on the alert's node that overlaps it, allowing the
     alert to resolve up to two signal windows (10 production minutes) after the fault's end. A fault of the
-    kinds round explains any alert on its node that began while it lasted."""
+    kinds round explains any alert on its node that began while it lasted; a GPU taken out on purpose, the
+    inventory ticket for its node."""
     grace = 600 / scale
     if any(f.node == labels.get("instance") and f.start <= first <= f.end + grace for f in round_):
+        return True
+    if labels.get("alertname") == "GpuCountDropped" and labels.get("instance") in removed:
         return True
     for case in done:
         if case.node != labels.get("instance") or not (case.start <= last and first <= case.end + grace):
@@ -148,7 +151,8 @@ def explains(labels: dict[str, str], first: float, last: float, done: list[Case]
     return False
 
 
-def judge(log: AlertLog, done: list[Case], scale: float, since: float, round_: list[incidents.Injected]) -> Tally:
+def judge(log: AlertLog, done: list[Case], scale: float, since: float, round_: list[incidents.Injected],
+          removed: set[str]) -> Tally:
     tally = Tally()
     for key, spells in log.episodes.items():
         labels = dict(key)
@@ -156,7 +160,7 @@ def judge(log: AlertLog, done: list[Case], scale: float, since: float, round_: l
             if last < since:
                 continue
             tally.alerts += 1
-            if explains(labels, first, last, done, scale, round_):
+            if explains(labels, first, last, done, scale, round_, removed):
                 tally.explained += 1
             else:
                 tally.false.append(f"{labels.get('alertname')} on {labels.get('instance')} "
@@ -224,8 +228,12 @@ class Sweep:
     # node of its own for `kinds_minutes`, counting the pager incidents each opens.
     kinds: int = 0
     kinds_minutes: float = 20.0
-    # Nodes with an InfiniBand port never cabled (down from the start): they must page nobody.
+    # What a real site has that must page nobody: nodes with an InfiniBand port never cabled (down from the
+    # start), a storage HCA of another model at half the training HCAs' rate on every node, and GPUs taken out
+    # on purpose (during a reboot of 2.5 production minutes, halfway through the healthy start).
     uncabled: int = 2
+    storage_hca: bool = True
+    removals: int = 1
 
 
 def short() -> Sweep:
@@ -255,7 +263,10 @@ class Outcome:
 
     def table(self) -> str:
         text = report(self.cases, self.tally, self.healthy_node_hours, self.config)
-        return f"{text}\n\n{incidents.table(self.round, self.false_pages)}" if self.round else text
+        if self.round:
+            return f"{text}\n\n{incidents.table(self.round, self.false_pages)}"
+        return "\n".join([text, "", f"Pager incidents, every one false: {len(self.false_pages)}.",
+                           *(f"  false page: {page}" for page in self.false_pages)])
 
 
 def _simulator_flags(sweep: Sweep, work: Path, nodes: int) -> list[str]:
@@ -265,16 +276,28 @@ def _simulator_flags(sweep: Sweep, work: Path, nodes: int) -> list[str]:
     restart_rates(work / "restarts.yml", sweep.restarts_per_node_day, scale)
     rounds_count = max((len(queue) for queue in sweep.queues.values()), default=0)
     horizon = (sweep.healthy_minutes + rounds_count * (sweep.fault_minutes + sweep.settle_minutes)) * 60 / scale
-    uncabled = random.Random(f"uncabled:{sweep.seed}").sample(range(1, nodes + 1), min(sweep.uncabled, nodes))
-    (work / "uncabled.yml").write_text(yaml.safe_dump({"faults": [
-        {"kind": "ib_link_down", "node": f"gpu-node-{number:04d}", "port": "mlx5_7/1"} for number in uncabled]}))
+    (work / "site.yml").write_text(yaml.safe_dump({"faults": _site(sweep, nodes)[0]}))
     flags = [f"--nodes={nodes}", f"--seed={sweep.seed}", f"--layout={work / 'layout.yml'}", "--cluster=bench",
              f"--collect-interval={sweep.interval}", f"--fault-rates={work / 'restarts.yml'}",
              f"--fault-rates.horizon={round(horizon) + 60}s", f"--missed-scrapes={sweep.missed_scrapes}",
-             f"--scenario={work / 'uncabled.yml'}"]
+             f"--scenario={work / 'site.yml'}", *(["--storage-hca"] if sweep.storage_hca else [])]
     if sweep.job_lifetime is not None:
         flags.append(f"--job-lifetime={round(sweep.job_lifetime * 60 / scale)}s")
     return flags
+
+
+def _site(sweep: Sweep, nodes: int) -> tuple[list[dict[str, Any]], set[str]]:
+    """The site's own quirks, drawn from the seed, as simulator faults: the uncabled ports and the GPUs taken
+    out; and the nodes those GPUs leave."""
+    rng = random.Random(f"site:{sweep.seed}")
+    names = [f"gpu-node-{number:04d}" for number in range(1, nodes + 1)]
+    uncabled = rng.sample(names, min(sweep.uncabled, nodes))
+    removed = rng.sample(names, min(sweep.removals, nodes))
+    at = round(sweep.healthy_minutes * 30 / sweep.time_scale)
+    faults: list[dict[str, Any]] = [{"kind": "ib_link_down", "node": node, "port": "mlx5_7/1"} for node in uncabled]
+    faults += [{"kind": "gpu_removed", "node": node, "gpu": 3, "start": f"{at}s",
+                "duration": f"{round(150 / sweep.time_scale)}s"} for node in removed]
+    return faults, set(removed)
 
 
 def _inject(sweep: Sweep, jobs: list[dict[str, Any]], sim_url: str) -> list[Case]:
@@ -320,12 +343,12 @@ def run(sweep: Sweep) -> Outcome:
             ended = time.monotonic()
             moved = movement(sim.url, prom.url, round(ended - began))
         delivered = len(receiver.snapshot())
-        false_pages = incidents.count(round_, receiver, scale) if round_ else []
+        false_pages = incidents.count(round_, receiver, scale)
     faulted = sum(min(c.end + 600 / scale, ended) - c.start for c in done)
     faulted += sum(ended - f.start for f in round_)  # Their held alerts last to the end.
     healthy_node_hours = (nodes * (ended - since) - faulted) * scale / 3600
-    return Outcome(config, done, judge(log, done, scale, since, round_), healthy_node_hours, delivered, moved,
-                   round_, false_pages)
+    tally = judge(log, done, scale, since, round_, _site(sweep, nodes)[1])
+    return Outcome(config, done, tally, healthy_node_hours, delivered, moved, round_, false_pages)
 
 
 def _kinds_round(sweep: Sweep, nodes: int, sim_url: str) -> list[incidents.Injected]:

@@ -88,6 +88,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--fault-rates.horizon", dest="fault_horizon", type=duration, default=duration("30d"),
                         metavar="DURATION", help="draw faults from the rates for this much simulated time "
                                                  "(default: 30d)")
+    parser.add_argument("--storage-hca", dest="storage_hca", action="store_true",
+                        help="every node also has a storage HCA (mlx5_8) of another model, at 200 Gb/s where the "
+                             "training HCAs run at 400")
     parser.add_argument("--topology", metavar="FILE",
                         help="YAML file of each node's place (rack, leaf), as `gpufleet alerts topology` reads it: "
                              "labels on its targets, and the leaves a switch_down fault takes down")
@@ -150,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpufleet simulate: error: layout {args.layout}: {err}", file=sys.stderr)
         return 1
     fleet = Fleet(args.nodes, args.gpus_per_node, seed=args.seed, layout=layout, job_lifetime=args.job_lifetime,
-                  exporter_flags=collector_flags(args.collect_interval))
+                  exporter_flags=collector_flags(args.collect_interval), storage_hca=args.storage_hca)
     if args.topology:
         try:
             fleet.place(topology.load(args.topology).nodes)

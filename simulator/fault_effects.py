@@ -94,15 +94,23 @@ class FaultEffects:
         return any(f.xid is not None and action_for(f.xid) is Action.RESET and reset < f.start <= self.state.t
                    for f in self.state.active(Kind.XID, gpu))
 
-    def replace_boards(self, repairs: Sequence[Fault]) -> None:
-        """Give each board that `repairs` replace a new identity: another UUID and serial in the same slot, as
-        a new board at the same PCI address shows."""
-        for fault in repairs:
-            if fault.kind is Kind.GPU_REPLACE and fault.gpu is not None:
-                board = self.boards[fault.gpu]
+    def change_boards(self, reboots: Sequence[Fault]) -> list[SimulatedGpu]:
+        """What the reboots that ended did to the boards: a replaced one has a new identity (another UUID and
+        serial in the same slot, as a new board at the same PCI address shows); a removed one is gone from the
+        node, and NVML numbers the others without it. Returns the removed boards."""
+        removed = []
+        for fault in reboots:
+            board = next((b for b in self.boards if b.index == fault.gpu), None)
+            if board is None:
+                continue
+            if fault.kind is Kind.GPU_REPLACE:
                 rng = random.Random(f"replace:{self.state.name}:{fault.id}")
                 board.uuid = f"GPU-{random_uuid(rng)}"
                 board.serial = str(rng.randrange(10**12, 10**13))
+            elif fault.kind is Kind.GPU_REMOVED:
+                self.boards.remove(board)
+                removed.append(board)
+        return removed
 
     def _fire_events(self) -> None:
         """Raise each fault's XID once, when the node's time first passes the fault's start."""

@@ -47,6 +47,7 @@ class FaultKind(StrEnum):
     NODE_REBOOT = "node_reboot"
     GPU_REPLACE = "gpu_replace"
     SWITCH_DOWN = "switch_down"
+    GPU_REMOVED = "gpu_removed"
 
 
 # The XID each kind raises on its GPU when it starts, from the catalog the alerts class them by.
@@ -83,15 +84,19 @@ KINDS: dict[FaultKind, tuple[tuple[str, ...], str]] = {
                                 "time, every GPU reset and back on the bus, a new exporter process"),
     FaultKind.GPU_REPLACE: (("gpu",), "the board is replaced during a reboot of the node (60s): a new UUID at the "
                                       "same PCI address, with none of the old board's errors"),
+    FaultKind.GPU_REMOVED: (("gpu",), "the GPU is taken out of the node on purpose, during a reboot (60s): "
+                                      "afterwards NVML and the PCI bus list one GPU fewer"),
     FaultKind.SWITCH_DOWN: (("leaf",), "a leaf switch goes down: its InfiniBand port (`port`, one rail) or every "
                                        "port of every node behind it (the `leaf` of --topology) goes down at once"),
 }
 # What an operator does to repair a node, rather than what breaks it: each takes a while (its duration, by
 # default this long), during which the GPU or the node is away.
-REPAIR_SECONDS = {FaultKind.GPU_RESET: 5.0, FaultKind.NODE_REBOOT: 60.0, FaultKind.GPU_REPLACE: 60.0}
-# Kinds during which the node's exporter does not answer, and after which a new exporter process serves.
-RESTARTS = frozenset({FaultKind.EXPORTER_RESTART, FaultKind.NODE_REBOOT, FaultKind.GPU_REPLACE})
-REBOOTS = frozenset({FaultKind.NODE_REBOOT, FaultKind.GPU_REPLACE})
+REPAIR_SECONDS = {FaultKind.GPU_RESET: 5.0, FaultKind.NODE_REBOOT: 60.0, FaultKind.GPU_REPLACE: 60.0,
+                  FaultKind.GPU_REMOVED: 60.0}
+# Kinds that reboot the node, and those during which its exporter does not answer, after which a new
+# exporter process serves.
+REBOOTS = frozenset({FaultKind.NODE_REBOOT, FaultKind.GPU_REPLACE, FaultKind.GPU_REMOVED})
+RESTARTS = frozenset({FaultKind.EXPORTER_RESTART, *REBOOTS})
 _INFINIBAND = frozenset({FaultKind.IB_CONGESTION, FaultKind.IB_LINK_DOWN, FaultKind.IB_LINK_FLAP,
                          FaultKind.IB_RATE_DEGRADED, FaultKind.SYMBOL_ERRORS, FaultKind.SWITCH_DOWN})
 # kind -> its size: the field that sets it, its default, and the largest value it takes (above 0).

@@ -41,7 +41,7 @@ from gpufleet.simulator.faults import RESTARTS, Fault
 from gpufleet.simulator.faults import FaultKind as Kind
 from gpufleet.simulator.layout import Job, draw
 from gpufleet.simulator.node_state import NodeState
-from gpufleet.simulator.node_sysfs import ETHERNET, IB_PORTS, NodeSysfs
+from gpufleet.simulator.node_sysfs import ETHERNET, NodeSysfs
 from gpufleet.simulator.workload import Workload, spread
 
 _FOREVER = math.inf
@@ -86,7 +86,6 @@ class Node:
         self.state = NodeState(fleet, index, name)
         self.index = index
         self.name = name
-        self.ports = IB_PORTS + tuple(ETHERNET)
         self.places: dict[str, str] = {}  # Its rack and leaf switch, from the fleet's topology: target labels.
         self.lock = threading.Lock()  # One collection at a time: the fleet's thread, or a first scrape.
         self.collected = False
@@ -99,7 +98,8 @@ class Node:
         self.sysfs = MemoryTree()
         self.procfs = MemoryTree()
         self.procfs.set("stat", lambda: f"btime {self.state.boot_time()}\n")
-        self.sysfs_files = NodeSysfs(self.state, self.workload, self.boards, self.sysfs)
+        self.sysfs_files = NodeSysfs(self.state, self.workload, self.boards, self.sysfs, fleet.storage_hca)
+        self.ports = self.sysfs_files.ib_ports + tuple(ETHERNET)
         # Its kept state lives in memory, as the exporter's would on the node's disk: a restart reads it back.
         self.store = MemoryStore()
         # The simulated driver wakes the XID watcher's event wait when unloaded (see close()): it can wait long.
@@ -169,7 +169,8 @@ class Node:
         self.fired.update(f.id for f in ended)
         self.stop()  # Its driver reload wakes the old XID watcher, and empties the utilisation sample buffer.
         exporter_node.close(self.collectors)
-        self.effects.replace_boards(ended)
+        for board in self.effects.change_boards(ended):
+            self.sysfs_files.unplug(board)
         self.hardware = replace(self.hardware, state=PersistentState(self.store))
         self.collectors = exporter_node.build(self.fleet.exporter_flags, self.hardware)
         self._last_tick = [-_FOREVER] * len(self.collectors)
@@ -251,6 +252,7 @@ class Fleet:
     gpus_per_node: int = 8
     seed: int = 0
     idle_share: float = 0.15
+    storage_hca: bool = False  # Every node also has a slower storage HCA of another model (node_sysfs.STORAGE_PORT).
     faults: list[Fault] = field(default_factory=list)
     fault_version: int = 0
     nodes: dict[str, Node] = field(default_factory=dict)

@@ -22,6 +22,14 @@ from gpufleet.simulator.workload import Workload, blocked, network, wave
 IB_PORTS = tuple(f"mlx5_{i}/1" for i in range(8))
 ETHERNET = {"eth0": 25_000, "eth1": 100_000}  # Mb/s: management and storage networks.
 IB_BYTES_PER_SECOND = 400 * 125_000_000  # NDR, 400 Gb/s.
+# With the fleet's storage_hca: a ConnectX-6 at HDR (200 Gb/s) to the storage fabric, of another model and
+# slower than the training HCAs by design, reading training data at a steady share of its link.
+STORAGE_PORT = "mlx5_8/1"
+STORAGE_BYTES_PER_SECOND = 200 * 125_000_000
+_STORAGE_SHARE = 0.04
+# Board, firmware and model of each kind of HCA.
+_TRAINING_HCA = (("board_id", "MT_0000000838"), ("fw_ver", "28.39.1002"), ("hca_type", "MT4129"))
+_STORAGE_HCA = (("board_id", "MT_0000000594"), ("fw_ver", "20.39.1002"), ("hca_type", "MT4123"))
 # port_xmit_wait ticks per second a port counts while it waits to send: the tick is the HCA's own.
 _WAIT_TICKS_PER_SECOND = 150e6
 # The host beside the GPUs (CPUs, NICs, fans, drives), modelled rather than measured; the cap is a DGX H100's
@@ -40,11 +48,13 @@ def _text(read: Callable[..., object], *args: object) -> Callable[[], str]:
 class NodeSysfs:
     """Fills one node's sysfs tree with files whose contents follow its workload and faults."""
 
-    def __init__(self, state: NodeState, workload: Workload, boards: list[SimulatedGpu], tree: MemoryTree) -> None:
+    def __init__(self, state: NodeState, workload: Workload, boards: list[SimulatedGpu], tree: MemoryTree,
+                 storage_hca: bool = False) -> None:
         self.state = state
         self.workload = workload
         self.boards = boards
         self.tree = tree
+        self.ib_ports = IB_PORTS + ((STORAGE_PORT,) if storage_hca else ())
         self._network_at: tuple[float, float] = (-1.0, 0.0)
         self._ib_high: dict[tuple[str, str], tuple[float, int]] = {}  # (port, direction) -> (when, count) served
         self._build_sysfs()
@@ -58,7 +68,11 @@ class NodeSysfs:
         return value
 
     def ib_bytes(self, port: str, direction: str) -> int:
-        """Bytes through an InfiniBand port: the job's traffic, raised by saturation, stopped while down."""
+        """Bytes through an InfiniBand port: the job's traffic, raised by saturation, stopped while down. The
+        storage HCA's is a steady share of its link while it is up."""
+        if port == STORAGE_PORT:
+            down = sum(overlap(f.start, f.end, self.state.t) for f in self.state.links_down(port))
+            return int(_STORAGE_SHARE * STORAGE_BYTES_PER_SECOND * (self.state.t - down))
         total = IB_BYTES_PER_SECOND * self._network_integral()
         for fault in self.state.active(Kind.NIC_SATURATION, port=port):
             if fault.direction == direction:
@@ -95,6 +109,8 @@ class NodeSysfs:
 
     def _ib_rate(self, port: str) -> str:
         degraded = any(f.active(self.state.t) for f in self.state.active(Kind.IB_RATE_DEGRADED, port=port))
+        if port == STORAGE_PORT:
+            return "100 Gb/sec (2X HDR)" if degraded else "200 Gb/sec (4X HDR)"
         return "200 Gb/sec (4X HDR)" if degraded else "400 Gb/sec (4X NDR)"
 
     def _ib_xmit_wait(self, port: str) -> int:
@@ -121,7 +137,7 @@ class NodeSysfs:
 
     def _build_sysfs(self) -> None:
         tree = self.tree
-        for port in IB_PORTS:
+        for port in self.ib_ports:
             self._build_infiniband(port)
         for interface, megabits in ETHERNET.items():
             self._build_ethernet(interface, megabits)
@@ -150,12 +166,16 @@ class NodeSysfs:
             tree.set(f"bus/pci/devices/0000:{5 + switch:02x}:00.0/vendor", "0x10de")
             tree.set(f"bus/pci/devices/0000:{5 + switch:02x}:00.0/class", "0x068000")
 
+    def unplug(self, board: SimulatedGpu) -> None:
+        """A board taken out: gone from the PCI bus."""
+        self.tree.remove(f"bus/pci/devices/{board.pci_bus_id.removeprefix('0000').lower()}")
+
     def _build_infiniband(self, port: str) -> None:
         tree = self.tree
         device, number = port.split("/")
         base = f"class/infiniband/{device}"
-        for name, value in (("board_id", "MT_0000000838"), ("fw_ver", "28.39.1002"), ("hca_type", "MT4129"),
-                            ("node_guid", f"946d:ae03:00{self.state.index % 256:02x}:{int(device[5:]):04x}")):
+        hca = _STORAGE_HCA if port == STORAGE_PORT else _TRAINING_HCA
+        for name, value in (*hca, ("node_guid", f"946d:ae03:00{self.state.index % 256:02x}:{int(device[5:]):04x}")):
             tree.set(f"{base}/{name}", value)
         ports = f"{base}/ports/{number}"
         tree.set(f"{ports}/rate", _text(self._ib_rate, port))

@@ -161,6 +161,9 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
      [expect("NodeExporterDown", 15, None, required=False)]),
     ({"kind": "gpu_replace", "node": node(3), "gpu": 0, "start": f"{REPAIR_AT}s", "duration": f"{REBOOT_SECONDS}s"},
      [expect("NodeExporterDown", 3, None, required=False)]),
+    # A GPU taken out of an idle node on purpose, during a reboot: an inventory ticket, and no page.
+    ({"kind": "gpu_removed", "node": node(7), "gpu": 3, "start": f"{REPAIR_AT}s", "duration": f"{REBOOT_SECONDS}s"},
+     [expect("GpuCountDropped", 7, "ticket"), expect("NodeExporterDown", 7, None, required=False)]),
     # The leaf switches of one rail go down for 30 seconds (four production minutes), taking that link of all
     # sixteen nodes: one page naming the leaf and the rail, and none for the nodes, whose own alerts it holds
     # back.

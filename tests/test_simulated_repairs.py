@@ -8,9 +8,11 @@ import asyncio
 
 import pytest
 
+from gpufleet.simulator.fleet import Fleet
 from gpufleet.xid import Action
 
 from fleets import SLOW, Probe, value
+from helpers import parse
 
 
 @pytest.fixture
@@ -96,3 +98,26 @@ async def test_a_new_board_ends_a_failed_row_remap_and_shows_another_uuid(probe_
     assert uuid_of(replaced, "3") != old
     assert actions(replaced)["3"] == Action.NONE
     assert value(replaced, "gpufleet_gpu_row_remap_failed", gpu="3") == 0
+
+
+async def test_a_gpu_taken_out_leaves_the_node_with_one_fewer_after_its_reboot(probe_of):
+    probe = probe_of({"kind": "gpu_removed", "node": SLOW, "gpu": 3, "start": 100})
+    before = await probe.at(SLOW, 50)
+    removed = uuid_of(before, "3")
+    after = await probe.at(SLOW, 200)
+    assert value(after, "gpufleet_gpu_devices") == 7
+    assert value(after, "gpufleet_gpu_pci_devices") == 7  # Off the bus too: not a GPU NVML lost.
+    assert removed not in {dict(labels)["uuid"] for (name, labels) in after if name == "gpufleet_gpu_info"}
+    assert set(actions(after).values()) == {Action.NONE}
+
+
+async def test_a_storage_hca_is_of_another_model_and_known_at_its_own_rate():
+    fleet = Fleet(node_count=2, seed=1, storage_hca=True)
+    try:
+        samples = parse(await fleet.nodes["gpu-node-0001"].scrape(10.0, iter(range(0, 10**6, 100)).__next__))
+    finally:
+        fleet.close()
+    assert value(samples, "gpufleet_infiniband_rate_bytes_per_second", device="mlx5_8") == 25e9
+    assert value(samples, "gpufleet_infiniband_rate_capability_bytes_per_second", device="mlx5_8") == 25e9
+    assert value(samples, "gpufleet_infiniband_rate_capability_bytes_per_second", device="mlx5_0") == 50e9
+    assert value(samples, "gpufleet_infiniband_info", device="mlx5_8", hca_type="MT4123") == 1
