@@ -75,7 +75,7 @@ class FaultEffects:
             board.row_remap_failed = any(f.active(t) for f in failed)
             # The driver's own verdict (NVML's recovery action): a reset, after an uncorrectable error or an XID
             # that calls for one, until the GPU is reset.
-            board.recovery_action = 1 if volatile or self._reset_xid_since(gpu, reset) else 0
+            self.nvml.set_recovery_action(gpu, 1 if volatile or self._reset_xid_since(gpu, reset) else 0)
             board.pcie_replays = self.state.counted(Kind.PCIE_REPLAY_STORM, gpu)
             down = {f.link: f for f in self.state.active(Kind.NVLINK_DOWN, gpu) if f.active(t) and f.link is not None}
             board.nvlinks_down = set(down)

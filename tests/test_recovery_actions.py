@@ -53,6 +53,10 @@ class Node:
         board = self.nvml.gpus[gpu]
         self.ledger.record_nvml(board.index, board.uuid, board.pci_bus_id, code)
 
+    def verdict(self, gpu: int, action: int) -> None:
+        """The driver's recovery action as its NVML event announced it, between two collections."""
+        self.ledger.record_verdict(self.nvml.gpus[gpu].uuid, action)
+
     def actions(self) -> dict[str, float]:
         """Each GPU's action after a collection, by UUID."""
         self.clock.now += 15
@@ -118,6 +122,23 @@ def test_the_drivers_own_verdict_is_read_and_its_none_afterwards_ends_it(node):
     assert node.actions()[UUID0] == RESET
     board.recovery_action = 0
     assert node.actions()[UUID0] == NONE
+
+
+def test_a_verdict_the_driver_announced_between_collections_is_held_as_if_read(node, caplog):
+    node.actions()
+    node.verdict(1, 3)  # DRAIN_P2P, announced by its event; the field reads it too from now on.
+    node.nvml.gpus[1].recovery_action = 3
+    assert node.actions() == {UUID0: NONE, UUID1: DRAIN}
+    node.clock.now += 3600
+    assert node.actions()[UUID1] == DRAIN
+
+    caplog.set_level(logging.INFO, logger="gpufleet.exporter.collector.gpu")
+    node.verdict(0, 1)  # GPU_RESET, then none before the next collection: the reset was done in between.
+    node.verdict(0, 0)
+    assert node.actions() == {UUID0: NONE, UUID1: DRAIN}
+    assert [r.getMessage() for r in caplog.records if UUID0 in r.getMessage()] == [
+        f"GPU 0 ({UUID0}) needs reset: the driver asks for it (action 1)",
+        f"GPU 0 ({UUID0}) no longer needs reset: the driver asks for nothing any more"]
 
 
 def test_a_gpu_off_the_bus_needs_a_reboot_which_a_reset_does_not_end(node):

@@ -1,11 +1,15 @@
-"""The kernel-log XID parser and reader, and the ledger that keeps NVML and kernel-log XIDs from double counting."""
+"""The kernel-log XID parser and reader, the ledger that keeps NVML and kernel-log XIDs from double counting, and
+the NVML event watcher's recovery verdicts."""
 
 import asyncio
 import logging
 from pathlib import Path
 
-from gpufleet.devtools.nodes import FakeClock
-from gpufleet.exporter.gpu.xid import KmsgXidReader, XidLedger, parse_xid_line, pci_key
+import pynvml
+
+from gpufleet.devtools.nodes import UUID0, UUID1, FakeClock, two_boards
+from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
+from gpufleet.exporter.gpu.xid import KmsgXidReader, NvmlXidWatcher, XidLedger, parse_xid_line, pci_key
 
 from helpers import eventually
 
@@ -150,3 +154,27 @@ async def test_the_reader_survives_a_missing_log_and_picks_it_up_later(tmp_path,
         await eventually(seen, timeout=5)
     finally:
         reader.stop()
+
+
+async def test_the_watcher_reads_the_drivers_recovery_verdict_where_the_driver_announces_it():
+    boards = two_boards()
+    boards[1].unsupported.add(f"field:{pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION}")  # An older driver on board 1.
+    nvml = SimulatedNvml(boards)
+    ledger = XidLedger()
+    watcher = NvmlXidWatcher(nvml, ledger, wait_ms=20, backoff_initial=0.05, backoff_max=0.2)
+    watcher.start()
+    try:
+        async def registered():
+            return ledger.watching
+        await eventually(registered)
+        nvml.set_recovery_action(0, pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET)
+        nvml.set_recovery_action(1, pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET)  # No event on the older driver.
+        nvml.inject_xid(1, 13)  # Whose XIDs still arrive: asking for the event it lacks did not cost them.
+
+        async def seen():
+            return ledger.snapshot() and ledger.take_verdicts()
+        assert await eventually(seen) == {UUID0: [pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET]}
+        assert [(x.uuid, x.xid, x.count) for x in ledger.snapshot()] == [(UUID1, 13, 1)]
+        assert ledger.take_verdicts() == {}
+    finally:
+        await asyncio.to_thread(watcher.stop)

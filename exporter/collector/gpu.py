@@ -241,7 +241,8 @@ class GpuCollector:
             for gpu in sample.gpus:  # Lets kernel-log XIDs be matched to GPUs even if NVML events are off.
                 self.xids.register_gpu(gpu.identity.index, gpu.identity.uuid, gpu.identity.pci_bus_id)
             self._restore(sample)
-            for change in self.actions.observe(sample.gpus, sample.lost, self.xids.snapshot(), self._boot_time()):
+            for change in self.actions.observe(sample.gpus, sample.lost, self.xids.snapshot(), self._boot_time(),
+                                               self.xids.take_verdicts()):
                 log.info("%s", change)
         self._add_kept(families)
         if self.sysfs is not None:

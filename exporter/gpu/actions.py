@@ -4,8 +4,9 @@ A page that resolves fifteen minutes after an XID, while the GPU still needs its
 engineer the problem went away. So each GPU's action (`gpufleet_gpu_recovery_action`, one series per GPU
 whose value is the action) is raised by what the hardware reports and lowered only by what fixes it:
 
-- the driver's own verdict (NVML's recovery-action field), where it has one, raises it to that action; the
-  driver reporting none after having reported one lowers a DRAIN or RESET;
+- the driver's own verdict (NVML's recovery-action field, and its event between two collections), where it
+  has one, raises it to that action; the driver reporting none after having reported one lowers a DRAIN or
+  RESET;
 - an XID of the reset-or-reboot class raises it to RESET, REBOOT for 79 (off the bus), REPLACE for 64 (a row
   remap failure) (`gpufleet.xid.action_for`);
 - uncorrectable ECC errors counted since the driver loaded (volatile) raise it to RESET; the volatile count
@@ -21,7 +22,7 @@ only with another board. The larger action covers the smaller: a GPU held at REB
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import pynvml
@@ -117,12 +118,15 @@ class ActionBook:
         self._identities: dict[str, GpuIdentity] = {}
 
     def observe(self, answering: Sequence[GpuSample], lost: Sequence[GpuIdentity], xids: Sequence[XidCount],
-                boot: float | None) -> list[str]:
-        """Raise and lower every GPU's action from one collection; returns what changed, as log lines."""
+                boot: float | None, verdicts: Mapping[str, Sequence[int]] | None = None) -> list[str]:
+        """Raise and lower every GPU's action from one collection, after the driver verdicts its events announced
+        since the last one (`verdicts`, by UUID, oldest first); returns what changed, as log lines."""
         changes: list[str] = []
         new_xids = self._new_xids(xids)
         for sample in answering:
             self._identities[sample.identity.pci_bus_id] = sample.identity
+            for verdict in (verdicts or {}).get(sample.identity.uuid, ()):
+                changes += self._verdict(sample.identity, verdict, boot)
             health = _Health.of(sample.readings)
             changes += self._settle(sample.identity, True, health, boot)
             changes += self._raise(sample.identity, health, new_xids.get(sample.identity.uuid, ()), boot)
@@ -147,6 +151,14 @@ class ActionBook:
                 new.setdefault(uuid, []).append(xid)
         self._xids.update(counts)
         return new
+
+    def _verdict(self, identity: GpuIdentity, verdict: int, boot: float | None) -> list[str]:
+        """A verdict the driver gave between two collections, taken as a collection that read only it would take
+        it: one given and taken back before the next collection is still seen, and seen done."""
+        seen = self._seen.get(identity.pci_bus_id)
+        health = _Health(driver=float(verdict), volatile_dbe=seen.volatile_dbe if seen else None)
+        return self._settle(identity, True, health, boot) + self._raise(identity, _Health(driver=float(verdict)), (),
+                                                                        boot)
 
     def _settle(self, identity: GpuIdentity, present: bool, health: _Health, boot: float | None) -> list[str]:
         """Lower the GPU's action where what fixes it was seen."""

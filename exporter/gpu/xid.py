@@ -9,7 +9,11 @@ Events come from two sources, each in a thread of its own:
 * `NvmlXidWatcher` registers every GPU for critical XID events and waits on
   the event set with a bounded wait. After a driver loss it re-registers with
   backoff. The counts live in the `XidLedger`, not in the NVML session, so
-  they survive failed collections and driver reloads.
+  they survive failed collections and driver reloads. Where the driver
+  offers it, the same event set also carries the GPU's recovery-action
+  event: the verdict is read when it changes and kept in the ledger for the
+  next collection, so one the driver gives and takes back between two
+  collections is still acted on.
 * `KmsgXidReader` (optional) follows the kernel log for `NVRM: Xid` lines. This
   catches the XID that took NVML down with it. A kernel-log XID is counted
   only if NVML did not report the same GPU and code within the de-duplication
@@ -31,9 +35,11 @@ from dataclasses import dataclass
 import pynvml
 
 from gpufleet.exporter.gpu.nvml import DRIVER_LOST, Backoff, EventSet, Handle, Nvml, as_text
+from gpufleet.exporter.gpu.probes import field_value
 
 log = logging.getLogger(__name__)
 
+_VERDICTS_KEPT = 8  # Per GPU, between two collections: more would only repeat what the driver already said.
 PciKey = tuple[int, int, int]  # PCI domain, bus, device: what both NVML and the kernel log name.
 
 _PCI = re.compile(r"^(?:[0-9a-fA-F]+:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?$")
@@ -87,6 +93,7 @@ class XidLedger:
         self._gpus: dict[PciKey, tuple[int, str]] = {}
         self._nvml_events: list[_Event] = []
         self._kmsg_pending: list[_Event] = []
+        self._verdicts: dict[str, list[int]] = {}
         self.watching = False  # True while NVML events are registered for at least one GPU.
 
     def register_gpu(self, index: int, uuid: str, pci_bus_id: str) -> None:
@@ -116,6 +123,19 @@ class XidLedger:
                     return
             self._kmsg_pending.append(_Event(pci, xid, now))
             self._expire(now)
+
+    def record_verdict(self, uuid: str, action: int) -> None:
+        """The driver's recovery action for a GPU, read when its recovery-action event arrived."""
+        with self._lock:
+            verdicts = self._verdicts.setdefault(uuid, [])
+            verdicts.append(action)
+            del verdicts[:-_VERDICTS_KEPT]
+
+    def take_verdicts(self) -> dict[str, list[int]]:
+        """The verdicts recorded since the last call, oldest first, by GPU UUID."""
+        with self._lock:
+            verdicts, self._verdicts = self._verdicts, {}
+        return verdicts
 
     def snapshot(self) -> list[XidCount]:
         now = self._clock()
@@ -246,8 +266,12 @@ class NvmlXidWatcher:
                         continue
                     raise
                 gpu = gpus.get(_handle_key(data.device))
-                if gpu is not None and data.eventType & pynvml.nvmlEventTypeXidCriticalError:
+                if gpu is None:
+                    continue
+                if data.eventType & pynvml.nvmlEventTypeXidCriticalError:
                     self._ledger.record_nvml(gpu[0], gpu[1], gpu[2], int(data.eventData))
+                if data.eventType & pynvml.nvmlEventTypeGpuRecoveryAction:
+                    self._record_verdict(data.device, gpu[1])
         finally:
             self._ledger.watching = False
             self._release(event_set)
@@ -264,6 +288,29 @@ class NvmlXidWatcher:
         except pynvml.NVMLError:
             pass
 
+    def _record_verdict(self, handle: Handle, uuid: str) -> None:
+        """Read the verdict the event announces from NVML's recovery-action field, which says what it is in the
+        driver's own terms; a GPU that cannot answer now is left to the next collection."""
+        try:
+            values = self._nvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
+        except pynvml.NVMLError as err:
+            if err.value in DRIVER_LOST:
+                raise
+            return
+        value = field_value(values[0]) if values else None
+        if value is not None:
+            self._ledger.record_verdict(uuid, int(value))
+
+    def _events(self, handle: Handle) -> int:
+        """The events to register a GPU for: critical XIDs, and its recovery action where the driver has it."""
+        try:
+            supported = self._nvml.nvmlDeviceGetSupportedEventTypes(handle)
+        except pynvml.NVMLError as err:
+            if err.value in DRIVER_LOST:
+                raise
+            supported = 0
+        return int(pynvml.nvmlEventTypeXidCriticalError | (supported & pynvml.nvmlEventTypeGpuRecoveryAction))
+
     def _register(self, event_set: EventSet) -> dict[int, tuple[int, str, str]]:
         """Register each GPU for critical XID events; a GPU that cannot be registered is skipped."""
         nvml = self._nvml
@@ -273,7 +320,7 @@ class NvmlXidWatcher:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 uuid = as_text(nvml.nvmlDeviceGetUUID(handle))
                 bus_id = as_text(nvml.nvmlDeviceGetPciInfo(handle).busId)
-                nvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
+                nvml.nvmlDeviceRegisterEvents(handle, self._events(handle), event_set)
             except pynvml.NVMLError as err:
                 if err.value in DRIVER_LOST:
                     raise

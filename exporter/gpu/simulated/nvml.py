@@ -177,11 +177,12 @@ class _Event:
 
 
 class _EventSet:
-    """An NVML event set: XID events queued for the GPUs registered with it."""
+    """An NVML event set: the events queued for the GPUs registered with it."""
 
     def __init__(self, generation: int) -> None:
         self.generation = generation
-        self.handles: dict[int, _Handle] = {}  # GPU index -> the handle it was registered with.
+        # GPU index -> the handle it was registered with, and the event types it was registered for.
+        self.handles: dict[int, tuple[_Handle, int]] = {}
         self.queue: deque[_Event] = deque()
         self.ready = threading.Condition()
 
@@ -236,12 +237,35 @@ class SimulatedNvml:
 
     def inject_xid(self, index: int, xid: int) -> None:
         """Raise a critical XID event on GPU `index`, as the driver would."""
+        self._raise_event(index, pynvml.nvmlEventTypeXidCriticalError, xid)
+
+    def set_recovery_action(self, index: int, action: int) -> None:
+        """Give GPU `index` the driver's recovery action, raising its event when it changes on a board whose
+        driver has one."""
+        gpu = next(g for g in self.gpus if g.index == index)
+        if gpu.recovery_action == action:
+            return
+        gpu.recovery_action = action
+        if self._has_recovery_action(gpu):
+            self._raise_event(index, pynvml.nvmlEventTypeGpuRecoveryAction, 0)
+
+    def _raise_event(self, index: int, event_type: int, data: int) -> None:
         with self._lock:
-            event_sets = [e for e in self._event_sets if index in e.handles and e.generation == self._generation]
+            event_sets = [e for e in self._event_sets if e.handles.get(index, (None, 0))[1] & event_type
+                          and e.generation == self._generation]
         for event_set in event_sets:
             with event_set.ready:
-                event_set.queue.append(_Event(event_set.handles[index], pynvml.nvmlEventTypeXidCriticalError, xid))
+                event_set.queue.append(_Event(event_set.handles[index][0], event_type, data))
                 event_set.ready.notify_all()
+
+    @staticmethod
+    def _has_recovery_action(gpu: SimulatedGpu) -> bool:
+        return f"field:{pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION}" not in gpu.unsupported
+
+    @classmethod
+    def _supported_events(cls, gpu: SimulatedGpu) -> int:
+        recovery = pynvml.nvmlEventTypeGpuRecoveryAction if cls._has_recovery_action(gpu) else 0
+        return int(pynvml.nvmlEventTypeXidCriticalError | recovery)
 
     # Events --------------------------------------------------------------------------------------
 
@@ -252,10 +276,14 @@ class SimulatedNvml:
             self._event_sets.append(event_set)
         return event_set
 
+    def nvmlDeviceGetSupportedEventTypes(self, handle: _Handle) -> int:
+        return self._supported_events(self._check(handle, "nvmlDeviceGetSupportedEventTypes"))
+
     def nvmlDeviceRegisterEvents(self, handle: _Handle, event_types: int, event_set: _EventSet) -> None:
         gpu = self._check(handle, "nvmlDeviceRegisterEvents")
-        if event_types & pynvml.nvmlEventTypeXidCriticalError:
-            event_set.handles[gpu.index] = handle
+        if event_types & ~self._supported_events(gpu):
+            raise _error(pynvml.NVML_ERROR_NOT_SUPPORTED)  # As NVML answers a mask with a type the GPU lacks.
+        event_set.handles[gpu.index] = (handle, event_types)
 
     def nvmlEventSetWait_v2(self, event_set: _EventSet, timeout_ms: int) -> _Event:
         deadline = time.monotonic() + timeout_ms / 1000
