@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -39,10 +40,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     places = commands.add_parser("topology", help="turn a topology file into scrape targets or relabelling",
                                  description="Each node's rack and leaf switch as labels on its series, so that "
                                              "the rules and routing can see a leaf switch fail as one incident.")
-    places.add_argument("file", type=Path, metavar="TOPOLOGY", help="YAML: nodes: {NODE: {rack: R, leaf: L}}")
-    places.add_argument("--format", choices=("file-sd", "relabel"), default="file-sd",
+    places.add_argument("file", type=Path, nargs="?", metavar="TOPOLOGY",
+                        help="YAML: nodes: {NODE: {rack: R, leaf: L}}")
+    places.add_argument("--ibnetdiscover", type=Path, metavar="FILE",
+                        help="instead of TOPOLOGY, place each host at the leaf its HCAs are cabled to, from the "
+                             "output of ibnetdiscover (HCA descriptions HOST DEVICE, as rdma-ndd sets them)")
+    places.add_argument("--device-exclude", type=_pattern, metavar="REGEX",
+                        help="with --ibnetdiscover: HCAs to leave out, such as a storage HCA on leaves of its own")
+    places.add_argument("--format", choices=("file-sd", "relabel", "yaml"), default="file-sd",
                         help="file-sd: Prometheus file_sd targets; relabel: relabel_configs for a scrape job with "
-                             "its own discovery (default: %(default)s)")
+                             "its own discovery; yaml: the topology file itself, a draft to commit and add racks to "
+                             "(default: %(default)s)")
     places.add_argument("--port", type=int, default=19400,
                         help="the exporters' port, for file-sd (default: %(default)s)")
     places.add_argument("--label", action="append", default=[], metavar="NAME=VALUE",
@@ -104,12 +112,38 @@ def run_build(args: argparse.Namespace) -> int:
     return 1 if stale else 0
 
 
+def _pattern(text: str) -> re.Pattern[str]:
+    try:
+        return re.compile(text)
+    except re.error as err:
+        raise argparse.ArgumentTypeError(f"invalid regular expression {text!r}: {err}") from None
+
+
+def _places(args: argparse.Namespace) -> topology.Topology:
+    """The topology the command was given: a topology file, or ibnetdiscover's output."""
+    if (args.file is None) == (args.ibnetdiscover is None):
+        raise topology.TopologyError("give either a TOPOLOGY file or --ibnetdiscover FILE")
+    if args.file is not None:
+        return topology.load(args.file)
+    try:
+        text = args.ibnetdiscover.read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        raise topology.TopologyError(f"{args.ibnetdiscover}: cannot read: {err.strerror}") from None
+    found = topology.from_ibnetdiscover(text, str(args.ibnetdiscover), args.device_exclude)
+    for port in found.skipped:
+        print(f"gpufleet alerts topology: left out {port}", file=sys.stderr)
+    return found.topology
+
+
 def run_topology(args: argparse.Namespace) -> int:
     try:
-        places = topology.load(args.file)
+        places = _places(args)
     except topology.TopologyError as err:
         print(f"gpufleet alerts topology: error: {err}", file=sys.stderr)
         return 2
+    if args.format == "yaml":
+        sys.stdout.write(topology.to_yaml(places))
+        return 0
     if args.format == "relabel":
         sys.stdout.write(topology.relabel_configs(places, args.source_label))
         return 0

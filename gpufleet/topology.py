@@ -13,6 +13,8 @@ In a rail-optimised fabric a node's HCAs go to as many leaf switches, one per ra
 group of leaves that a set of nodes shares (the scalable unit), and the alert names the rail by its HCA
 (`device`). `gpufleet alerts topology` turns the file into file_sd targets, or into relabelling rules for
 a site that keeps its own service discovery (kube-prometheus-stack's ServiceMonitor relabelings among them).
+It also writes the file's first draft from what the fabric says of itself (`ibnetdiscover`), since a
+hand-kept map of thousands of cables is wrong by the second week; racks are the site's to add.
 """
 
 from __future__ import annotations
@@ -26,8 +28,17 @@ from typing import Any
 import yaml
 
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_LABEL_VALUE = re.compile(r"^[\w.-]+$")  # What a switch name must be to name a leaf; others go by their GUID.
 # Labels the scrape itself sets, which a topology must not replace.
 RESERVED = frozenset({"instance", "job", "cluster"})
+
+
+# ibnetdiscover's lines for a switch, and for one of its ports cabled to an HCA (`H-` GUID), each followed by
+# the node description in quotes after `#`. An HCA's description is "HOST DEVICE" as rdma-ndd sets it.
+_SWITCH_LINE = re.compile(r'^Switch\s+\d+\s+"(S-[0-9a-fA-F]+)"\s*#\s*"([^"]*)"')
+_HCA_PORT_LINE = re.compile(r'^\[\d+\]\s+"H-[0-9a-fA-F]+"\[\d+\](?:\([0-9a-fA-F]+\))?\s*#\s*"([^"]*)"')
+# A Quantum switch's description as its firmware writes it: MF0;<name>:<model>/U1.
+_SWITCH_NAME = re.compile(r"^MF0;([^:]+):")
 
 
 class TopologyError(ValueError):
@@ -88,3 +99,57 @@ def relabel_configs(topology: Topology, source: str) -> str:
         rules += [{"source_labels": [source], "regex": regex, "target_label": name, "replacement": value}
                   for name, value in sorted(labels.items())]
     return yaml.safe_dump(rules, sort_keys=False, width=1000)
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """A topology drawn from the fabric, and the HCA ports left out of it, for the operator to see."""
+
+    topology: Topology
+    skipped: list[str]
+
+
+def from_ibnetdiscover(text: str, source: str, exclude: re.Pattern[str] | None = None) -> Discovered:
+    """Each host's leaf from `ibnetdiscover` output: the switch its HCAs are cabled to. A host cabled to
+    several leaves (one per rail) is placed at the first of them by name, which every host of its scalable
+    unit shares. HCAs whose device matches `exclude` (a storage HCA on leaves of its own) are left out, as are
+    ports whose HCA description is not "HOST DEVICE"."""
+    switches: dict[str, str] = {}  # GUID -> name
+    cabled: dict[str, set[str]] = {}  # host -> GUIDs of the switches its HCAs reach
+    skipped: list[str] = []
+    switch = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if (found := _SWITCH_LINE.match(line)) is not None:
+            guid, description = found.groups()
+            named = _SWITCH_NAME.match(description)
+            switches[guid] = named.group(1) if named else description or guid
+            switch = guid
+        elif not line or line.startswith(("Ca", "Rt")):
+            switch = None  # A blank line or another node's header ends a switch's ports.
+        elif switch is not None and (port := _HCA_PORT_LINE.match(line)) is not None:
+            words = port.group(1).split()
+            if len(words) != 2:
+                skipped.append(f"{port.group(1)!r} on {switches[switch]}: not HOST DEVICE")
+            elif exclude is None or not exclude.fullmatch(words[1]):
+                cabled.setdefault(words[0], set()).add(switch)
+    if not cabled:
+        raise TopologyError(f"{source}: no switch port leads to an HCA named HOST DEVICE; expected the output of "
+                            f"ibnetdiscover, with rdma-ndd's node descriptions")
+    names = _unique_names(switches)
+    nodes = {host: {"leaf": min(names[guid] for guid in guids)} for host, guids in sorted(cabled.items())}
+    return Discovered(Topology(nodes), skipped)
+
+
+def _unique_names(switches: dict[str, str]) -> dict[str, str]:
+    """Each switch's name, or its GUID where the name is shared (switches left at the factory description)."""
+    counts: dict[str, int] = {}
+    for name in switches.values():
+        counts[name] = counts.get(name, 0) + 1
+    return {guid: name if counts[name] == 1 and _LABEL_VALUE.match(name) else guid
+            for guid, name in switches.items()}
+
+
+def to_yaml(topology: Topology) -> str:
+    """The topology as the file `load` reads."""
+    return yaml.safe_dump({"nodes": topology.nodes}, sort_keys=False, width=1000)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -20,6 +21,7 @@ from fleets import value
 from helpers import parse
 from layouts import node
 
+FIXTURES = Path(__file__).parent / "fixtures"
 PLACES = {"nodes": {node(1): {"rack": "r1", "leaf": "su1"}, node(2): {"rack": "r1", "leaf": "su1"},
                     node(3): {"rack": "r2", "leaf": "su2"}, node(4): {"rack": "r2", "leaf": "su2"}}}
 
@@ -51,6 +53,40 @@ def test_file_sd_gives_each_node_its_place(places, capsys):
     assert entries == [
         {"targets": [f"{node(1)}:9400", f"{node(2)}:9400"], "labels": {"cluster": "a", "leaf": "su1", "rack": "r1"}},
         {"targets": [f"{node(3)}:9400", f"{node(4)}:9400"], "labels": {"cluster": "a", "leaf": "su2", "rack": "r2"}}]
+
+
+FABRIC = FIXTURES / "ibnetdiscover" / "fabric.txt"
+
+
+def test_the_fabric_places_each_host_at_its_leaf_and_its_draft_is_a_topology_file(tmp_path, capsys):
+    """Two rail-optimised scalable units of two hosts and two rails, a storage leaf every host also reaches, a
+    host on a leaf left at its factory name, and an HCA whose description rdma-ndd never set."""
+    assert cli.main(["alerts", "topology", f"--ibnetdiscover={FABRIC}", "--device-exclude=mlx5_8",
+                     "--format=yaml"]) == 0
+    out, err = capsys.readouterr()
+    assert yaml.safe_load(out) == {"nodes": {
+        node(1): {"leaf": "su1-leaf-r1"}, node(2): {"leaf": "su1-leaf-r1"},
+        node(3): {"leaf": "su2-leaf-r1"}, node(4): {"leaf": "su2-leaf-r1"},
+        node(5): {"leaf": "S-00000000000000d1"}}}  # Its name is the spines' too: its GUID names it.
+    assert err == ("gpufleet alerts topology: left out 'MT4129 ConnectX7 Mellanox Technologies' on storage-leaf-1: "
+                   "not HOST DEVICE\n")
+    draft = tmp_path / "topology.yml"
+    draft.write_text(out)
+    assert topology.load(draft).nodes[node(3)] == {"leaf": "su2-leaf-r1"}
+
+    assert cli.main(["alerts", "topology", f"--ibnetdiscover={FABRIC}", "--format=yaml"]) == 0
+    placed = yaml.safe_load(capsys.readouterr().out)["nodes"]  # The storage leaf, not excluded, comes first.
+    assert {places["leaf"] for places in placed.values()} == {"storage-leaf-1", "S-00000000000000d1"}
+
+
+@pytest.mark.parametrize(("arguments", "message"), [
+    ([], "give either a TOPOLOGY file or --ibnetdiscover FILE"),
+    ([f"--ibnetdiscover={FIXTURES / 'kmsg' / 'xid.log'}"], "no switch port leads to an HCA named HOST DEVICE"),
+    (["--ibnetdiscover=/nonexistent/fabric.txt"], "cannot read"),
+])
+def test_a_fabric_that_cannot_be_read_is_refused(capsys, arguments, message):
+    assert cli.main(["alerts", "topology", *arguments]) == 2
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.e2e
