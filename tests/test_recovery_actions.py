@@ -141,6 +141,32 @@ def test_a_verdict_the_driver_announced_between_collections_is_held_as_if_read(n
         f"GPU 0 ({UUID0}) no longer needs reset: the driver asks for nothing any more"]
 
 
+def test_a_verdict_announced_while_a_collection_reads_is_acted_on_after_that_reading(node, monkeypatch, caplog):
+    """The reading of this collection is older than the verdict: applying the verdict first would let the stale
+    reading of none settle it at once, and the next raise it again."""
+    node.actions()
+    sample = node.collector.session.sample
+
+    def sample_then_verdict():
+        taken = sample()
+        node.nvml.gpus[0].recovery_action = 1
+        node.verdict(0, 1)
+        return taken
+    monkeypatch.setattr(node.collector.session, "sample", sample_then_verdict)
+    caplog.set_level(logging.INFO, logger="gpufleet.exporter.collector.gpu")
+    assert node.actions()[UUID0] == NONE
+    assert node.actions()[UUID0] == RESET
+    assert [r.getMessage() for r in caplog.records if UUID0 in r.getMessage()] == [
+        f"GPU 0 ({UUID0}) needs reset: the driver asks for it (action 1)"]
+
+
+def test_a_verdict_given_just_before_the_gpu_fell_off_the_bus_is_held(node):
+    node.actions()
+    node.verdict(0, 2)  # NODE_REBOOT, and the GPU is gone before the next collection reads it.
+    node.nvml.gpus[0].errors["*"] = LOST
+    assert node.actions()[UUID0] == REBOOT
+
+
 def test_a_gpu_off_the_bus_needs_a_reboot_which_a_reset_does_not_end(node):
     node.actions()
     node.xid(0, 79)

@@ -178,3 +178,34 @@ async def test_the_watcher_reads_the_drivers_recovery_verdict_where_the_driver_a
         assert ledger.take_verdicts() == {}
     finally:
         await asyncio.to_thread(watcher.stop)
+
+
+async def test_a_gpu_whose_recovery_event_cannot_be_had_keeps_its_xid_events(monkeypatch):
+    """Board 0's driver fails the probe of its event types; board 1's says it has the recovery-action event and
+    then refuses it at registration."""
+    boards = two_boards()
+    boards[0].errors["nvmlDeviceGetSupportedEventTypes"] = pynvml.NVML_ERROR_UNKNOWN
+    nvml = SimulatedNvml(boards)
+    register = nvml.nvmlDeviceRegisterEvents
+
+    def refusing(handle, event_types, event_set):
+        if handle.gpu.index == 1 and event_types & pynvml.nvmlEventTypeGpuRecoveryAction:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        register(handle, event_types, event_set)
+    monkeypatch.setattr(nvml, "nvmlDeviceRegisterEvents", refusing)
+    ledger = XidLedger()
+    watcher = NvmlXidWatcher(nvml, ledger, wait_ms=20, backoff_initial=0.05, backoff_max=0.2)
+    watcher.start()
+    try:
+        async def registered():
+            return ledger.watching
+        await eventually(registered)
+        nvml.inject_xid(0, 31)
+        nvml.inject_xid(1, 13)
+
+        async def counted():
+            return len(ledger.snapshot()) == 2
+        await eventually(counted)
+        assert [(x.uuid, x.xid) for x in ledger.snapshot()] == [(UUID0, 31), (UUID1, 13)]
+    finally:
+        await asyncio.to_thread(watcher.stop)

@@ -221,6 +221,9 @@ class GpuCollector:
     def collect(self) -> Collection:
         families = FamilySet()
         problems: list[str] = []
+        # Taken before the sample, so that each verdict is older than what the sample reads and is acted on first;
+        # one announced while NVML answers for no GPU is moot, since the GPU's return settles what it asked for.
+        verdicts = self.xids.take_verdicts()
         try:
             sample = self.session.sample()
         except GpuUnavailable as err:
@@ -242,7 +245,7 @@ class GpuCollector:
                 self.xids.register_gpu(gpu.identity.index, gpu.identity.uuid, gpu.identity.pci_bus_id)
             self._restore(sample)
             for change in self.actions.observe(sample.gpus, sample.lost, self.xids.snapshot(), self._boot_time(),
-                                               self.xids.take_verdicts()):
+                                               verdicts):
                 log.info("%s", change)
         self._add_kept(families)
         if self.sysfs is not None:

@@ -132,6 +132,8 @@ class ActionBook:
             changes += self._raise(sample.identity, health, new_xids.get(sample.identity.uuid, ()), boot)
         for identity in lost:
             self._identities[identity.pci_bus_id] = identity
+            for verdict in (verdicts or {}).get(identity.uuid, ()):  # Given before it fell off the bus.
+                changes += self._raise(identity, _Health(driver=float(verdict)), (), boot)
             changes += self._settle(identity, False, _Health(), boot)
             changes += self._raise(identity, _Health(), new_xids.get(identity.uuid, ()), boot)
         return changes

@@ -11,9 +11,10 @@ Events come from two sources, each in a thread of its own:
   backoff. The counts live in the `XidLedger`, not in the NVML session, so
   they survive failed collections and driver reloads. Where the driver
   offers it, the same event set also carries the GPU's recovery-action
-  event: the verdict is read when it changes and kept in the ledger for the
-  next collection, so one the driver gives and takes back between two
-  collections is still acted on.
+  event: the verdict is read as the event arrives and kept in the ledger
+  for the next collection, so one the driver gives and takes back between
+  two collections is acted on, unless it was taken back before the watcher
+  read it.
 * `KmsgXidReader` (optional) follows the kernel log for `NVRM: Xid` lines. This
   catches the XID that took NVML down with it. A kernel-log XID is counted
   only if NVML did not report the same GPU and code within the de-duplication
@@ -39,6 +40,7 @@ from gpufleet.exporter.gpu.probes import field_value
 
 log = logging.getLogger(__name__)
 
+_NO_LIBRARY = frozenset({pynvml.NVML_ERROR_UNINITIALIZED, pynvml.NVML_ERROR_DRIVER_NOT_LOADED})
 _VERDICTS_KEPT = 8  # Per GPU, between two collections: more would only repeat what the driver already said.
 PciKey = tuple[int, int, int]  # PCI domain, bus, device: what both NVML and the kernel log name.
 
@@ -290,7 +292,8 @@ class NvmlXidWatcher:
 
     def _record_verdict(self, handle: Handle, uuid: str) -> None:
         """Read the verdict the event announces from NVML's recovery-action field, which says what it is in the
-        driver's own terms; a GPU that cannot answer now is left to the next collection."""
+        driver's own terms (what NVML puts in the event's own data for this type is not documented); a GPU that
+        cannot answer now is left to the next collection."""
         try:
             values = self._nvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])
         except pynvml.NVMLError as err:
@@ -306,10 +309,21 @@ class NvmlXidWatcher:
         try:
             supported = self._nvml.nvmlDeviceGetSupportedEventTypes(handle)
         except pynvml.NVMLError as err:
-            if err.value in DRIVER_LOST:
+            if err.value in _NO_LIBRARY:
                 raise
-            supported = 0
+            supported = 0  # The optional event must not cost the GPU its XIDs: registering them decides.
         return int(pynvml.nvmlEventTypeXidCriticalError | (supported & pynvml.nvmlEventTypeGpuRecoveryAction))
+
+    def _register_gpu(self, handle: Handle, event_set: EventSet) -> None:
+        """Register one GPU for its events; where the driver refuses the recovery action it said it had, for its
+        XIDs alone."""
+        events = self._events(handle)
+        try:
+            self._nvml.nvmlDeviceRegisterEvents(handle, events, event_set)
+        except pynvml.NVMLError as err:
+            if err.value != pynvml.NVML_ERROR_NOT_SUPPORTED or events == pynvml.nvmlEventTypeXidCriticalError:
+                raise
+            self._nvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
 
     def _register(self, event_set: EventSet) -> dict[int, tuple[int, str, str]]:
         """Register each GPU for critical XID events; a GPU that cannot be registered is skipped."""
@@ -320,7 +334,7 @@ class NvmlXidWatcher:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 uuid = as_text(nvml.nvmlDeviceGetUUID(handle))
                 bus_id = as_text(nvml.nvmlDeviceGetPciInfo(handle).busId)
-                nvml.nvmlDeviceRegisterEvents(handle, self._events(handle), event_set)
+                self._register_gpu(handle, event_set)
             except pynvml.NVMLError as err:
                 if err.value in DRIVER_LOST:
                     raise
