@@ -46,7 +46,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="instead of TOPOLOGY, place each host at the leaf its HCAs are cabled to, from the "
                              "output of ibnetdiscover (HCA descriptions HOST DEVICE, as rdma-ndd sets them)")
     places.add_argument("--device-exclude", type=_pattern, metavar="REGEX",
-                        help="with --ibnetdiscover: HCAs to leave out, such as a storage HCA on leaves of its own")
+                        help="with --ibnetdiscover: HCAs to leave out, the whole device name matching (mlx5_8, "
+                             "mlx5_[89]), such as a storage HCA on leaves of its own")
     places.add_argument("--format", choices=("file-sd", "relabel", "yaml"), default="file-sd",
                         help="file-sd: Prometheus file_sd targets; relabel: relabel_configs for a scrape job with "
                              "its own discovery; yaml: the topology file itself, a draft to commit and add racks to "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,9 @@ RESERVED = frozenset({"instance", "job", "cluster"})
 # ibnetdiscover's lines for a switch, and for one of its ports cabled to an HCA (`H-` GUID), each followed by
 # the node description in quotes after `#`. An HCA's description is "HOST DEVICE" as rdma-ndd sets it.
 _SWITCH_LINE = re.compile(r'^Switch\s+\d+\s+"(S-[0-9a-fA-F]+)"\s*#\s*"([^"]*)"')
-_HCA_PORT_LINE = re.compile(r'^\[\d+\]\s+"H-[0-9a-fA-F]+"\[\d+\](?:\([0-9a-fA-F]+\))?\s*#\s*"([^"]*)"')
+# A chassis's ports (`ibnetdiscover -g`) carry their external number after the port: `[12][ext 6]`.
+_HCA_PORT_LINE = re.compile(
+    r'^\[\d+\](?:\[ext \d+\])?\s+"H-[0-9a-fA-F]+"\[\d+\](?:\([0-9a-fA-F]+\))?\s*#\s*"([^"]*)"')
 # A Quantum switch's description as its firmware writes it: MF0;<name>:<model>/U1.
 _SWITCH_NAME = re.compile(r"^MF0;([^:]+):")
 
@@ -110,10 +113,11 @@ class Discovered:
 
 
 def from_ibnetdiscover(text: str, source: str, exclude: re.Pattern[str] | None = None) -> Discovered:
-    """Each host's leaf from `ibnetdiscover` output: the switch its HCAs are cabled to. A host cabled to
-    several leaves (one per rail) is placed at the first of them by name, which every host of its scalable
-    unit shares. HCAs whose device matches `exclude` (a storage HCA on leaves of its own) are left out, as are
-    ports whose HCA description is not "HOST DEVICE"."""
+    """Each host's leaf from `ibnetdiscover` output: the switch its HCAs are cabled to. In a rail-optimised
+    fabric a host reaches one leaf per rail; leaves that share hosts form a scalable unit, named after its
+    first leaf by name, so that a host whose first rail is down still sits with its unit. HCAs whose device
+    matches `exclude` in full (a storage HCA on leaves of its own) are left out, as are ports whose HCA
+    description is not "HOST DEVICE" and switch-port lines naming an HCA that do not parse."""
     switches: dict[str, str] = {}  # GUID -> name
     cabled: dict[str, set[str]] = {}  # host -> GUIDs of the switches its HCAs reach
     skipped: list[str] = []
@@ -127,18 +131,41 @@ def from_ibnetdiscover(text: str, source: str, exclude: re.Pattern[str] | None =
             switch = guid
         elif not line or line.startswith(("Ca", "Rt")):
             switch = None  # A blank line or another node's header ends a switch's ports.
-        elif switch is not None and (port := _HCA_PORT_LINE.match(line)) is not None:
-            words = port.group(1).split()
-            if len(words) != 2:
+        elif switch is not None and line.startswith("[") and '"H-' in line:
+            port = _HCA_PORT_LINE.match(line)
+            words = port.group(1).split() if port else []
+            if port is None:
+                skipped.append(f"{line!r} on {switches[switch]}: not a switch port as ibnetdiscover writes one")
+            elif len(words) != 2:
                 skipped.append(f"{port.group(1)!r} on {switches[switch]}: not HOST DEVICE")
             elif exclude is None or not exclude.fullmatch(words[1]):
                 cabled.setdefault(words[0], set()).add(switch)
     if not cabled:
         raise TopologyError(f"{source}: no switch port leads to an HCA named HOST DEVICE; expected the output of "
                             f"ibnetdiscover, with rdma-ndd's node descriptions")
-    names = _unique_names(switches)
-    nodes = {host: {"leaf": min(names[guid] for guid in guids)} for host, guids in sorted(cabled.items())}
+    units = _units(cabled.values(), _unique_names(switches))
+    nodes = {host: {"leaf": units[next(iter(guids))]} for host, guids in sorted(cabled.items())}
     return Discovered(Topology(nodes), skipped)
+
+
+def _units(reached: Collection[set[str]], names: dict[str, str]) -> dict[str, str]:
+    """Each leaf's scalable unit, by name: the leaves joined by the hosts that reach more than one of them."""
+    parent = {guid: guid for guids in reached for guid in guids}
+
+    def root(guid: str) -> str:
+        while parent[guid] != guid:
+            parent[guid] = parent[parent[guid]]
+            guid = parent[guid]
+        return guid
+
+    for guids in reached:
+        first, *others = sorted(guids)
+        for other in others:
+            parent[root(other)] = root(first)
+    members: dict[str, list[str]] = {}
+    for guid in parent:
+        members.setdefault(root(guid), []).append(guid)
+    return {guid: min(names[leaf] for leaf in members[root(guid)]) for guid in parent}
 
 
 def _unique_names(switches: dict[str, str]) -> dict[str, str]:

@@ -59,17 +59,21 @@ FABRIC = FIXTURES / "ibnetdiscover" / "fabric.txt"
 
 
 def test_the_fabric_places_each_host_at_its_leaf_and_its_draft_is_a_topology_file(tmp_path, capsys):
-    """Two rail-optimised scalable units of two hosts and two rails, a storage leaf every host also reaches, a
-    host on a leaf left at its factory name, and an HCA whose description rdma-ndd never set."""
+    """Two rail-optimised scalable units of two hosts and two rails (one host's first rail down, one unit's
+    second leaf a chassis line card as `ibnetdiscover -g` writes it), a storage leaf every host also reaches, a
+    host on a leaf left at its factory name, an HCA whose description rdma-ndd never set, and a damaged line."""
     assert cli.main(["alerts", "topology", f"--ibnetdiscover={FABRIC}", "--device-exclude=mlx5_8",
                      "--format=yaml"]) == 0
     out, err = capsys.readouterr()
     assert yaml.safe_load(out) == {"nodes": {
-        node(1): {"leaf": "su1-leaf-r1"}, node(2): {"leaf": "su1-leaf-r1"},
+        node(1): {"leaf": "su1-leaf-r1"}, node(2): {"leaf": "su1-leaf-r1"},  # Node 2 by its second rail.
         node(3): {"leaf": "su2-leaf-r1"}, node(4): {"leaf": "su2-leaf-r1"},
         node(5): {"leaf": "S-00000000000000d1"}}}  # Its name is the spines' too: its GUID names it.
-    assert err == ("gpufleet alerts topology: left out 'MT4129 ConnectX7 Mellanox Technologies' on storage-leaf-1: "
-                   "not HOST DEVICE\n")
+    assert err.splitlines() == [
+        "gpufleet alerts topology: left out 'MT4129 ConnectX7 Mellanox Technologies' on storage-leaf-1: "
+        "not HOST DEVICE",
+        "gpufleet alerts topology: left out '[6]\\t\"H-b8cef603000f0002\"[1]\\t\\tgpu-node-0009 mlx5_8 lid 7 4xNDR' on "
+        "storage-leaf-1: not a switch port as ibnetdiscover writes one"]
     draft = tmp_path / "topology.yml"
     draft.write_text(out)
     assert topology.load(draft).nodes[node(3)] == {"leaf": "su2-leaf-r1"}
