@@ -10,6 +10,7 @@ on a node with no fault is a false page.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,14 +73,18 @@ def inject(sim_url: str, nodes: list[str], kinds: int, seconds: float, seed: int
     return round_
 
 
-def count(round_: list[Injected], receiver: Receiver, scale: float) -> list[str]:
-    """Fill in each fault's incidents and time to page; returns the incidents no fault explains (false pages),
+def count(round_: list[Injected], receiver: Receiver, scale: float,
+          also: Callable[[dict[str, str], float], bool] = lambda alert, at: False) -> list[str]:
+    """Fill in each fault's incidents and time to page; returns the incidents that neither a fault of the round
+    nor `also` (an alert's labels and when it paged: another fault the run injected) explains, the false pages,
     by the alerts they listed."""
     incidents = receiver.incidents()
-    explained: set[int] = set()
+    explained = {number for number, (_, pages) in enumerate(incidents)
+                 if any(also(alert, page.at) for page in pages for alert in page.alerts)}
     for fault in round_:
         mine = [(number, pages) for number, (_, pages) in enumerate(incidents)
-                if any(alert.get("instance") == fault.node for page in pages for alert in page.alerts)]
+                if number not in explained and pages[-1].at >= fault.start
+                and any(alert.get("instance") == fault.node for page in pages for alert in page.alerts)]
         fault.incidents = len(mine)
         explained.update(number for number, _ in mine)
         if mine:
