@@ -38,10 +38,12 @@ from gpufleet.devtools.prom import query
 from gpufleet.devtools.waiting import HarnessError
 from gpufleet.simulator.faults import Cause
 
-# What names each cause in the alert's description, and the alert of the cause itself, on the same node.
+# What names each cause in the alert's description, and the alerts of the cause itself, on the same node (a
+# straggler held back by heat heats every GPU of its node: the node's cooling alert, which stands in for each
+# GPU's).
 NAMED = {Cause.CLOCK: "none of", Cause.THERMAL: "thermal slowdown", Cause.POWER: "power brake",
          Cause.NIC: "NIC congestion", Cause.PCIE: "PCIe degraded", Cause.HOST: "GPUs idle between steps"}
-OWN_ALERTS = {Cause.THERMAL: {"GpuThermalMarginLow"}, Cause.POWER: {"GpuHardwareSlowdown"},
+OWN_ALERTS = {Cause.THERMAL: {"GpuThermalMarginLow", "NodeThermalMarginLow"}, Cause.POWER: {"GpuHardwareSlowdown"},
               Cause.NIC: {"NicInfinibandCongested"}, Cause.PCIE: {"GpuPcieLinkDegraded"}}
 
 
