@@ -2,7 +2,9 @@
 the NVML event watcher's recovery verdicts."""
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pynvml
@@ -156,10 +158,9 @@ async def test_the_reader_survives_a_missing_log_and_picks_it_up_later(tmp_path,
         reader.stop()
 
 
-async def test_the_watcher_reads_the_drivers_recovery_verdict_where_the_driver_announces_it():
-    boards = two_boards()
-    boards[1].unsupported.add(f"field:{pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION}")  # An older driver on board 1.
-    nvml = SimulatedNvml(boards)
+@contextlib.asynccontextmanager
+async def watching(nvml: SimulatedNvml) -> AsyncIterator[XidLedger]:
+    """The NVML event watcher running on `nvml` once it has registered, and the ledger it records in."""
     ledger = XidLedger()
     watcher = NvmlXidWatcher(nvml, ledger, wait_ms=20, backoff_initial=0.05, backoff_max=0.2)
     watcher.start()
@@ -167,6 +168,16 @@ async def test_the_watcher_reads_the_drivers_recovery_verdict_where_the_driver_a
         async def registered():
             return ledger.watching
         await eventually(registered)
+        yield ledger
+    finally:
+        await asyncio.to_thread(watcher.stop)
+
+
+async def test_the_watcher_reads_the_drivers_recovery_verdict_where_the_driver_announces_it():
+    boards = two_boards()
+    boards[1].unsupported.add(f"field:{pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION}")  # An older driver on board 1.
+    nvml = SimulatedNvml(boards)
+    async with watching(nvml) as ledger:
         nvml.set_recovery_action(0, pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET)
         nvml.set_recovery_action(1, pynvml.NVML_GPU_RECOVERY_ACTION_GPU_RESET)  # No event on the older driver.
         nvml.inject_xid(1, 13)  # Whose XIDs still arrive: asking for the event it lacks did not cost them.
@@ -176,8 +187,6 @@ async def test_the_watcher_reads_the_drivers_recovery_verdict_where_the_driver_a
         assert await eventually(seen) == {UUID0: [pynvml.NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET]}
         assert [(x.uuid, x.xid, x.count) for x in ledger.snapshot()] == [(UUID1, 13, 1)]
         assert ledger.take_verdicts() == {}
-    finally:
-        await asyncio.to_thread(watcher.stop)
 
 
 async def test_a_gpu_whose_recovery_event_cannot_be_had_keeps_its_xid_events(monkeypatch):
@@ -193,13 +202,7 @@ async def test_a_gpu_whose_recovery_event_cannot_be_had_keeps_its_xid_events(mon
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         register(handle, event_types, event_set)
     monkeypatch.setattr(nvml, "nvmlDeviceRegisterEvents", refusing)
-    ledger = XidLedger()
-    watcher = NvmlXidWatcher(nvml, ledger, wait_ms=20, backoff_initial=0.05, backoff_max=0.2)
-    watcher.start()
-    try:
-        async def registered():
-            return ledger.watching
-        await eventually(registered)
+    async with watching(nvml) as ledger:
         nvml.inject_xid(0, 31)
         nvml.inject_xid(1, 13)
 
@@ -207,5 +210,3 @@ async def test_a_gpu_whose_recovery_event_cannot_be_had_keeps_its_xid_events(mon
             return len(ledger.snapshot()) == 2
         await eventually(counted)
         assert [(x.uuid, x.xid) for x in ledger.snapshot()] == [(UUID0, 31), (UUID1, 13)]
-    finally:
-        await asyncio.to_thread(watcher.stop)
