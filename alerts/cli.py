@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 from gpufleet import checkout, topology
 from gpufleet.alerts import config
 from gpufleet.alerts.rules import ENGINES, Engine, render
+from gpufleet.flags import regex
 
 # The committed files, by name; the packaged copies beside the code are read, never written.
 COMMITTED: dict[Engine, str] = {"prometheus": "gpufleet-rules.yml", "vmalert": "gpufleet-vmalert-rules.yml"}
@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     places.add_argument("--ibnetdiscover", type=Path, metavar="FILE",
                         help="instead of TOPOLOGY, place each host at the leaf its HCAs are cabled to, from the "
                              "output of ibnetdiscover (HCA descriptions HOST DEVICE, as rdma-ndd sets them)")
-    places.add_argument("--device-exclude", type=_pattern, metavar="REGEX",
+    places.add_argument("--device-exclude", type=regex, metavar="REGEX",
                         help="with --ibnetdiscover: HCAs to leave out, the whole device name matching (mlx5_8, "
                              "mlx5_[89]), such as a storage HCA on leaves of its own")
     places.add_argument("--format", choices=("file-sd", "relabel", "yaml"), default="file-sd",
@@ -111,13 +111,6 @@ def run_build(args: argparse.Namespace) -> int:
     for path in stale:
         print(f"gpufleet alerts build: {path} is out of date; run `gpufleet alerts build`", file=sys.stderr)
     return 1 if stale else 0
-
-
-def _pattern(text: str) -> re.Pattern[str]:
-    try:
-        return re.compile(text)
-    except re.error as err:
-        raise argparse.ArgumentTypeError(f"invalid regular expression {text!r}: {err}") from None
 
 
 def _places(args: argparse.Namespace) -> topology.Topology:
