@@ -70,6 +70,26 @@ def test_every_value_matches_what_nvml_reported(collector):
     )] == 1
 
 
+def test_memory_the_driver_reserves_is_neither_used_nor_free_as_nvidia_smi_counts_it(nvml, collector):
+    board = nvml.gpus[0]
+    board.memory_reserved_bytes = 615 * 1024**2  # What an H200's driver set aside (bench/gpu_check.py).
+    _, samples = collect(collector)
+    assert samples[gpu_series("gpufleet_gpu_memory_reserved_bytes")] == 615 * 1024**2
+    assert samples[gpu_series("gpufleet_gpu_memory_used_bytes")] == 40 * GIB
+    assert samples[gpu_series("gpufleet_gpu_memory_free_bytes")] == board.memory_total_bytes - 40 * GIB - 615 * 1024**2
+
+
+def test_a_driver_without_the_second_memory_call_counts_the_reserve_as_used(nvml, collector):
+    board = nvml.gpus[0]
+    board.memory_reserved_bytes = 615 * 1024**2
+    board.unsupported.add("nvmlDeviceGetMemoryInfo_v2")
+    collection, samples = collect(collector)
+    assert collection.problems == ()
+    assert gpu_series("gpufleet_gpu_memory_reserved_bytes") not in samples
+    assert samples[gpu_series("gpufleet_gpu_memory_used_bytes")] == 40 * GIB + 615 * 1024**2
+    assert samples[gpu_series("gpufleet_gpu_memory_free_bytes")] == board.memory_total_bytes - 40 * GIB - 615 * 1024**2
+
+
 def test_fans_are_reported_per_fan_where_the_board_has_them(collector):
     _, samples = collect(collector)
     assert named(samples, "gpufleet_gpu_fan_speed_ratio") == {

@@ -57,8 +57,11 @@ class Documented:
     def nvmlDeviceGetEncoderUtilization(self, handle):
         return [12, 167_000]  # "utilization: ... encoder utilization value"; "samplingPeriodUs" in µs
 
-    def nvmlDeviceGetMemoryInfo(self, handle):
-        return SimpleNamespace(total=85_520_809_984, used=42_949_672_960, free=42_571_137_024)  # "in bytes"
+    def nvmlDeviceGetMemoryInfo(self, handle, version):
+        # nvmlMemory_v2_t, "in bytes": "reserved for system use (driver or firmware)", "Allocated device memory".
+        assert version == pynvml.nvmlMemory_v2
+        return SimpleNamespace(total=85_520_809_984, reserved=644_939_776, used=42_304_733_184,
+                               free=42_571_137_024)
 
     def nvmlDeviceGetPowerUsage(self, handle):
         return 612_500  # "Retrieves power usage for this GPU in milliwatts"
@@ -81,7 +84,8 @@ class Documented:
     ("nvmlDeviceGetUtilizationRates", "gpufleet_gpu_utilization_ratio", 0.87),
     ("nvmlDeviceGetUtilizationRates", "gpufleet_gpu_memory_copy_utilization_ratio", 0.41),
     ("nvmlDeviceGetEncoderUtilization", "gpufleet_gpu_encoder_utilization_ratio", 0.12),
-    ("nvmlDeviceGetMemoryInfo", "gpufleet_gpu_memory_used_bytes", 42_949_672_960),
+    ("nvmlDeviceGetMemoryInfo", "gpufleet_gpu_memory_used_bytes", 42_304_733_184),
+    ("nvmlDeviceGetMemoryInfo", "gpufleet_gpu_memory_reserved_bytes", 644_939_776),
     ("nvmlDeviceGetPowerUsage", "gpufleet_gpu_power_watts", 612.5),
     ("nvmlDeviceGetEnforcedPowerLimit", "gpufleet_gpu_power_limit_watts", 700.0),
     ("nvmlDeviceGetClockInfo(SM)", "gpufleet_gpu_clock_hertz", 1_755_000_000),

@@ -16,7 +16,7 @@ import pynvml
 
 from gpufleet.exporter.gpu.gpm import MIG_METRICS, GpmReader
 from gpufleet.exporter.gpu.nvml import UNSUPPORTED, Handle, Nvml, as_text
-from gpufleet.exporter.gpu.probes import GpuMetric, Reading, checked
+from gpufleet.exporter.gpu.probes import MEMORY_LIMIT, GpuMetric, Reading, checked, memory_info
 
 MIG_ENABLED = GpuMetric("gpufleet_gpu_mig_enabled", "1 when MIG mode is on.")
 MIG_PENDING = GpuMetric("gpufleet_gpu_mig_pending_enabled",
@@ -30,8 +30,6 @@ MIG_MEMORY_USED = GpuMetric("gpufleet_gpu_mig_memory_used_bytes", "Framebuffer m
                             labels=("gpu_instance",))
 MIG_MEMORY_TOTAL = GpuMetric("gpufleet_gpu_mig_memory_total_bytes", "Framebuffer memory of a MIG GPU instance.",
                              labels=("gpu_instance",))
-
-_MEMORY_LIMIT = float(2**56)
 
 
 def profile(name: str) -> str:
@@ -69,9 +67,9 @@ class MigReader:
                                                         as_text(nvml.nvmlDeviceGetUUID(device)))))
                 if instance not in instances:
                     # Compute instances share their GPU instance's memory: counted once per GPU instance.
-                    memory = nvml.nvmlDeviceGetMemoryInfo(device)
-                    readings += checked(MIG_MEMORY_USED, memory.used, 0, _MEMORY_LIMIT, (str(instance),))
-                    readings += checked(MIG_MEMORY_TOTAL, memory.total, 1, _MEMORY_LIMIT, (str(instance),))
+                    memory = memory_info(nvml, device)
+                    readings += checked(MIG_MEMORY_USED, memory.used, 0, MEMORY_LIMIT, (str(instance),))
+                    readings += checked(MIG_MEMORY_TOTAL, memory.total, 1, MEMORY_LIMIT, (str(instance),))
                     instances.add(instance)
         readings += self._activity(nvml, handle, instances)
         return readings

@@ -39,6 +39,8 @@ class Utilization(Protocol):
 
 
 class Memory(Protocol):
+    """nvmlMemory_v2_t, or nvmlMemory_t where asked for version 0, which has no `reserved` and counts it in `used`."""
+
     @property
     def total(self) -> int: ...
 
@@ -47,6 +49,9 @@ class Memory(Protocol):
 
     @property
     def free(self) -> int: ...
+
+    @property
+    def reserved(self) -> int: ...
 
 
 class ViolationTime(Protocol):
@@ -118,7 +123,8 @@ class Nvml(Protocol):
     ) -> tuple[int, Sequence[Sample]]: ...
     def nvmlDeviceGetEncoderUtilization(self, handle: Handle, /) -> Sequence[int]: ...  # [percent, sampling period µs]
     def nvmlDeviceGetDecoderUtilization(self, handle: Handle, /) -> Sequence[int]: ...
-    def nvmlDeviceGetMemoryInfo(self, handle: Handle, /) -> Memory: ...
+    # version: pynvml.nvmlMemory_v2, or 0 for the first structure.
+    def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: int, /) -> Memory: ...
     def nvmlDeviceGetPowerUsage(self, handle: Handle, /) -> int: ...  # milliwatts
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Handle, /) -> int: ...  # milliwatts
     def nvmlDeviceGetTemperature(self, handle: Handle, sensor: int, /) -> int: ...  # °C

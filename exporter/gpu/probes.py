@@ -52,8 +52,12 @@ MEMORY_COPY_UTILIZATION = GpuMetric(
 )
 ENCODER_UTILIZATION = GpuMetric("gpufleet_gpu_encoder_utilization_ratio", "Video encoder utilisation.")
 DECODER_UTILIZATION = GpuMetric("gpufleet_gpu_decoder_utilization_ratio", "Video decoder utilisation.")
-MEMORY_USED = GpuMetric("gpufleet_gpu_memory_used_bytes", "Framebuffer memory in use.")
+MEMORY_USED = GpuMetric("gpufleet_gpu_memory_used_bytes",
+                        "Framebuffer memory allocated, without what the driver reserves (as nvidia-smi counts it).")
 MEMORY_FREE = GpuMetric("gpufleet_gpu_memory_free_bytes", "Framebuffer memory free.")
+MEMORY_RESERVED = GpuMetric(
+    "gpufleet_gpu_memory_reserved_bytes",
+    "Framebuffer memory the driver and firmware set aside for themselves: neither used nor free.")
 MEMORY_TOTAL = GpuMetric("gpufleet_gpu_memory_total_bytes", "Framebuffer memory installed.")
 POWER = GpuMetric("gpufleet_gpu_power_watts", "Power draw of the board.")
 POWER_LIMIT = GpuMetric("gpufleet_gpu_power_limit_watts", "Power limit the driver enforces.")
@@ -247,13 +251,36 @@ def _codec(metric: GpuMetric, call: Callable[[Nvml, Handle], Sequence[int]]) -> 
     return read
 
 
+class MemoryInfo(NamedTuple):
+    total: int
+    used: int
+    free: int
+    reserved: int | None  # None where the driver has only the first structure, whose `used` counts it in.
+
+
+def memory_info(nvml: Nvml, handle: Handle) -> MemoryInfo:
+    """A GPU's (or MIG device's) memory from the call's second version, which tells the driver's reserve from what
+    processes allocated; the first version, which adds the two up, where the driver lacks the second."""
+    try:
+        info = nvml.nvmlDeviceGetMemoryInfo(handle, pynvml.nvmlMemory_v2)
+    except pynvml.NVMLError as err:
+        if err.value not in UNSUPPORTED:
+            raise
+        info = nvml.nvmlDeviceGetMemoryInfo(handle, 0)
+        return MemoryInfo(info.total, info.used, info.free, None)
+    return MemoryInfo(info.total, info.used, info.free, info.reserved)
+
+
+MEMORY_LIMIT = float(2**56)
+
+
 def _memory(nvml: Nvml, handle: Handle) -> list[Reading]:
-    info = nvml.nvmlDeviceGetMemoryInfo(handle)
-    limit = float(2**56)
+    info = memory_info(nvml, handle)
     return (
-        checked(MEMORY_USED, info.used, 0, limit)
-        + checked(MEMORY_FREE, info.free, 0, limit)
-        + checked(MEMORY_TOTAL, info.total, 1, limit)
+        checked(MEMORY_USED, info.used, 0, MEMORY_LIMIT)
+        + checked(MEMORY_FREE, info.free, 0, MEMORY_LIMIT)
+        + checked(MEMORY_TOTAL, info.total, 1, MEMORY_LIMIT)
+        + (checked(MEMORY_RESERVED, info.reserved, 0, MEMORY_LIMIT) if info.reserved is not None else [])
     )
 
 

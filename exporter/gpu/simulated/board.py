@@ -122,6 +122,8 @@ class SimulatedGpu:
     pci_bus_id: str = ""
     vbios: str = "96.00.99.00.01"
     memory_total_bytes: int = 81559 * MIB
+    memory_reserved_bytes: int = 0  # Set aside by the driver: a board of an older driver that cannot tell it lists
+    # nvmlDeviceGetMemoryInfo_v2 in `unsupported`.
     power_limit_watts: float = 700.0
     idle_power_watts: float = 70.0
     sm_clock_max_hertz: float = 1980e6

@@ -93,6 +93,7 @@ class _Memory:
     total: int
     used: int
     free: int
+    reserved: int  # Only in the second version's structure; the first counts it in `used`.
 
 
 @dataclass(slots=True)
@@ -405,14 +406,17 @@ class SimulatedNvml:
     def nvmlDeviceGetDecoderUtilization(self, handle: _Handle) -> list[int]:
         return [round(self._telemetry(handle, "nvmlDeviceGetDecoderUtilization").decoder_utilization * 100), 167000]
 
-    def nvmlDeviceGetMemoryInfo(self, handle: _Handle) -> _Memory:
-        gpu, now = self._now(handle, "nvmlDeviceGetMemoryInfo")
-        total, used = gpu.memory_total_bytes, now.memory_used_bytes
+    def nvmlDeviceGetMemoryInfo(self, handle: _Handle, version: int) -> _Memory:
+        gpu, now = self._now(handle, "nvmlDeviceGetMemoryInfo" if not version else "nvmlDeviceGetMemoryInfo_v2")
+        total, used, reserved = gpu.memory_total_bytes, now.memory_used_bytes, gpu.memory_reserved_bytes
         if isinstance(handle, _MigHandle):  # An instance with a process in it fills its share as the load says.
             busy = any(p.gpu_instance == handle.device.gpu_instance for p in gpu.processes)
-            total = handle.device.memory_total_bytes
+            total, reserved = handle.device.memory_total_bytes, 0
             used = int(total * now.memory_used_bytes / gpu.memory_total_bytes) if busy else 0
-        return _Memory(total=total, used=used, free=total - used)
+        free = total - used - reserved
+        if not version:  # nvmlMemory_t: "Sum of Reserved and Allocated device memory".
+            return _Memory(total=total, used=used + reserved, free=free, reserved=0)
+        return _Memory(total=total, used=used, free=free, reserved=reserved)
 
     def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:
         return round(self._telemetry(handle, "nvmlDeviceGetPowerUsage").power_watts * 1000)
