@@ -127,7 +127,8 @@ class Report:
         if "GPU collection mean (ms)" in f:
             smi_mean = f.get("nvidia-smi query mean (ms)")
             lines.append(f"GPU collection: mean {f['GPU collection mean (ms)']} ms, p99 {f['GPU collection p99 (ms)']} "
-                         "ms" + (f"; nvidia-smi --query-gpu: mean {smi_mean} ms" if smi_mean is not None else ""))
+                         f"ms, CPU {f['GPU collection CPU mean (ms)']} ms"
+                         + (f"; nvidia-smi --query-gpu: mean {smi_mean} ms" if smi_mean is not None else ""))
         if "calls refused by the driver" in f:
             lines.append(f"calls refused by the driver: {f['calls refused by the driver']}")
         for key in ("tensor active idle", "tensor active under load", "recovery action field (230)",
@@ -316,9 +317,26 @@ def scrape(server: Server) -> tuple[str, smi.Samples]:
     return text, samples
 
 
-def against_smi(server: Server, options: Options, report: Report, phase: str) -> None:
-    """One scrape and one nvidia-smi query, a moment apart, compared field by field."""
+_LAST_GPU_COLLECTION = ("gpufleet_collector_last_success_timestamp_seconds", frozenset({("collector", "gpu")}))
+
+
+def fresh_scrape(server: Server) -> tuple[str, smi.Samples]:
+    """A scrape taken just after the exporter's next GPU collection, so that what it shows is at most a few
+    milliseconds older than a query made right after it; the last one seen if none comes within 5 s."""
     text, samples = scrape(server)
+    before = samples.get(_LAST_GPU_COLLECTION)
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        time.sleep(0.02)
+        text, samples = scrape(server)
+        if samples.get(_LAST_GPU_COLLECTION) != before:
+            break
+    return text, samples
+
+
+def against_smi(server: Server, options: Options, report: Report, phase: str) -> None:
+    """A scrape just after a GPU collection and an nvidia-smi query right after it, compared field by field."""
+    text, samples = fresh_scrape(server)
     (options.out / f"metrics-{phase}.txt").write_text(text)
     registered = samples.get(("gpufleet_gpu_xid_events_registered", frozenset()))
     report.figures["XID events registered (exporter)"] = "yes" if registered == 1 else "no"
@@ -397,11 +415,11 @@ def activity(nvml: Nvml, server: Server | None, options: Options, report: Report
         elif not _version("torch"):
             report.skipped.append("load: PyTorch is not installed")
         else:
-            with load(options.load_seconds + options.idle_seconds + 60):
-                time.sleep(1.0)
+            with load(options.load_seconds + 60):
+                time.sleep(1.0)  # The first collection under load reads from before it began.
+                busy = _activity(session, options.load_seconds)
                 if server is not None:
                     against_smi(server, options, report, "load")
-                busy = _activity(session, options.load_seconds)
     finally:
         session.close()
     table = Table(["gpu", "series", "idle", "under load"])
@@ -419,17 +437,37 @@ def activity(nvml: Nvml, server: Server | None, options: Options, report: Report
                 report.failures.append(f"GPU {g}: tensor activity did not rise under the load: {before} -> {after}")
 
 
-def _timed(call: Callable[[], object], times: int) -> list[float]:
-    durations = []
+@dataclass
+class Durations:
+    """Wall-clock and CPU seconds of each call: NVML waits on the driver, and only the CPU counts against the
+    exporter's budget."""
+
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+
+    def __iadd__(self, other: Durations) -> Durations:
+        self.wall += other.wall
+        self.cpu += other.cpu
+        return self
+
+
+def _timed(call: Callable[[], object], times: int) -> Durations:
+    durations = Durations()
     for _ in range(times):
-        started = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.thread_time()
         call()
-        durations.append(time.perf_counter() - started)
+        durations.cpu.append(time.thread_time() - cpu)
+        durations.wall.append(time.perf_counter() - wall)
     return durations
 
 
-def _time_calls(nvml: Nvml, index: int, handle: Any, times: int, calls: dict[str, list[float]]) -> None:
-    """Each NVML call of a collection on one GPU, `times` times; a call the GPU refuses is left out."""
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _time_calls(nvml: Nvml, index: int, handle: Any, times: int, calls: dict[str, Durations]) -> None:
+    """Each NVML call of a collection on one GPU, `times` times, and each field alone; a call the GPU refuses is
+    left out."""
     for probe in (utilization_probe(), *PROBES):
         try:
             probe.read(nvml, handle)
@@ -438,6 +476,14 @@ def _time_calls(nvml: Nvml, index: int, handle: Any, times: int, calls: dict[str
         calls[probe.name] += _timed(functools.partial(probe.read, nvml, handle), times)
     calls["nvmlDeviceGetFieldValues (all fields)"] += _timed(
         lambda: list(read_fields(nvml, handle, FIELDS)), times)
+    for fld in FIELDS:
+        calls[f"field {fld.field_id} ({fld.description}) alone"] += _timed(
+            functools.partial(nvml.nvmlDeviceGetFieldValues, handle, [fld.field_id]), times)
+    calls["nvmlDeviceGetUtilizationRates alone"] += _timed(
+        functools.partial(nvml.nvmlDeviceGetUtilizationRates, handle), times)
+    with contextlib.suppress(pynvml.NVMLError):
+        calls["nvmlDeviceGetSamples (GPU utilisation) alone"] += _timed(functools.partial(
+            nvml.nvmlDeviceGetSamples, handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0), times)
     with contextlib.suppress(pynvml.NVMLError):
         nvml.nvmlDeviceGetComputeRunningProcesses(handle)
         calls["nvmlDeviceGetComputeRunningProcesses"] += _timed(
@@ -457,28 +503,33 @@ def timing(nvml: Nvml, options: Options, report: Report) -> None:
     f = report.figures
     collector = GpuCollector(NvmlSession(nvml, gpm=METRICS))
     try:
-        f["GPU collection, first (ms)"] = round(1000 * _timed(collector.collect, 1)[0], 2)
-        rounds = [1000 * d for d in _timed(collector.collect, options.rounds)]
+        f["GPU collection, first (ms)"] = round(1000 * _timed(collector.collect, 1).wall[0], 2)
+        rounds = _timed(collector.collect, options.rounds)
     finally:
         collector.close()
+    wall = [1000 * d for d in rounds.wall]
     f["GPU collection rounds"] = options.rounds
-    f["GPU collection mean (ms)"] = round(sum(rounds) / len(rounds), 2)
-    f["GPU collection p99 (ms)"] = round(percentile(rounds, 0.99), 2)
-    calls: dict[str, list[float]] = defaultdict(list)
+    f["GPU collection mean (ms)"] = round(_mean(wall), 2)
+    f["GPU collection p99 (ms)"] = round(percentile(wall, 0.99), 2)
+    f["GPU collection CPU mean (ms)"] = round(1000 * _mean(rounds.cpu), 2)
+    # At the default interval, as a share of one core: the exporter's budget is 1 % for everything.
+    f["GPU collection CPU at 5 s (share of a core)"] = round(_mean(rounds.cpu) / 5.0, 5)
+    calls: dict[str, Durations] = defaultdict(Durations)
     with initialised(nvml) as handles:
         for index, handle in enumerate(handles):
             _time_calls(nvml, index, handle, options.calls, calls)
-    table = Table(["call", "calls", "mean (µs)", "p99 (µs)"])
+    table = Table(["call", "calls", "mean (µs)", "p99 (µs)", "CPU mean (µs)"])
     for name, durations in calls.items():
-        micros = [1e6 * d for d in durations]
-        table.add(name, len(micros), round(sum(micros) / len(micros), 1), round(percentile(micros, 0.99), 1))
+        micros = [1e6 * d for d in durations.wall]
+        table.add(name, len(micros), round(_mean(micros), 1), round(percentile(micros, 0.99), 1),
+                  round(1e6 * _mean(durations.cpu), 1))
     report.tables["NVML calls"] = table
     if options.nvidia_smi is None:
         report.skipped.append("nvidia-smi timing: nvidia-smi is not installed")
         return
     query = [options.nvidia_smi, f"--query-gpu={','.join(smi.FIELDS)}", "--format=csv,noheader,nounits"]
     runs = [1000 * d for d in _timed(lambda: subprocess.run(query, capture_output=True, timeout=60),
-                                     options.smi_rounds)]
+                                     options.smi_rounds).wall]
     f["nvidia-smi query mean (ms)"] = round(sum(runs) / len(runs), 1)
     f["nvidia-smi query max (ms)"] = round(max(runs), 1)
 

@@ -49,7 +49,8 @@ class Check:
 
     `label` names a `gpufleet_gpu_info` label for identity fields; otherwise `metric` and `labels` name the
     series, `scale` turns nvidia-smi's unit into the exporter's, and a value agrees within `absolute` or
-    `relative` (of the larger of the two), whichever is wider.
+    `relative` (of the larger of the two), whichever is wider. `otherwise` names the series whose value the
+    exporter means by leaving `metric` out (a pending mode is exported only while it differs from the current).
     """
 
     field: str
@@ -60,6 +61,7 @@ class Check:
     scale: float = 1.0
     absolute: float = 0.0
     relative: float = 0.0
+    otherwise: str = ""
 
 
 def _share(field: str, metric: str, *labels: tuple[str, str]) -> Check:
@@ -112,7 +114,7 @@ CHECKS: tuple[Check, ...] = (
     Check("remapped_rows.pending", "gpufleet_gpu_row_remap_pending", parse=_flag),
     Check("remapped_rows.failure", "gpufleet_gpu_row_remap_failed", parse=_flag),
     Check("mig.mode.current", "gpufleet_gpu_mig_enabled", parse=_flag),
-    Check("mig.mode.pending", "gpufleet_gpu_mig_pending_enabled", parse=_flag),
+    Check("mig.mode.pending", "gpufleet_gpu_mig_pending_enabled", parse=_flag, otherwise="gpufleet_gpu_mig_enabled"),
     # The active reasons as one bit mask; the exporter's series are rebuilt into the same mask.
     Check("clocks_event_reasons.active", "gpufleet_gpu_clock_event_active", parse=_mask),
 )
@@ -184,9 +186,10 @@ def _series(samples: Samples, check: Check, gpu: str) -> float | None:
         reasons = [labels for (name, labels) in samples if name == check.metric and dict(labels).get("gpu") == gpu]
         return float(sum(active)) if reasons else None
     wanted = {("gpu", gpu), *check.labels}
-    for (name, labels), value in samples.items():
-        if name == check.metric and wanted <= labels:
-            return value
+    for metric in (check.metric, check.otherwise):
+        for (name, labels), value in samples.items():
+            if metric and name == metric and wanted <= labels:
+                return value
     return None
 
 
