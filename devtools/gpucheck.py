@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pynvml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -34,6 +35,7 @@ from gpufleet.devtools.net import free_port, get
 from gpufleet.devtools.paths import ROOT
 from gpufleet.devtools.processes import Server, serving
 from gpufleet.devtools.programs import gpufleet_command
+from gpufleet.devtools.resources import cpu_seconds, peak_rss_mib
 from gpufleet.devtools.results import Table, Value
 from gpufleet.devtools.stats import percentile
 from gpufleet.devtools.waiting import HarnessError, wait_for
@@ -295,7 +297,7 @@ def _within(check: Callable[[], bool], seconds: float) -> bool:
 
 
 @contextlib.contextmanager
-def exporter(options: Options) -> Iterator[Server]:
+def exporter(options: Options, report: Report) -> Iterator[Server]:
     """`gpufleet exporter` on this machine's GPUs (or simulated ones), collecting every second."""
     port = free_port()
     backend = ["--gpu.backend=sim", f"--sim.gpus={options.sim_gpus}"] if options.backend == "sim" else [
@@ -305,7 +307,13 @@ def exporter(options: Options) -> Iterator[Server]:
     with serving(argv, port, "/metrics", "exporter start", timeout=60) as server:
         try:
             wait_for(lambda: b"gpufleet_gpu_info{" in get(server.url + "/metrics"), 30, "the first GPU collection")
+            process = psutil.Process(server.pid)
+            started, cpu = time.monotonic(), cpu_seconds(process)
             yield server
+            # Collecting every second while scraped a few times a second: an upper bound of its default cost.
+            report.figures["exporter CPU at 1 s GPU interval (share of a core)"] = round(
+                (cpu_seconds(process) - cpu) / (time.monotonic() - started), 4)
+            report.figures["exporter peak RSS (MiB)"] = round(peak_rss_mib(server.pid), 1)
         finally:
             (options.out / "exporter.log").write_text(server.output(limit=200_000))
 
@@ -557,7 +565,7 @@ def run(options: Options) -> Report:
     report.part("pager", lambda: pager(nvml, options, report))
 
     def with_exporter() -> None:
-        with exporter(options) as server:
+        with exporter(options, report) as server:
             report.part("compare idle", lambda: against_smi(server, options, report, "idle"))
             report.part("activity", lambda: activity(nvml, server, options, report))
 
