@@ -43,10 +43,12 @@ def main() -> int:
     parser.add_argument("--sim.gpus", dest="sim_gpus", type=int, default=2, help="simulated GPUs (default: 2)")
     parser.add_argument("--rounds", type=int, default=200, help="GPU collections timed (default: 200)")
     parser.add_argument("--calls", type=int, default=50, help="calls timed per NVML call and GPU (default: 50)")
+    parser.add_argument("--quiet-seconds", type=float, default=30.0,
+                        help="how long the exporter's CPU is measured at its default flags (default: 30)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     options = gpucheck.Options(out=args.out, backend=args.backend, sim_gpus=args.sim_gpus, rounds=args.rounds,
-                               calls=args.calls)
+                               calls=args.calls, quiet_seconds=args.quiet_seconds)
     report = gpucheck.run(options)
     notes = "; ".join([*(f"skipped: {s}" for s in report.skipped), *(f"failed: {s}" for s in report.failures),
                        *(f"error: {s}" for s in report.errors)])

@@ -35,7 +35,7 @@ from gpufleet.devtools.net import free_port, get
 from gpufleet.devtools.paths import ROOT
 from gpufleet.devtools.processes import Server, serving
 from gpufleet.devtools.programs import gpufleet_command
-from gpufleet.devtools.resources import cpu_seconds, peak_rss_mib
+from gpufleet.devtools.resources import cpu_seconds, peak_rss_mib, status_mib
 from gpufleet.devtools.results import Table, Value
 from gpufleet.devtools.stats import percentile
 from gpufleet.devtools.waiting import HarnessError, wait_for
@@ -93,6 +93,7 @@ class Options:
     smi_rounds: int = 5
     idle_seconds: float = 3.0  # GPM's window with the GPUs idle
     load_seconds: float = 5.0  # and under load
+    quiet_seconds: float = 30.0  # the exporter at its default flags, scraped every 15 s, for its CPU share
     nvidia_smi: str | None = field(default_factory=lambda: shutil.which("nvidia-smi"))
 
 
@@ -314,8 +315,31 @@ def exporter(options: Options, report: Report) -> Iterator[Server]:
             report.figures["exporter CPU at 1 s GPU interval (share of a core)"] = round(
                 (cpu_seconds(process) - cpu) / (time.monotonic() - started), 4)
             report.figures["exporter peak RSS (MiB)"] = round(peak_rss_mib(server.pid), 1)
+            memory = status_mib(server.pid)  # The heap, against the libraries mapped from files (NVML's among them).
+            for key in ("RssAnon", "RssFile"):
+                report.figures[f"exporter {key} (MiB)"] = round(memory.get(key, 0.0), 1)
         finally:
             (options.out / "exporter.log").write_text(server.output(limit=200_000))
+
+
+def quiet(options: Options, report: Report) -> None:
+    """The exporter at its default flags, scraped as Prometheus would, for what it costs a node at rest."""
+    port = free_port()
+    backend = ["--gpu.backend=sim", f"--sim.gpus={options.sim_gpus}"] if options.backend == "sim" else [
+        "--gpu.backend=nvml"]
+    argv = gpufleet_command("exporter", *backend, f"--web.listen-address=127.0.0.1:{port}")
+    with serving(argv, port, "/metrics", "exporter start", timeout=60) as server:
+        wait_for(lambda: b"gpufleet_gpu_info{" in get(server.url + "/metrics"), 30, "the first GPU collection")
+        process = psutil.Process(server.pid)
+        started, cpu = time.monotonic(), cpu_seconds(process)
+        deadline = started + options.quiet_seconds
+        while time.monotonic() < deadline:
+            get(server.url + "/metrics")
+            time.sleep(max(0.0, min(15.0, deadline - time.monotonic())))
+        share = (cpu_seconds(process) - cpu) / (time.monotonic() - started)
+        report.figures["exporter CPU at default flags (share of a core)"] = round(share, 4)
+        report.figures["exporter CPU window (s)"] = options.quiet_seconds
+        report.figures["exporter peak RSS at default flags (MiB)"] = round(peak_rss_mib(server.pid), 1)
 
 
 def scrape(server: Server) -> tuple[str, smi.Samples]:
@@ -492,6 +516,7 @@ def _time_calls(nvml: Nvml, index: int, handle: Any, times: int, calls: dict[str
     with contextlib.suppress(pynvml.NVMLError):
         calls["nvmlDeviceGetSamples (GPU utilisation) alone"] += _timed(functools.partial(
             nvml.nvmlDeviceGetSamples, handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0), times)
+    _time_alternatives(nvml, handle, times, calls)
     with contextlib.suppress(pynvml.NVMLError):
         nvml.nvmlDeviceGetComputeRunningProcesses(handle)
         calls["nvmlDeviceGetComputeRunningProcesses"] += _timed(
@@ -504,6 +529,23 @@ def _time_calls(nvml: Nvml, index: int, handle: Any, times: int, calls: dict[str
         pass  # Refused: listed by `refusals`.
     finally:
         reader.free(nvml)
+
+
+def _time_alternatives(nvml: Any, handle: Any, times: int, calls: dict[str, Durations]) -> None:
+    """Calls the exporter does not make but could, for what its dearest calls read: the energy counter through
+    its own function, the newest utilisation sample alone, the violation counters' cheap sibling. Only where the
+    library has them (the simulated one does not)."""
+    now_us = int(time.time() * 1e6)
+    for name, arguments in (("nvmlDeviceGetTotalEnergyConsumption", (handle,)),
+                            ("nvmlDeviceGetSamples", (handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, now_us - 1_000_000)),
+                            ("nvmlDeviceGetPowerUsage", (handle,))):
+        call = getattr(nvml, name, None)
+        if call is None or isinstance(nvml, SimulatedNvml):
+            continue
+        label = f"{name} (alternative)" if name != "nvmlDeviceGetSamples" else "nvmlDeviceGetSamples (last second)"
+        with contextlib.suppress(pynvml.NVMLError):
+            call(*arguments)
+            calls[label] += _timed(functools.partial(call, *arguments), times)
 
 
 def timing(nvml: Nvml, options: Options, report: Report) -> None:
@@ -570,6 +612,7 @@ def run(options: Options) -> Report:
             report.part("activity", lambda: activity(nvml, server, options, report))
 
     report.part("exporter", with_exporter)
+    report.part("exporter at default flags", lambda: quiet(options, report))
     report.part("timing", lambda: timing(nvml, options, report))
     report.part("gpu tests", lambda: gpu_tests(options, report))
     return report
