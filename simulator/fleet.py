@@ -64,6 +64,8 @@ def collector_flags(collect_interval: float) -> argparse.Namespace:
     for name, value in vars(flags).items():
         if name.startswith("collector_") and name.endswith("_interval"):
             setattr(flags, name, min(value, collect_interval))
+    # A visit runs each due collector once, so the GPU reads everything it reads at every visit.
+    flags.gpu_slow_interval = flags.collector_gpu_interval
     return flags
 
 

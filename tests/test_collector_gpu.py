@@ -1,5 +1,6 @@
 """The GPU collector through the production NVML session, over the simulated NVML library."""
 
+import dataclasses
 import logging
 import shutil
 import subprocess
@@ -7,7 +8,7 @@ import subprocess
 import pynvml
 import pytest
 
-from gpufleet.devtools.nodes import GIB, UUID0, UUID1, two_boards
+from gpufleet.devtools.nodes import BUSY, GIB, UUID0, UUID1, two_boards
 from gpufleet.exporter import node
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.session import NvmlSession
@@ -88,6 +89,25 @@ def test_a_driver_without_the_second_memory_call_counts_the_reserve_as_used(nvml
     assert gpu_series("gpufleet_gpu_memory_reserved_bytes") not in samples
     assert samples[gpu_series("gpufleet_gpu_memory_used_bytes")] == 40 * GIB + 615 * 1024**2
     assert samples[gpu_series("gpufleet_gpu_memory_free_bytes")] == board.memory_total_bytes - 40 * GIB - 615 * 1024**2
+
+
+def test_dear_readings_are_read_every_few_collections_and_served_unchanged_between(nvml, clock):
+    collector = GpuCollector(NvmlSession(nvml, clock=clock, slow_every=3))
+    board = nvml.gpus[0]
+    _, first = collect(collector)
+    board.violation_seconds[pynvml.NVML_PERF_POLICY_POWER] = 7.0
+    board.pcie_replays = 5
+    board.load = steady(dataclasses.replace(BUSY, power_watts=300.0, energy_joules=200000.0))
+    _, soon = collect(collector)
+    assert soon[gpu_series("gpufleet_gpu_power_watts")] == 300.0  # Read every collection.
+    for name, labels in (("gpufleet_gpu_violation_seconds_total", {"policy": "power"}),
+                         ("gpufleet_gpu_pcie_replays_total", {}), ("gpufleet_gpu_energy_joules_total", {})):
+        assert soon[gpu_series(name, **labels)] == first[gpu_series(name, **labels)], name
+    collect(collector)
+    _, later = collect(collector)
+    assert later[gpu_series("gpufleet_gpu_violation_seconds_total", policy="power")] == 7.0
+    assert later[gpu_series("gpufleet_gpu_pcie_replays_total")] == 5
+    assert later[gpu_series("gpufleet_gpu_energy_joules_total")] == 200000.0
 
 
 def test_fans_are_reported_per_fan_where_the_board_has_them(collector):

@@ -33,7 +33,8 @@ def get(url: str) -> bytes:
 def exporter():
     port = free_port()
     process = gpufleet("exporter", "--gpu.backend=sim", "--sim.gpus=8", f"--path.sysfs={FIXTURE_SYSFS}",
-                       f"--web.listen-address=127.0.0.1:{port}", "--collector.gpu.interval=1s")
+                       f"--web.listen-address=127.0.0.1:{port}", "--collector.gpu.interval=1s",
+                       "--collector.gpu.slow-interval=2s")
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:

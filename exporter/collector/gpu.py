@@ -35,6 +35,7 @@ from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.state import PersistentState
 from gpufleet.exporter.sysfs import SysfsReader
 from gpufleet.exporter.tree import DiskTree, Tree
+from gpufleet.flags import duration
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,12 @@ class GpuCollector:
                             default=True, help="read SM, tensor and DRAM activity and PCIe throughput through NVML's "
                                                "GPU Performance Monitoring where the board has it (Hopper and newer; "
                                                "5 series per GPU; default: on)")
+        parser.add_argument("--collector.gpu.slow-interval", dest="gpu_slow_interval", type=duration, default=15.0,
+                            metavar="DURATION",
+                            help="how often to read what costs the driver a millisecond or more a GPU and is read as "
+                                 "a rate over minutes or changes slowly: energy, clock violation time, PCIe replays, "
+                                 "pending ECC mode, thermal margin; rounded to whole GPU collections, between which "
+                                 "the last values are served (default: %(default)gs)")
         parser.add_argument("--collector.gpu.gpm-detail", dest="gpu_gpm_detail",
                             action=argparse.BooleanOptionalAction, default=False,
                             help="also export SM occupancy, each tensor pipe's and each FP precision's activity and "
@@ -207,8 +214,10 @@ class GpuCollector:
         mapping = DiskTree(args.job_mapping_dir) if args.job_mapping_dir else None
         jobs = JobAttribution(hardware.procfs, mapping, args.gpu_process_memory, pod_resources)
         gpm = metric_set(args.gpu_gpm_detail) if args.gpu_gpm else ()
-        return cls(NvmlSession(hardware.nvml, gpm=gpm), sysfs=hardware.sysfs, procfs=hardware.procfs, jobs=jobs,
-                   xids=ledger, xid_sources=sources, nvlink_per_link=args.gpu_nvlink_per_link, state=hardware.state)
+        slow_every = max(1, round(args.gpu_slow_interval / args.collector_gpu_interval))
+        session = NvmlSession(hardware.nvml, gpm=gpm, slow_every=slow_every)
+        return cls(session, sysfs=hardware.sysfs, procfs=hardware.procfs, jobs=jobs, xids=ledger, xid_sources=sources,
+                   nvlink_per_link=args.gpu_nvlink_per_link, state=hardware.state)
 
     def start(self) -> None:
         for source in self.xid_sources:

@@ -192,11 +192,14 @@ Call = Callable[[Nvml, Handle], int]
 
 @dataclass(frozen=True)
 class Probe:
-    """One NVML call. `static` ones describe the board and are read once per NVML session."""
+    """One NVML call. `static` ones describe the board and are read once per NVML session; `slow` ones cost the
+    driver a millisecond or more a GPU and change slowly or are read as rates over minutes, and are read at the
+    session's slow interval rather than every collection."""
 
     name: str
     read: Read
     static: bool = False
+    slow: bool = False
 
 
 class Utilization:
@@ -409,7 +412,7 @@ PROBES: tuple[Probe, ...] = (  # Stateless, shared by every GPU; `utilization_pr
     Probe("nvmlDeviceGetEnforcedPowerLimit",
           _milliwatts(POWER_LIMIT, lambda nvml, h: nvml.nvmlDeviceGetEnforcedPowerLimit(h))),
     Probe("nvmlDeviceGetTemperature", _temperature),
-    Probe("nvmlDeviceGetMarginTemperature", _margin),
+    Probe("nvmlDeviceGetMarginTemperature", _margin, slow=True),
     Probe("nvmlDeviceGetClockInfo(SM)", _clock(CLOCK, _current_clock, "sm", pynvml.NVML_CLOCK_SM)),
     Probe("nvmlDeviceGetClockInfo(MEM)", _clock(CLOCK, _current_clock, "memory", pynvml.NVML_CLOCK_MEM)),
     Probe("nvmlDeviceGetPerformanceState", _performance_state),
@@ -418,7 +421,8 @@ PROBES: tuple[Probe, ...] = (  # Stateless, shared by every GPU; `utilization_pr
           _link(PCIE_GENERATION, lambda nvml, h: nvml.nvmlDeviceGetCurrPcieLinkGeneration(h))),
     Probe("nvmlDeviceGetCurrPcieLinkWidth", _link(PCIE_WIDTH, lambda nvml, h: nvml.nvmlDeviceGetCurrPcieLinkWidth(h))),
     Probe("nvmlDeviceGetCurrentClocksEventReasons", _clock_events),
-    *(Probe(f"nvmlDeviceGetViolationStatus({name})", _violation(name, policy)) for name, policy in VIOLATION_POLICIES),
+    *(Probe(f"nvmlDeviceGetViolationStatus({name})", _violation(name, policy), slow=True)
+      for name, policy in VIOLATION_POLICIES),
     # Board constants: read once per NVML session.
     Probe("nvmlDeviceGetMaxClockInfo(SM)", _clock(CLOCK_MAX, _max_clock, "sm", pynvml.NVML_CLOCK_SM), True),
     Probe("nvmlDeviceGetMaxClockInfo(MEM)", _clock(CLOCK_MAX, _max_clock, "memory", pynvml.NVML_CLOCK_MEM), True),
@@ -450,6 +454,7 @@ class Field:
     times: float = 1
     scope: int | None = None  # The link, for per-link fields.
     label_values: tuple[str, ...] = ()
+    slow: bool = False  # Read at the slow interval, as a slow `Probe`.
 
     def readings(self, raw: float) -> list[Reading]:
         """The field's raw value in base units, or nothing where it is a sentinel or out of range."""
@@ -462,9 +467,10 @@ def _ecc(field_id: int, error: str, scope: str) -> Field:
 
 FIELDS: tuple[Field, ...] = (
     Field(pynvml.NVML_FI_DEV_MEMORY_TEMP, "memory temperature", MEMORY_TEMPERATURE, -50, 250),
-    Field(pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, "total energy", ENERGY, 0, float(2**62), per=_MILLI),
+    Field(pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, "total energy", ENERGY, 0, float(2**62), per=_MILLI,
+          slow=True),
     Field(pynvml.NVML_FI_DEV_ECC_CURRENT, "ECC mode", ECC_ENABLED, 0, 1),
-    Field(pynvml.NVML_FI_DEV_ECC_PENDING, "pending ECC mode", ECC_PENDING_ENABLED, 0, 1),
+    Field(pynvml.NVML_FI_DEV_ECC_PENDING, "pending ECC mode", ECC_PENDING_ENABLED, 0, 1, slow=True),
     _ecc(pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, "corrected", "volatile"),
     _ecc(pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, "uncorrected", "volatile"),
     _ecc(pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL, "corrected", "aggregate"),
@@ -481,11 +487,11 @@ FIELDS: tuple[Field, ...] = (
           label_values=("double_bit",)),
     Field(pynvml.NVML_FI_DEV_RETIRED_PENDING, "retired pages pending", RETIRED_PAGES_PENDING, 0, 1),
     Field(pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, "recovery action", DRIVER_RECOVERY_ACTION, 0, 7),
-    Field(pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, "PCIe replays", PCIE_REPLAYS, 0, _COUNTER_MAX - 2),
+    Field(pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, "PCIe replays", PCIE_REPLAYS, 0, _COUNTER_MAX - 2, slow=True),
     # Zero on almost every GPU for its whole life: a series only from the first rollover on (low 1), so that
     # the node stays within its series budget. Field 95 in nvml.h and in nvidia-ml-py alike.
     Field(pynvml.NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER, "PCIe replay rollovers", PCIE_REPLAY_ROLLOVERS, 1,
-          _COUNTER_MAX - 2),
+          _COUNTER_MAX - 2, slow=True),
     # Likewise (field 160, "NVLink data ECC Error Counter total for all Links" in both).
     Field(pynvml.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL, "NVLink data ECC errors", NVLINK_ECC_ERRORS, 1,
           _COUNTER_MAX - 2),

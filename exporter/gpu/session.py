@@ -97,11 +97,14 @@ class _Device:
     identity: GpuIdentity | None = None
     probes: tuple[Probe, ...] = ()
     fields: tuple[Field, ...] = ()
+    slow_fields: tuple[Field, ...] = ()
     static_readings: tuple[Reading, ...] = ()
     lists_processes: bool = False
     gpm: GpmReader | None = None
     mig: MigReader | None = None
     unsupported: list[str] = field(default_factory=list)
+    slow_readings: tuple[Reading, ...] = ()  # The slow probes' and fields' last readings, served between reads.
+    slow_countdown: int = 0  # Collections until the slow ones are read again; 0: at this one.
 
 
 def _gpu_instance(raw: int | None) -> int | None:
@@ -118,9 +121,13 @@ class NvmlSession:
     """Owns NVML for the GPU collector; every method runs in the collector's worker thread."""
 
     def __init__(self, nvml: Any, *, clock: Callable[[], float] = time.monotonic,
-                 backoff_initial: float = 1.0, backoff_max: float = 60.0, gpm: tuple[GpmMetric, ...] = ()) -> None:
+                 backoff_initial: float = 1.0, backoff_max: float = 60.0, gpm: tuple[GpmMetric, ...] = (),
+                 slow_every: int = 1) -> None:
         self._nvml = nvml
         self._gpm = gpm  # The GPM metrics to read where a board supports GPM; none turns GPM off.
+        # The slow probes and fields are read at every this many collections. Counted rather than timed, so that a
+        # collection the scheduler starts a moment early cannot put them off to the next.
+        self._slow_every = slow_every
         self._clock = clock
         self._backoff = Backoff(backoff_initial, backoff_max)
         self._next_attempt = 0.0
@@ -221,11 +228,13 @@ class NvmlSession:
         device.handle = handle
         device.identity = identity
         device.probes = tuple(probes)
-        device.fields = tuple(fields)
+        device.fields = tuple(f for f in fields if not f.slow)
+        device.slow_fields = tuple(f for f in fields if f.slow)
         device.static_readings = tuple(static)
         device.gpm = gpm
         device.mig = mig
         device.unsupported = unsupported
+        device.slow_readings, device.slow_countdown = (), 0
         self._known[device.index] = identity
         return True
 
@@ -358,11 +367,20 @@ class NvmlSession:
             return None
         assert device.identity is not None
         readings: list[Reading] = []
+        slow: list[Reading] = []
         processes = None
+        slow_due = device.slow_countdown <= 0
         try:
             for probe in device.probes:
-                readings += self._guarded(probe.name, device, problems, probe.read, self._nvml, device.handle) or []
-            readings += self._guarded("nvmlDeviceGetFieldValues", device, problems, self._field_readings, device) or []
+                if probe.slow and not slow_due:
+                    continue
+                read = self._guarded(probe.name, device, problems, probe.read, self._nvml, device.handle) or []
+                (slow if probe.slow else readings).extend(read)
+            readings += self._guarded("nvmlDeviceGetFieldValues", device, problems, self._field_readings, device,
+                                      device.fields) or []
+            if slow_due:
+                slow += self._guarded("nvmlDeviceGetFieldValues", device, problems, self._field_readings, device,
+                                      device.slow_fields) or []
             if device.gpm is not None:
                 readings += self._guarded("GPM", device, problems, device.gpm.read, self._nvml, device.handle) or []
             if device.mig is not None:
@@ -375,7 +393,10 @@ class NvmlSession:
             device.handle = None  # Reopen on a later cycle: a reset GPU comes back with a new handle.
             problems.append(f"GPU {device.index} ({device.identity.uuid}) is lost: {lost}")
             return None
-        return GpuSample(device.identity, tuple(readings) + device.static_readings, processes)
+        if slow_due:
+            device.slow_readings, device.slow_countdown = tuple(slow), self._slow_every
+        device.slow_countdown -= 1
+        return GpuSample(device.identity, tuple(readings) + device.slow_readings + device.static_readings, processes)
 
     def _processes(self, device: _Device) -> tuple[GpuProcess, ...]:
         return tuple(
@@ -384,9 +405,9 @@ class NvmlSession:
             for p in self._nvml.nvmlDeviceGetComputeRunningProcesses(device.handle)
         )
 
-    def _field_readings(self, device: _Device) -> list[Reading]:
+    def _field_readings(self, device: _Device, fields: tuple[Field, ...]) -> list[Reading]:
         readings: list[Reading] = []
-        for fld, value in read_fields(self._nvml, device.handle, device.fields):
+        for fld, value in read_fields(self._nvml, device.handle, fields):
             if value is not None:
                 readings += fld.readings(value)
         if any(r.metric is ECC_ENABLED and r.value == 0 for r in readings):
