@@ -23,11 +23,15 @@ It writes DIR/gpu_check.json (a record in the format of bench/results/, with eve
 refusal), the scrapes, the exporter's log and the tests' output to DIR, and prints a short summary. A part that
 cannot run says why in one line; a part that breaks is reported and the next one runs. The exit status is 1
 where a part broke or a check failed.
+
+Back here, `--merge DIR/gpu_check.json --commit REV` appends that record to bench/results/gpu_check.json, with
+the commit whose tree ran: the GPU machine gets the files without their history.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from pathlib import Path
@@ -35,9 +39,23 @@ from pathlib import Path
 from gpufleet.devtools import gpucheck, results
 
 
+def merge(source: Path, commit: str, target: Path) -> None:
+    """Append the runs of a record written on a GPU machine to `target`."""
+    runs = results.load(source)
+    for run in runs:
+        if commit:
+            run["commit"], run["changed"] = commit, False
+    target.write_text(json.dumps({"bench": "gpu_check", "runs": [*results.load(target), *runs]}, indent=1) + "\n")
+    print(f"{len(runs)} run(s) appended to {target}", file=sys.stderr)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="directory for gpu_check.json, scrapes and logs")
+    parser.add_argument("--out", type=Path, help="directory for gpu_check.json, scrapes and logs")
+    parser.add_argument("--merge", type=Path, metavar="FILE",
+                        help="append the runs of a gpu_check.json from a GPU machine to bench/results, and run nothing")
+    parser.add_argument("--commit", default="", metavar="REV", help="with --merge: the commit whose tree ran")
+    results.add_argument(parser)
     parser.add_argument("--gpu.backend", dest="backend", choices=("nvml", "sim"), default="nvml",
                         help="nvml: this machine's GPUs; sim: the simulated NVML (default: %(default)s)")
     parser.add_argument("--sim.gpus", dest="sim_gpus", type=int, default=2, help="simulated GPUs (default: 2)")
@@ -46,6 +64,11 @@ def main() -> int:
     parser.add_argument("--quiet-seconds", type=float, default=30.0,
                         help="how long the exporter's CPU is measured at its default flags (default: 30)")
     args = parser.parse_args()
+    if args.merge:
+        merge(args.merge, args.commit, args.results or results.RESULTS / "gpu_check.json")
+        return 0
+    if args.out is None:
+        parser.error("--out DIR is needed to run the check")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     options = gpucheck.Options(out=args.out, backend=args.backend, sim_gpus=args.sim_gpus, rounds=args.rounds,
                                calls=args.calls, quiet_seconds=args.quiet_seconds)
@@ -53,7 +76,7 @@ def main() -> int:
     notes = "; ".join([*(f"skipped: {s}" for s in report.skipped), *(f"failed: {s}" for s in report.failures),
                        *(f"error: {s}" for s in report.errors)])
     figures = {**report.figures, **{f"seconds: {name}": took for name, took in report.timings.items()}}
-    results.record("gpu_check", figures, report.tables, notes=notes, path=args.out / "gpu_check.json")
+    results.record("gpu_check", figures, report.tables, notes=notes, path=args.results or args.out / "gpu_check.json")
     print(report.summary())
     return 1 if report.errors or report.failures else 0
 
