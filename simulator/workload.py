@@ -189,7 +189,7 @@ class Workload:
     def activity_for(self, gpu: int) -> Callable[[float, float], GpmActivity]:
         """What GPM measures on one board between two instants: its node's phases, with the board's own noise."""
         def activity(start: float, end: float) -> GpmActivity:
-            shares = [self._mean(rate, start, end) for rate in (_sm_active, _tensor, _dram)]
+            shares = [self._mean(rate, start, end) for rate in (_sm_active, _tensor, _dram, _utilization)]
             wobble = 1 + 0.015 * wave(end, gpu + self.state.index + 0.5)
             return GpmActivity(*(share * wobble for share in shares))
         return activity

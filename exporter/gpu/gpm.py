@@ -29,6 +29,11 @@ from gpufleet.exporter.gpu.probes import GpuMetric, Reading
 
 log = logging.getLogger(__name__)
 
+GRAPHICS_ACTIVE = GpuMetric(
+    "gpufleet_gpu_graphics_active_ratio",
+    "Share of time the graphics or compute engine ran a kernel, over the collection interval (NVML GPM; "
+    "dcgm-exporter's GR_ENGINE_ACTIVE).",
+)
 SM_ACTIVE = GpuMetric(
     "gpufleet_gpu_sm_active_ratio",
     "Share of SMs busy, averaged over the collection interval (NVML GPM; Hopper and newer).",
@@ -104,9 +109,10 @@ def _rate(metric_id: int, description: str, metric: GpuMetric, direction: str) -
     return GpmMetric(metric_id, description, metric, (direction,), rate=True)
 
 
-# The default set, five series per GPU: dcgm-exporter's default profiling fields, plus SM active (commented
+# The default set, six series per GPU: dcgm-exporter's default profiling fields, plus SM active (commented
 # out there, and wanted here: it tells a job that fills the SMs from one that does not).
 METRICS: tuple[GpmMetric, ...] = (
+    _share(pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL, "graphics active", GRAPHICS_ACTIVE),
     _share(pynvml.NVML_GPM_METRIC_SM_UTIL, "SM active", SM_ACTIVE),
     _share(pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, "tensor active", TENSOR_ACTIVE),
     _share(pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, "DRAM active", DRAM_ACTIVE),

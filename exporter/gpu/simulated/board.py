@@ -53,11 +53,12 @@ class GpmActivity:
     sm_active: float = 0.0
     tensor: float = 0.0
     dram: float = 0.0
+    graphics: float = 0.0  # The share of time a kernel ran, as GPM counts it: NVML utilisation's measure.
 
     @classmethod
     def of_utilization(cls, utilization: float) -> GpmActivity:
         """A busy board without a phase model (`steady`, `TrainingLoad`): kernels that do math most of the time."""
-        return cls(0.9 * utilization, 0.6 * utilization, 0.5 * utilization)
+        return cls(0.9 * utilization, 0.6 * utilization, 0.5 * utilization, utilization)
 
     @property
     def sm_occupancy(self) -> float:

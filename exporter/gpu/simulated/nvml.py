@@ -53,6 +53,7 @@ _UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
 _ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 # GPM metric id -> the activity share it reports (in percent, as NVML gives it), or the PCIe rate (in MiB/s).
 _GPM_PERCENT: dict[int, Callable[[GpmActivity], float]] = {
+    pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: lambda a: a.graphics,
     pynvml.NVML_GPM_METRIC_SM_UTIL: lambda a: a.sm_active,
     pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: lambda a: a.sm_occupancy,
     pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: lambda a: a.tensor,
