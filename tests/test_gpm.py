@@ -193,8 +193,8 @@ def test_each_gpm_metric_is_converted_from_the_unit_nvml_documents():
 def test_the_gpm_metric_ids_are_those_of_the_nvml_header():
     """Checked against nvml.h's nvmlGpmMetricId_t (NVIDIA's go-nvml copy of the header)."""
     ids = {m.description: m.metric_id for m in metric_set(detail=True)}
-    assert ids == {"graphics active": 1, "SM active": 2, "SM occupancy": 3, "tensor active": 5, "DRAM active": 10, "FP16 active": 13,
-                   "FP32 active": 12, "FP64 active": 11, "PCIe transmit": 20, "PCIe receive": 21,
+    assert ids == {"graphics active": 1, "SM active": 2, "SM occupancy": 3, "tensor active": 5, "DRAM active": 10,
+                   "FP16 active": 13, "FP32 active": 12, "FP64 active": 11, "PCIe transmit": 20, "PCIe receive": 21,
                    "NVLink transmit": 61, "NVLink receive": 60, "HMMA tensor active": 7, "IMMA tensor active": 9,
                    "DMMA tensor active": 8, "DFMA tensor active": 6}
     assert len(METRICS) + len(DETAIL) == len(ids)

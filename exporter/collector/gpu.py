@@ -184,9 +184,9 @@ class GpuCollector:
                                  "each GPU gets totals over its links, and a link its own series only while it is "
                                  "down or once it has counted errors (default: off)")
         parser.add_argument("--collector.gpu.gpm", dest="gpu_gpm", action=argparse.BooleanOptionalAction,
-                            default=True, help="read graphics-engine, SM, tensor and DRAM activity and PCIe throughput through NVML's "
-                                               "GPU Performance Monitoring where the board has it (Hopper and newer; "
-                                               "6 series per GPU; default: on)")
+                            default=True, help="read graphics-engine, SM, tensor and DRAM activity and PCIe "
+                                               "throughput through NVML's GPU Performance Monitoring where the board "
+                                               "has it (Hopper and newer; 6 series per GPU; default: on)")
         parser.add_argument("--collector.gpu.slow-interval", dest="gpu_slow_interval", type=duration, default=15.0,
                             metavar="DURATION",
                             help="how often to read what costs the driver a millisecond or more a GPU and is read as "
