@@ -9,27 +9,33 @@ from pathlib import Path
 
 from gpufleet import checkout, topology
 from gpufleet.alerts import config
-from gpufleet.alerts.rules import ENGINES, Engine, render
+from gpufleet.alerts.rules import ENGINES, LAYERS, Engine, Layer, render
 from gpufleet.flags import regex
 
-# The committed files, by name; the packaged copies beside the code are read, never written.
-COMMITTED: dict[Engine, str] = {"prometheus": "gpufleet-rules.yml", "vmalert": "gpufleet-vmalert-rules.yml"}
-RULES_FILE = Path(__file__).parent / COMMITTED["prometheus"]
-VMALERT_RULES_FILE = Path(__file__).parent / COMMITTED["vmalert"]
+# The committed files, by engine and layer; the packaged copies beside the code are read, never written.
+COMMITTED: dict[tuple[Engine, Layer], str] = {
+    ("prometheus", "core"): "gpufleet-rules.yml", ("vmalert", "core"): "gpufleet-vmalert-rules.yml",
+    ("prometheus", "dcgm"): "gpufleet-dcgm-rules.yml", ("vmalert", "dcgm"): "gpufleet-dcgm-vmalert-rules.yml"}
+RULES_FILE = Path(__file__).parent / COMMITTED["prometheus", "core"]
+VMALERT_RULES_FILE = Path(__file__).parent / COMMITTED["vmalert", "core"]
+DCGM_RULES_FILE = Path(__file__).parent / COMMITTED["prometheus", "dcgm"]
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser("alerts", help="build the Prometheus and vmalert rules",
                                    description="Generate the alerting and recording rules from alerts/rules.py.")
     commands = parser.add_subparsers(dest="alerts_command", metavar="COMMAND", required=True)
-    build = commands.add_parser("build", help=f"write {' and '.join(COMMITTED.values())}")
+    build = commands.add_parser("build", help=f"write {', '.join(COMMITTED.values())}")
     build.add_argument("--check", action="store_true",
                        help="write nothing; exit 1 if a file it would write is out of date")
     build.add_argument("--engine", choices=ENGINES,
                        help="build for this evaluator only (default: both committed files, or prometheus with "
                             "--output); vmalert's file adds each group's `concurrency`, which Prometheus refuses")
     build.add_argument("--output", type=Path, metavar="FILE",
-                       help=f"write one file here instead of {' and '.join(COMMITTED.values())}")
+                       help="write one file here instead of the committed ones")
+    build.add_argument("--layer", choices=LAYERS,
+                       help="build this layer only: core, gpufleet's rules, or dcgm, the opt-in dcgm-exporter "
+                            "compatibility layer (default: both, or core with --output)")
     build.add_argument("--output-dir", type=Path, metavar="DIR",
                        help="where the committed files go (default: alerts/ of the checkout this runs in)")
     config.add_argument(build)
@@ -72,24 +78,27 @@ def _time_scale(text: str) -> float:
     return value
 
 
-def targets(engine: Engine | None, output: Path | None, directory: Path | None) -> dict[Engine, Path] | None:
-    """Where each engine's file goes: --output names one file (Prometheus's unless --engine says otherwise);
-    otherwise the committed names in --output-dir or the checkout's alerts/. None: no checkout to write into."""
+def targets(engine: Engine | None, layer: Layer | None, output: Path | None,
+            directory: Path | None) -> dict[tuple[Engine, Layer], Path] | None:
+    """Where each engine's and layer's file goes: --output names one file (Prometheus's core rules unless --engine
+    and --layer say otherwise); otherwise the committed names in --output-dir or the checkout's alerts/. None: no
+    checkout to write into."""
     if output is not None:
-        return {engine or "prometheus": output}
+        return {(engine or "prometheus", layer or "core"): output}
     if directory is None:
         root = checkout.find()
         if root is None:
             return None
         directory = root / "alerts"
-    return {e: directory / name for e, name in COMMITTED.items() if engine in (None, e)}
+    return {(e, lay): directory / name for (e, lay), name in COMMITTED.items() if engine in (None, e)
+            and layer in (None, lay)}
 
 
-def write(files: dict[Engine, Path], scaled: config.Config, check: bool) -> list[Path]:
-    """Write each engine's rules to its file, or with `check` only compare; returns the files that were stale."""
+def write(files: dict[tuple[Engine, Layer], Path], scaled: config.Config, check: bool) -> list[Path]:
+    """Write each engine's and layer's rules to its file, or with `check` only compare; returns the stale files."""
     stale = []
-    for engine, path in files.items():
-        text = render(scaled, engine)
+    for (engine, layer), path in files.items():
+        text = render(scaled, engine, layer)
         if not check:
             path.write_text(text, encoding="utf-8")
         elif (path.read_text(encoding="utf-8") if path.exists() else "") != text:
@@ -98,7 +107,7 @@ def write(files: dict[Engine, Path], scaled: config.Config, check: bool) -> list
 
 
 def run_build(args: argparse.Namespace) -> int:
-    files = targets(args.engine, args.output, args.output_dir)
+    files = targets(args.engine, args.layer, args.output, args.output_dir)
     if files is None:
         print("gpufleet alerts build: not in a gpufleet checkout; give --output FILE or --output-dir DIR",
               file=sys.stderr)

@@ -27,7 +27,8 @@ class Artifact:
 
 
 ARTIFACTS = (
-    Artifact("rules", lambda: {f"alerts/{COMMITTED[engine]}": render(Config(), engine) for engine in COMMITTED}),
+    Artifact("rules", lambda: {f"alerts/{name}": render(Config(), engine, layer)
+                               for (engine, layer), name in COMMITTED.items()}),
     Artifact("dashboards", lambda: {f"dashboards/json/{name}": text for name, text in dashboards().items()},
              owns="dashboards/json/*.json"),
     Artifact("golden", lambda: {"tests/fixtures/e2e-output.txt": golden_exposition()}),

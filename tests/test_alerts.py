@@ -11,7 +11,7 @@ import yaml
 
 from gpufleet import cli
 from gpufleet.alerts import capacity as rec
-from gpufleet.alerts.cli import RULES_FILE, VMALERT_RULES_FILE
+from gpufleet.alerts.cli import DCGM_RULES_FILE, RULES_FILE, VMALERT_RULES_FILE
 from gpufleet.alerts.config import Config, load
 from gpufleet.alerts.rules import recorded_by, render
 from gpufleet.devtools.programs import binary
@@ -28,6 +28,7 @@ def promtool() -> str:
 def test_the_committed_rule_files_are_what_the_code_generates():
     assert RULES_FILE.read_text(encoding="utf-8") == render(), "run `gpufleet alerts build` and commit the result"
     assert VMALERT_RULES_FILE.read_text(encoding="utf-8") == render(engine="vmalert")
+    assert DCGM_RULES_FILE.read_text(encoding="utf-8") == render(layer="dcgm")
     check = subprocess.run([sys.executable, "-m", "gpufleet", "alerts", "build", "--check"], capture_output=True,
                            text=True, timeout=60)
     assert check.returncode == 0, check.stderr
@@ -72,9 +73,10 @@ def test_the_check_notices_a_stale_file(tmp_path, engine):
 
 @pytest.mark.e2e
 def test_promtool_checks_the_rules():
-    result = subprocess.run([promtool(), "check", "rules", str(RULES_FILE)], capture_output=True, text=True,
-                            timeout=60)
-    assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
+    for rules in (RULES_FILE, DCGM_RULES_FILE):
+        result = subprocess.run([promtool(), "check", "rules", str(rules)], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0 and "SUCCESS" in result.stdout, result.stdout + result.stderr
     # Why vmalert has a file of its own: Prometheus refuses the field that lets vmalert ask rules at once.
     refused = subprocess.run([promtool(), "check", "rules", str(VMALERT_RULES_FILE)], capture_output=True,
                              text=True, timeout=60)

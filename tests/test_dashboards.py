@@ -15,10 +15,14 @@ import yaml
 from gpufleet.dashboards.cli import OUTPUT, rendered
 from gpufleet.devtools.grafana import expand, targets
 from gpufleet.devtools.net import http
+from gpufleet.devtools.paths import FIXTURES
 from gpufleet.devtools.programs import prometheus, prometheus_config, simulator
 from gpufleet.devtools.prom import query
 
 from layouts import SIXTEEN_NODES, write
+
+# NVIDIA's own dashboard for dcgm-exporter (its source in the folder's README), read through the compatibility layer.
+DCGM_DASHBOARD = FIXTURES / "dcgm-exporter"
 
 # Grafana's own variables, and the data-link ones (`${__data.fields.x}`, `${__value.raw}`).
 BUILTINS = {"__rate_interval", "__interval", "__interval_ms", "__range", "__all", "__url_time_range", "__data",
@@ -134,24 +138,27 @@ SITE = {"cluster_label": "site", "selector": 'job="gpu-nodes"', "exporter_job": 
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_every_query_returns_data_with_the_sites_own_cluster_label_and_selector(tmp_path):
+    """Ours, and NVIDIA's dcgm-exporter dashboard through the compatibility layer."""
     scenario = tmp_path / "scenario.yml"
     scenario.write_text(yaml.safe_dump({"faults": FAULTS}))
     site = tmp_path / "site.yml"
     site.write_text(yaml.safe_dump(SITE))
-    rules, dashboards = tmp_path / "rules.yml", tmp_path / "dashboards"
+    rules, dashboards = tmp_path / "rules", tmp_path / "dashboards"
+    rules.mkdir()
     # Time scale 8: recorded series and ALERTS in minutes, not hours.
-    for command in (["alerts", "build", f"--config={site}", "--time-scale=8", f"--output={rules}"],
+    for command in (["alerts", "build", f"--config={site}", "--time-scale=8", f"--output={rules / 'core.yml'}"],
+                    ["alerts", "build", f"--config={site}", "--layer=dcgm", f"--output={rules / 'dcgm.yml'}"],
                     ["dashboards", "build", f"--config={site}", f"--output={dashboards}"]):
         subprocess.run([sys.executable, "-m", "gpufleet", *command], check=True, timeout=60)
     layout = write(tmp_path / "layout.yml", SIXTEEN_NODES)
     file_sd = tmp_path / "targets.json"
     with simulator(file_sd, "--nodes=16", "--seed=0", f"--layout={layout}", "--cluster=dash",
                    "--collect-interval=2s", f"--scenario={scenario}"):
-        config = prometheus_config(tmp_path / "prometheus.yml", file_sd, "2s", rules, job="gpu-nodes",
+        config = prometheus_config(tmp_path / "prometheus.yml", file_sd, "2s", rules / "*.yml", job="gpu-nodes",
                                    cluster_label="site")
         with prometheus(config, tmp_path / "data") as prom:
             url = prom.url
-            pending = set(targets(dashboards))
+            pending = set(targets(dashboards)) | set(targets(DCGM_DASHBOARD))
             deadline = time.monotonic() + 240
             while pending and time.monotonic() < deadline:
                 pending = {t for t in pending if not has_data(url, expand(t.expr), t.instant)}
@@ -161,6 +168,7 @@ def test_every_query_returns_data_with_the_sites_own_cluster_label_and_selector(
             groups = json.loads(http("GET", f"{url}/api/v1/rules")[1])["data"]["groups"]
             straggler = query(url, 'ALERTS{alertname="NodeStraggler", alertstate="firing", site="dash"}')
             without_site = query(url, '{__name__=~".+:.+", site=""} or ALERTS{site=""}')
+            dcgm = compatibility(url)
     assert not pending, "queries without data:\n" + "\n".join(
         f"{t.uid} / {t.title}: {t.expr}" for t in sorted(pending, key=lambda t: (t.uid, t.title, t.expr)))
     assert capacity == STATS
@@ -168,6 +176,39 @@ def test_every_query_returns_data_with_the_sites_own_cluster_label_and_selector(
     assert {r["metric"]["instance"] for r in straggler} == {"gpu-node-0004"}
     # Every recorded series and alert kept the site's cluster label.
     assert without_site == [], [r["metric"] for r in without_site]
+    assert dcgm == DCGM, dcgm
+
+
+def compatibility(url: str) -> dict[str, object]:
+    """What the dcgm-exporter layer says of a few GPUs, beside gpufleet's own series converted by hand."""
+    def one(expr: str) -> dict:
+        [result] = query(url, expr)
+        return {**result["metric"], "value": float(result["value"][1])}
+
+    clock = one('DCGM_FI_DEV_MEM_CLOCK{instance="gpu-node-0001", gpu="0"}')
+    ours = one('gpufleet_gpu_clock_hertz{instance="gpu-node-0001", gpu="0", clock="memory"}')
+    info = one('gpufleet_gpu_info{instance="gpu-node-0001", gpu="0"}')
+    used = one('DCGM_FI_DEV_FB_USED{instance="gpu-node-0002", gpu="3"} - on (instance, gpu) '
+               'gpufleet_gpu_memory_used_bytes{instance="gpu-node-0002", gpu="3"} / 1048576')
+    return {
+        "MHz": clock["value"] == ours["value"] / 1e6,
+        "labels": {k: clock[k] for k in ("UUID", "modelName", "device", "DCGM_FI_DRIVER_VERSION", "Hostname")} == {
+            "UUID": info["uuid"], "modelName": info["name"], "device": "nvidia0",
+            "DCGM_FI_DRIVER_VERSION": info["driver_version"], "Hostname": "gpu-node-0001"},
+        "MiB": abs(used["value"]) < 1,  # The same scrape's value, unless a scrape fell between rule and query.
+        "hpc_job": clock.get("hpc_job"),
+        "xid": {(r["metric"]["instance"], r["metric"]["gpu"]): float(r["value"][1])
+                for r in query(url, "DCGM_FI_DEV_XID_ERRORS != 0")},
+        "GPUs": int(one("count(DCGM_FI_DEV_GPU_TEMP)")["value"]),
+    }
+
+
+# Node 1 runs Slurm job 944279. The scenario's XIDs: 79 and 94 on node 1 and 13 on node 2, and those its faults
+# raise, 79 of the GPU lost on node 3 and 48 of the double-bit error on node 8. 127 GPUs answer.
+DCGM = {"MHz": True, "labels": True, "MiB": True, "hpc_job": "944279",
+        "xid": {("gpu-node-0001", "0"): 79.0, ("gpu-node-0001", "1"): 94.0, ("gpu-node-0002", "0"): 13.0,
+                ("gpu-node-0003", "2"): 79.0, ("gpu-node-0008", "3"): 48.0},
+        "GPUs": 127}
 
 
 # What the capacity stats read for that fleet: 16 nodes of 8 GPUs, nodes 5 and 7 idle, and the lost GPU

@@ -48,7 +48,9 @@ def _series_names(name: str, kind: str) -> set[str]:
 
 @pytest.fixture(scope="module")
 def rules() -> list[dict]:
-    return [rule for group in yaml.safe_load(render(Config()))["groups"] for rule in group["rules"]]
+    """gpufleet's rules and the opt-in dcgm-exporter layer's."""
+    return [rule for layer in ("core", "dcgm") for group in yaml.safe_load(render(Config(), layer=layer))["groups"]
+            for rule in group["rules"]]
 
 
 def recorded(rules: list[dict]) -> set[str]:
