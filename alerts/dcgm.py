@@ -16,7 +16,7 @@ dcgm-exporter's job mapping sets them.
 from __future__ import annotations
 
 import string
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpufleet import xid
 from gpufleet.alerts.config import Config
@@ -29,34 +29,42 @@ DCGM_LABELS = ("UUID", "modelName", "device", "pci_bus_id", "DCGM_FI_DRIVER_VERS
                "hpc_job")
 MIB = 1024 * 1024
 
-# dcgm-exporter's field name, and gpufleet's series in dcgm-exporter's unit.
-FIELDS: dict[str, str] = {
-    "DCGM_FI_DEV_SM_CLOCK": 'max without (clock) ({sm_clock}) / 1e6',  # MHz
-    "DCGM_FI_DEV_MEM_CLOCK": 'max without (clock) ({memory_clock}) / 1e6',  # MHz
-    "DCGM_FI_DEV_MEMORY_TEMP": "{gpufleet_gpu_memory_temperature_celsius}",  # C
-    "DCGM_FI_DEV_GPU_TEMP": "{gpufleet_gpu_temperature_celsius}",  # C
-    "DCGM_FI_DEV_POWER_USAGE": "{gpufleet_gpu_power_watts}",  # W
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": "{gpufleet_gpu_energy_joules_total} * 1000",  # mJ
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": "{gpufleet_gpu_pcie_replays_total}",
-    "DCGM_FI_DEV_GPU_UTIL": "{gpufleet_gpu_utilization_ratio} * 100",  # %
-    "DCGM_FI_DEV_MEM_COPY_UTIL": "{gpufleet_gpu_memory_copy_utilization_ratio} * 100",
-    "DCGM_FI_DEV_ENC_UTIL": "{gpufleet_gpu_encoder_utilization_ratio} * 100",
-    "DCGM_FI_DEV_DEC_UTIL": "{gpufleet_gpu_decoder_utilization_ratio} * 100",
-    "DCGM_FI_DEV_FB_FREE": f"{{gpufleet_gpu_memory_free_bytes}} / {MIB}",  # MiB
-    "DCGM_FI_DEV_FB_USED": f"{{gpufleet_gpu_memory_used_bytes}} / {MIB}",
-    "DCGM_FI_DEV_FB_RESERVED": f"{{gpufleet_gpu_memory_reserved_bytes}} / {MIB}",
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": 'max without (cause) ({uncorrectable_rows})',
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": 'max without (cause) ({correctable_rows})',
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": "{gpufleet_gpu_row_remap_failed}",
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "{gpufleet_gpu_graphics_active_ratio}",  # ratio, as dcgm-exporter's
-    "DCGM_FI_PROF_SM_ACTIVE": "{gpufleet_gpu_sm_active_ratio}",
+class Field(NamedTuple):
+    """One of dcgm-exporter's fields: its name, its unit there, and gpufleet's series converted to that unit."""
+
+    name: str
+    unit: str
+    template: str  # PromQL, with each series named in braces (a name of `_SELECTED`, or the series itself).
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("DCGM_FI_DEV_SM_CLOCK", "MHz", "max without (clock) ({sm_clock}) / 1e6"),
+    Field("DCGM_FI_DEV_MEM_CLOCK", "MHz", "max without (clock) ({memory_clock}) / 1e6"),
+    Field("DCGM_FI_DEV_MEMORY_TEMP", "°C", "{gpufleet_gpu_memory_temperature_celsius}"),
+    Field("DCGM_FI_DEV_GPU_TEMP", "°C", "{gpufleet_gpu_temperature_celsius}"),
+    Field("DCGM_FI_DEV_POWER_USAGE", "W", "{gpufleet_gpu_power_watts}"),
+    Field("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "mJ (counter)", "{gpufleet_gpu_energy_joules_total} * 1000"),
+    Field("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "retries (counter)", "{gpufleet_gpu_pcie_replays_total}"),
+    Field("DCGM_FI_DEV_GPU_UTIL", "%", "{gpufleet_gpu_utilization_ratio} * 100"),
+    Field("DCGM_FI_DEV_MEM_COPY_UTIL", "%", "{gpufleet_gpu_memory_copy_utilization_ratio} * 100"),
+    Field("DCGM_FI_DEV_ENC_UTIL", "%", "{gpufleet_gpu_encoder_utilization_ratio} * 100"),
+    Field("DCGM_FI_DEV_DEC_UTIL", "%", "{gpufleet_gpu_decoder_utilization_ratio} * 100"),
+    Field("DCGM_FI_DEV_FB_FREE", "MiB", f"{{gpufleet_gpu_memory_free_bytes}} / {MIB}"),
+    Field("DCGM_FI_DEV_FB_USED", "MiB", f"{{gpufleet_gpu_memory_used_bytes}} / {MIB}"),
+    Field("DCGM_FI_DEV_FB_RESERVED", "MiB", f"{{gpufleet_gpu_memory_reserved_bytes}} / {MIB}"),
+    Field("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "rows", "max without (cause) ({uncorrectable_rows})"),
+    Field("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "rows", "max without (cause) ({correctable_rows})"),
+    Field("DCGM_FI_DEV_ROW_REMAP_FAILURE", "0 or 1", "{gpufleet_gpu_row_remap_failed}"),
+    Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "ratio", "{gpufleet_gpu_graphics_active_ratio}"),
+    Field("DCGM_FI_PROF_SM_ACTIVE", "ratio", "{gpufleet_gpu_sm_active_ratio}"),
     # dcgm-exporter's is the HMMA pipe's; GPM's any-tensor share is the same on a bf16 or fp16 job, and the HMMA
     # pipe alone is behind --collector.gpu.gpm-detail.
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "{gpufleet_gpu_tensor_active_ratio}",
-    "DCGM_FI_PROF_DRAM_ACTIVE": "{gpufleet_gpu_dram_active_ratio}",
-    "DCGM_FI_PROF_PCIE_TX_BYTES": 'max without (direction) ({pcie_transmit})',  # bytes per second
-    "DCGM_FI_PROF_PCIE_RX_BYTES": 'max without (direction) ({pcie_receive})',
-}
+    Field("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "ratio", "{gpufleet_gpu_tensor_active_ratio}"),
+    Field("DCGM_FI_PROF_DRAM_ACTIVE", "ratio", "{gpufleet_gpu_dram_active_ratio}"),
+    Field("DCGM_FI_PROF_PCIE_TX_BYTES", "bytes per second", "max without (direction) ({pcie_transmit})"),
+    Field("DCGM_FI_PROF_PCIE_RX_BYTES", "bytes per second", "max without (direction) ({pcie_receive})"),
+)
+
 # Series with a label matcher, named for the FIELDS templates.
 _SELECTED = {
     "sm_clock": ("gpufleet_gpu_clock_hertz", 'clock="sm"'),
@@ -115,14 +123,17 @@ def _xid(c: Config) -> str:
 def dcgm_compat(c: Config) -> dict[str, Any]:
     """The layer's one group, at the evaluation interval like the pager's: dcgm-exporter's fields are read as the
     exporter's own series would be, at the scrape interval."""
-    names = {name for template in FIELDS.values() for name in _names(template)}
-    series = {name: _series(c, name) for name in names}
     rules = [record(LABELS, _labels(c)),
              record(XID_LATEST, f"topk by ({c.by('instance', 'gpu', 'uuid')}) "
                                 f"(1, {c.metric('gpufleet_gpu_xid_last_timestamp_seconds')})")]
-    rules += [record(field, _labelled(c, f"({template.format(**series)})")) for field, template in FIELDS.items()]
+    rules += [record(field.name, _labelled(c, f"({converted(c, field)})")) for field in FIELDS]
     rules.append(record("DCGM_FI_DEV_XID_ERRORS", _xid(c)))
     return {"name": "gpufleet-dcgm-compat", "rules": rules}
+
+
+def converted(c: Config, field: Field) -> str:
+    """The field in dcgm-exporter's unit, before its labels are joined on."""
+    return field.template.format(**{name: _series(c, name) for name in _names(field.template)})
 
 
 def _names(template: str) -> list[str]:

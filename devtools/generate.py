@@ -16,7 +16,7 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.rules import render
 from gpufleet.dashboards.cli import rendered as dashboards
 from gpufleet.devtools.nodes import golden_exposition
-from gpufleet.devtools.reference import alerts, benchmarks, flags, metrics
+from gpufleet.devtools.reference import alerts, benchmarks, dcgm, flags, metrics
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ ARTIFACTS = (
     Artifact("flags", lambda: {"docs/reference/flags.md": flags.page()}),
     Artifact("metrics", lambda: {"docs/reference/metrics.md": metrics.page()}),
     Artifact("alerts", lambda: {"docs/reference/alerts.md": alerts.page()}),
+    Artifact("dcgm", lambda: {"docs/reference/dcgm-exporter.md": dcgm.page()}),
     Artifact("benchmarks", lambda: {"docs/benchmarks.md": benchmarks.page()}),
 )
 
