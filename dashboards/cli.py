@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from gpufleet import checkout
 from gpufleet.alerts import config as mixin
+from gpufleet.extras import missing
 
 if TYPE_CHECKING:
     from grafanalib.core import Dashboard
@@ -74,6 +75,8 @@ def write(directory: Path, files: dict[str, str], check: bool) -> list[str]:
 
 
 def run_build(args: argparse.Namespace) -> int:
+    if missing("grafanalib", "dashboards", "dashboards build"):
+        return 2
     directory = args.output
     if directory is None:
         root = checkout.find()

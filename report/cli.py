@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpufleet.alerts import config as mixin
+from gpufleet.extras import missing
 from gpufleet.flags import duration
 from gpufleet.report.progress import Progress
 from gpufleet.report.prometheus import Auth, Prometheus, Unreachable
@@ -94,6 +95,8 @@ def _flags(command: argparse.ArgumentParser, name: str) -> None:
 
 
 def run_report(args: argparse.Namespace) -> int:
+    if missing("matplotlib", "reports", f"report {args.report_command}"):
+        return 2
     # Here, not at the top: matplotlib takes half a second to import, which every other gpufleet command,
     # the exporter first, would otherwise pay at start and keep in memory.
     from gpufleet.report.capacity import CAPACITY

@@ -98,3 +98,31 @@ def test_every_module_imports_from_the_wheel_alone(wheel: Path, tmp_path: Path) 
         check = subprocess.run([sys.executable, "-P", "-m", "gpufleet", *command], cwd=tmp_path, env=env,
                                capture_output=True, text=True, timeout=120)
         assert check.returncode == (2 if command == ["alerts", "build", "--check"] else 0), check.stderr
+
+
+@pytest.mark.slow
+def test_a_gpu_node_installs_the_exporters_dependencies_and_no_plotting_stack(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read(f"gpufleet-{__version__}.dist-info/METADATA").decode()
+    requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    always = sorted(r.split(">")[0].split("=")[0].split(";")[0].strip() for r in requires if "extra ==" not in r)
+    assert always == ["aiohttp", "bcrypt", "nvidia-ml-py", "prometheus-client", "psutil", "pyyaml"]
+    assert any(r.startswith("matplotlib") and 'extra == "reports"' in r for r in requires)
+    assert any(r.startswith("grafanalib") and 'extra == "dashboards"' in r for r in requires)
+
+
+# The command with a package made unimportable, as where its extra was never installed.
+_WITHOUT = "import sys; sys.modules[sys.argv[1]] = None; from gpufleet.cli import main; sys.exit(main(sys.argv[2:]))"
+
+
+@pytest.mark.parametrize(("module", "command", "extra"), [
+    ("matplotlib", ["report", "capacity", "--prometheus=http://127.0.0.1:9", "--out=unused"], "reports"),
+    ("grafanalib", ["dashboards", "build", "--check"], "dashboards")])
+def test_a_command_whose_extra_is_missing_says_which_in_one_line(module, command, extra, tmp_path):
+    done = subprocess.run([sys.executable, "-c", _WITHOUT, module, *command], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"gpufleet {' '.join(command[:2])}: needs the {extra} extra, which is not installed: "
+        f"pip install 'gpufleet[{extra}]'"]
+    assert not (tmp_path / "unused").exists()
