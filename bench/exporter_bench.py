@@ -24,7 +24,10 @@ thermal_zone) and no cap on parallel scrapes, and prints:
   node_exporter's peak beside it;
 * what GPM adds to one 8-GPU collection: the GPU collector timed in this process
   over the simulated library, with and without GPM, alternating, best of
-  --gpm-rounds rounds of 50 collections each.
+  --gpm-rounds rounds of 50 collections each;
+* the install a GPU node gets (unless --no-install): the checkout installed into a fresh virtual environment
+  as `pip install .` and as `pip install '.[all]'`, each environment's size on disk, and in the lean one the
+  exporter's import time and its resident memory once it answers, before any scrape.
 
 Everything listens on 127.0.0.1 only; every loop is bounded by a count.
 """
@@ -35,6 +38,7 @@ import argparse
 import asyncio
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,9 +50,10 @@ import multidict
 import psutil
 
 from gpufleet.devtools import results
-from gpufleet.devtools.net import get
+from gpufleet.devtools.net import free_port, get
 from gpufleet.devtools.nodes import series_by_family, write_bench_sysfs
-from gpufleet.devtools.processes import Server
+from gpufleet.devtools.paths import FIXTURE_SYSFS, ROOT
+from gpufleet.devtools.processes import Server, serving
 from gpufleet.devtools.programs import binary, exporter, node_exporter
 from gpufleet.devtools.resources import cpu_seconds, peak_rss_mib, status_mib
 from gpufleet.devtools.stats import percentile
@@ -235,12 +240,46 @@ def compare(ours: Server, theirs: Server, cpu_window: float) -> dict[str, result
             "gpufleet peak RSS (MiB)": peaks[0], "node_exporter peak RSS (MiB)": peaks[1]}
 
 
+def _tree_mib(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) / 2**20
+
+
+def install_figures() -> dict[str, float]:
+    """The lean and the full install's size on disk, and the lean exporter's import time and first memory."""
+    figures: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, target in (("lean", str(ROOT)), ("all", f"{ROOT}[all]")):
+            venv = Path(tmp) / name
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+            subprocess.run([str(venv / "bin" / "pip"), "install", "-q", target], check=True, timeout=900)
+            figures[f"installed size, {name} (MiB)"] = round(_tree_mib(venv), 1)
+            print(f"installed size, pip install {'.' if name == 'lean' else '.[all]'}: "
+                  f"{figures[f'installed size, {name} (MiB)']:.1f} MiB")
+        python = str(Path(tmp) / "lean" / "bin" / "python")
+        imports = []
+        for _ in range(3):
+            started = time.perf_counter()
+            subprocess.run([python, "-c", "import gpufleet.exporter.cli"], check=True, timeout=60, cwd=tmp)
+            imports.append(time.perf_counter() - started)
+        figures["lean exporter import, best of 3 (s)"] = round(min(imports), 3)
+        port = free_port()
+        argv = [python, "-m", "gpufleet", "exporter", "--gpu.backend=sim", f"--path.sysfs={FIXTURE_SYSFS}",
+                f"--web.listen-address=127.0.0.1:{port}"]
+        with serving(argv, port, "/healthz", "lean exporter start", timeout=60) as server:
+            figures["lean exporter RSS before the first scrape (MiB)"] = round(status_mib(server.pid)["VmRSS"], 1)
+    print(f"lean exporter: import {figures['lean exporter import, best of 3 (s)']:.3f} s, RSS before the first "
+          f"scrape {figures['lean exporter RSS before the first scrape (MiB)']:.1f} MiB")
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu-seconds", type=float, default=60.0)
     parser.add_argument("--load-scrapers", type=int, default=200)
     parser.add_argument("--load-seconds", type=float, default=30.0)
     parser.add_argument("--gpm-rounds", type=int, default=5)
+    parser.add_argument("--install", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure the lean and full installs in fresh virtual environments (needs pip's index)")
     results.add_argument(parser)
     args = parser.parse_args()
     # The comparison is what tells a slow machine from a slow exporter: without it the figures mislead.
@@ -262,6 +301,8 @@ def main() -> None:
             figures = compare(ours, theirs, args.cpu_seconds)
             figures |= load_row(ours.pid, f"{ours.url}/metrics", args.load_scrapers, args.load_seconds)
     figures |= {"GPU collection without GPM (ms)": without, "GPU collection with GPM (ms)": with_gpm}
+    if args.install:
+        figures |= install_figures()
     results.record("exporter_bench", figures, notes=platform_summary(), path=args.results)
 
 

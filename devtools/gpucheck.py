@@ -81,9 +81,10 @@ after = status_mib(os.getpid())
 print(after["RssAnon"] - before["RssAnon"], after["RssFile"] - before["RssFile"])
 """
 # The series that show a load arrive: GPM's activities, and what the GPU reports without GPM.
-LOAD_SERIES = ("gpufleet_gpu_tensor_active_ratio", "gpufleet_gpu_sm_active_ratio", "gpufleet_gpu_dram_active_ratio",
-               "gpufleet_gpu_utilization_ratio", "gpufleet_gpu_power_watts", "gpufleet_gpu_clock_hertz")
-_TENSOR_RISE = 0.10  # How much tensor activity must rise under a bf16 matrix-multiply loop.
+LOAD_SERIES = ("gpufleet_gpu_tensor_active_ratio", "gpufleet_gpu_graphics_active_ratio", "gpufleet_gpu_sm_active_ratio",
+               "gpufleet_gpu_dram_active_ratio", "gpufleet_gpu_utilization_ratio", "gpufleet_gpu_power_watts",
+               "gpufleet_gpu_clock_hertz")
+_RISE = 0.10  # How much tensor and graphics activity must rise under a bf16 matrix-multiply loop.
 _EVENT_TYPES = {name.removeprefix("nvmlEventType"): value for name, value in vars(pynvml).items()
                 if name.startswith("nvmlEventType") and name not in ("nvmlEventTypeAll", "nvmlEventTypeNone")
                 and isinstance(value, int)}
@@ -151,7 +152,8 @@ class Report:
                 lines.append(f"{key}: {f[key]}")
         if "calls refused by the driver" in f:
             lines.append(f"calls refused by the driver: {f['calls refused by the driver']}")
-        for key in ("tensor active idle", "tensor active under load", "recovery action field (230)",
+        for key in ("tensor active idle", "tensor active under load", "graphics active idle",
+                    "graphics active under load", "recovery action field (230)",
                     "GPU fabric info", "supported event types", "XID watcher registered",
                     "XID events registered (exporter)", "gpu tests"):
             if key in f:
@@ -486,15 +488,17 @@ def activity(nvml: Nvml, server: Server | None, options: Options, report: Report
     for key in sorted(set(idle) | set(busy)):
         table.add(key[0], key[1], idle.get(key), busy.get(key))
     report.tables["activity, idle and under load"] = table
-    tensor = "gpufleet_gpu_tensor_active_ratio"
     gpus = sorted({gpu for gpu, _ in idle})
-    report.figures["tensor active idle"] = ", ".join(f"{idle.get((g, tensor), 'none')}" for g in gpus)
-    if busy:
-        report.figures["tensor active under load"] = ", ".join(f"{busy.get((g, tensor), 'none')}" for g in gpus)
+    for what, series in (("tensor", "gpufleet_gpu_tensor_active_ratio"),
+                         ("graphics", "gpufleet_gpu_graphics_active_ratio")):
+        report.figures[f"{what} active idle"] = ", ".join(f"{idle.get((g, series), 'none')}" for g in gpus)
+        if not busy:
+            continue
+        report.figures[f"{what} active under load"] = ", ".join(f"{busy.get((g, series), 'none')}" for g in gpus)
         for g in gpus:
-            before, after = idle.get((g, tensor)), busy.get((g, tensor))
-            if before is None or after is None or after < before + _TENSOR_RISE:
-                report.failures.append(f"GPU {g}: tensor activity did not rise under the load: {before} -> {after}")
+            before, after = idle.get((g, series)), busy.get((g, series))
+            if before is None or after is None or after < before + _RISE:
+                report.failures.append(f"GPU {g}: {what} activity did not rise under the load: {before} -> {after}")
 
 
 @dataclass
