@@ -23,11 +23,14 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.rule import record
 
 LABELS = "gpu:gpufleet_dcgm_labels:info"
+INFO = "gpu:gpufleet_dcgm_info:info"  # LABELS without the job's, recorded first so that LABELS reads it twice cheaply.
 XID_LATEST = "gpu:gpufleet_xid_latest:timestamp"
 # dcgm-exporter's labels that the layer adds to every field, from LABELS.
 DCGM_LABELS = ("UUID", "modelName", "device", "pci_bus_id", "DCGM_FI_DRIVER_VERSION", "Hostname", "pod", "namespace",
                "hpc_job")
 MIB = 1024 * 1024
+FIELDS_INTERVAL = "30s"  # dcgm-exporter's own default collection interval.
+LABELS_INTERVAL = "1m"
 
 class Field(NamedTuple):
     """One of dcgm-exporter's fields: its name, its unit there, and gpufleet's series converted to that unit."""
@@ -94,21 +97,25 @@ def _labelled(c: Config, expr: str) -> str:
     return f"{expr} * on ({c.by('instance', 'gpu', 'uuid')}) group_left ({', '.join(DCGM_LABELS)}) {LABELS}"
 
 
-def _labels(c: Config) -> str:
-    """One series per GPU with dcgm-exporter's labels: gpufleet_gpu_info's renamed, and one job's, where the GPU
-    runs one (the first by label order where it runs several, as dcgm-exporter names one pod per GPU)."""
+def _info(c: Config) -> str:
+    """One series per GPU with dcgm-exporter's labels of the GPU: gpufleet_gpu_info's, renamed."""
     info = c.metric("gpufleet_gpu_info")
     for target, replacement, source, regex in (("UUID", "$1", "uuid", "(.*)"), ("modelName", "$1", "name", "(.*)"),
                                                ("device", "nvidia$1", "gpu", "(.*)"),
                                                ("DCGM_FI_DRIVER_VERSION", "$1", "driver_version", "(.*)"),
                                                ("Hostname", "$1", "instance", "([^:]+)(:[0-9]+)?")):
         info = f'label_replace({info}, "{target}", "{replacement}", "{source}", "{regex}")'
+    return f"max by ({c.by('instance', 'gpu', 'uuid')}, {', '.join(DCGM_LABELS[:6])}) ({info})"
+
+
+def _labels(c: Config) -> str:
+    """INFO with the labels of one job, where the GPU runs one (the first by label order where it runs several, as
+    dcgm-exporter names one pod per GPU)."""
     gpu = c.by("instance", "gpu", "uuid")
-    base = f"max by ({gpu}, {', '.join(DCGM_LABELS[:6])}) ({info})"
     batch = c.metric("gpufleet_gpu_job_info", 'scheduler!="kubernetes"')
     pods = c.metric("gpufleet_gpu_job_info", 'scheduler="kubernetes"')
     one_job = f'topk by ({gpu}) (1, label_replace({batch}, "hpc_job", "$1", "job_id", "(.+)") or {pods})'
-    return f"{base} * on ({gpu}) group_left (pod, namespace, hpc_job) {one_job} or on ({gpu}) {base}"
+    return f"{INFO} * on ({gpu}) group_left (pod, namespace, hpc_job) {one_job} or on ({gpu}) {INFO}"
 
 
 def _xid(c: Config) -> str:
@@ -120,15 +127,18 @@ def _xid(c: Config) -> str:
     return _labelled(c, f"(max without (xid) ({branches}) or on ({c.by('instance', 'gpu', 'uuid')}) {never})")
 
 
-def dcgm_compat(c: Config) -> dict[str, Any]:
-    """The layer's one group, at the evaluation interval like the pager's: dcgm-exporter's fields are read as the
-    exporter's own series would be, at the scrape interval."""
-    rules = [record(LABELS, _labels(c)),
-             record(XID_LATEST, f"topk by ({c.by('instance', 'gpu', 'uuid')}) "
-                                f"(1, {c.metric('gpufleet_gpu_xid_last_timestamp_seconds')})")]
-    rules += [record(field.name, _labelled(c, f"({converted(c, field)})")) for field in FIELDS]
-    rules.append(record("DCGM_FI_DEV_XID_ERRORS", _xid(c)))
-    return {"name": "gpufleet-dcgm-compat", "rules": rules}
+def dcgm_compat(c: Config) -> list[dict[str, Any]]:
+    """The layer's two groups. The fields every `FIELDS_INTERVAL`, the interval at which dcgm-exporter itself
+    collects by default, so that nothing reads them at a finer grain than it did. Their labels every
+    `LABELS_INTERVAL`: they change when a job starts or ends, and relabelling every GPU's metadata is the layer's
+    dearest rule."""
+    fields = [record(XID_LATEST, f"topk by ({c.by('instance', 'gpu', 'uuid')}) "
+                                 f"(1, {c.metric('gpufleet_gpu_xid_last_timestamp_seconds')})")]
+    fields += [record(field.name, _labelled(c, f"({converted(c, field)})")) for field in FIELDS]
+    fields.append(record("DCGM_FI_DEV_XID_ERRORS", _xid(c)))
+    labels = [record(INFO, _info(c)), record(LABELS, _labels(c))]
+    return [{"name": "gpufleet-dcgm-labels", "interval": c.d(LABELS_INTERVAL), "rules": labels},
+            {"name": "gpufleet-dcgm-compat", "interval": c.d(FIELDS_INTERVAL), "rules": fields}]
 
 
 def converted(c: Config, field: Field) -> str:

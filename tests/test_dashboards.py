@@ -147,7 +147,8 @@ def test_every_query_returns_data_with_the_sites_own_cluster_label_and_selector(
     rules.mkdir()
     # Time scale 8: recorded series and ALERTS in minutes, not hours.
     for command in (["alerts", "build", f"--config={site}", "--time-scale=8", f"--output={rules / 'core.yml'}"],
-                    ["alerts", "build", f"--config={site}", "--layer=dcgm", f"--output={rules / 'dcgm.yml'}"],
+                    ["alerts", "build", f"--config={site}", "--time-scale=8", "--layer=dcgm",
+                     f"--output={rules / 'dcgm.yml'}"],
                     ["dashboards", "build", f"--config={site}", f"--output={dashboards}"]):
         subprocess.run([sys.executable, "-m", "gpufleet", *command], check=True, timeout=60)
     layout = write(tmp_path / "layout.yml", SIXTEEN_NODES)
