@@ -121,8 +121,7 @@ def _labels(c: Config) -> str:
 def _xid(c: Config) -> str:
     """dcgm-exporter's XID field: the code of the GPU's latest XID as a gauge, 0 where it has had none. PromQL
     cannot turn a label into a value, so each code of the XID catalogue is one branch; a code outside it reads 0."""
-    codes = sorted({code for codes in xid.CLASSES.values() for code in codes})
-    branches = " or ".join(f'{XID_LATEST}{{xid="{code}"}} * 0 + {code}' for code in codes)
+    branches = " or ".join(f'{XID_LATEST}{{xid="{code}"}} * 0 + {code}' for code in xid.CLASSED)
     never = f"0 * {c.metric('gpufleet_gpu_up')}"
     return _labelled(c, f"(max without (xid) ({branches}) or on ({c.by('instance', 'gpu', 'uuid')}) {never})")
 

@@ -56,5 +56,14 @@ def collector_health(c: Config) -> dict[str, Any]:
               "warning", "An exporter collector has not succeeded recently.",
               "The {{ $labels.collector }} collector of {{ $labels.instance }} last succeeded "
               "{{ $value | humanizeDuration }} ago."),
+        # NVML refused the XID event registration on every GPU (or the driver is gone): XIDs are lost until it
+        # registers again, and the recovery actions they raise with them. A node with no GPU listed has none to
+        # miss, and a driver gone pages through GpuLost.
+        alert(c, "GpuXidEventsBlind",
+              f"{c.metric('gpufleet_gpu_xid_events_registered')} == 0 "
+              f"and on ({c.by('instance')}) {c.metric('gpufleet_gpu_devices')} > 0",
+              "warning", "An exporter cannot register for its GPUs' XID events.",
+              "NVML refuses the XID event registration on {{ $labels.instance }}: its XIDs, and the resets and "
+              "reboots they call for, are not seen. The exporter's log says why.", for_="10m"),
     ]
     return {"name": "gpufleet-exporter-trends", "interval": c.d(TREND_INTERVAL), "rules": rules}

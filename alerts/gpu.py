@@ -24,15 +24,17 @@ from gpufleet.alerts.recording import (
     share_of_time,
 )
 from gpufleet.alerts.rule import GPU, TREND_INTERVAL, alert, matcher, printf
-from gpufleet.xid import APPLICATION, RESET_OR_REBOOT, WATCH, Action
+from gpufleet.xid import APPLICATION, CLASSED, RESET_OR_REBOOT, WATCH, Action
 
 _CRC = 'error=~"crc_flit|crc_data"'
 _HW_SLOWDOWN = 'reason=~"hw_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"'
 
 
-def _xid_event(c: Config, name: str, codes: tuple[int, ...], severity: str, summary: str) -> dict[str, Any]:
-    """An alert that fires for `xid_window` after an XID of one class, timed from the event itself."""
-    since = f"time() - {c.metric('gpufleet_gpu_xid_last_timestamp_seconds', matcher(codes))}"
+def _xid_event(c: Config, name: str, codes: tuple[int, ...], severity: str, summary: str,
+               outside: bool = False) -> dict[str, Any]:
+    """An alert that fires for `xid_window` after an XID of one class (with `outside`, of none of `codes`), timed
+    from the event itself."""
+    since = f"time() - {c.metric('gpufleet_gpu_xid_last_timestamp_seconds', matcher(codes, outside))}"
     return alert(c, name, f"{since} < {duration.parse(c.d(c.xid_window)):g}", severity, summary,
                  f"{GPU} reported XID {{{{ $labels.xid }}}} {{{{ $value | humanizeDuration }}}} ago.")
 
@@ -68,6 +70,9 @@ def gpu_failures(c: Config) -> dict[str, Any]:
                    "A GPU reported a memory XID to watch (row remap, high single-bit rate, contained error)."),
         _xid_event(c, "GpuXidApplication", APPLICATION, "info",
                    "A GPU reported an application XID (the program's own fault)."),
+        # A code the catalogue does not class raises no recovery action: someone must read what it means.
+        _xid_event(c, "GpuXidUnclassified", CLASSED, "warning",
+                   "A GPU reported an XID that gpufleet's catalogue does not class.", outside=True),
         alert(c, "GpuLost", f"{c.metric('gpufleet_gpu_up')} == 0", "critical",
               "A GPU stopped answering NVML.",
               f"{GPU} is lost: NVML no longer answers for it.", for_="1m"),

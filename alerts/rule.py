@@ -63,9 +63,9 @@ def printf(query: str, *arguments: str) -> str:
     return " ".join(("printf", '"' + query.replace('"', '\\"') + '"', *arguments))
 
 
-def matcher(codes: tuple[int, ...]) -> str:
-    """A PromQL regex matcher for the `xid` label."""
-    return f'xid=~"{"|".join(str(code) for code in codes)}"'
+def matcher(codes: tuple[int, ...], outside: bool = False) -> str:
+    """A PromQL regex matcher for the `xid` label: one of `codes`, or with `outside` none of them."""
+    return f'xid{"!~" if outside else "=~"}"{"|".join(str(code) for code in codes)}"'
 
 
 def record(name: str, expr: str, **labels: str) -> dict[str, Any]:

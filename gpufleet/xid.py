@@ -23,6 +23,7 @@ WATCH = (63, 92, 94)
 # The application's own fault (illegal address, MMU fault, ...): information, a ticket when repeated.
 APPLICATION = (13, 31, 43, 45)
 CLASSES = {"reset or reboot": RESET_OR_REBOOT, "watch": WATCH, "application": APPLICATION}
+CLASSED = tuple(sorted(code for codes in CLASSES.values() for code in codes))  # Every code of a class.
 
 
 class Action(IntEnum):
