@@ -43,7 +43,7 @@ from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.gpm import DETAIL, METRICS, GpmReader
 from gpufleet.exporter.gpu.nvml import Nvml, as_text
 from gpufleet.exporter.gpu.probes import FIELDS, PROBES, read_fields, utilization_probe
-from gpufleet.exporter.gpu.session import NvmlSession
+from gpufleet.exporter.gpu.session import NvmlSession, cuda_version
 from gpufleet.exporter.gpu.simulated.host import simulated_gpus
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.gpu.xid import NvmlXidWatcher, XidLedger
@@ -193,8 +193,7 @@ def environment(nvml: Nvml, options: Options, report: Report) -> None:
     f = report.figures
     with initialised(nvml) as handles:
         f["driver_version"] = as_text(nvml.nvmlSystemGetDriverVersion())
-        cuda = nvml.nvmlSystemGetCudaDriverVersion()
-        f["cuda_version"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
+        f["cuda_version"] = cuda_version(nvml.nvmlSystemGetCudaDriverVersion())
         f["gpus"] = len(handles)
         f["board"] = ", ".join(sorted({as_text(nvml.nvmlDeviceGetName(h)) for h in handles}))
     f["backend"] = options.backend
@@ -328,16 +327,22 @@ def _within(check: Callable[[], bool], seconds: float) -> bool:
 
 
 @contextlib.contextmanager
-def exporter(options: Options, report: Report) -> Iterator[Server]:
-    """`gpufleet exporter` on this machine's GPUs (or simulated ones), collecting every second."""
+def running(options: Options, *flags: str) -> Iterator[Server]:
+    """`gpufleet exporter` on this machine's GPUs (or simulated ones), once its first GPU collection is served."""
     port = free_port()
     backend = ["--gpu.backend=sim", f"--sim.gpus={options.sim_gpus}"] if options.backend == "sim" else [
         "--gpu.backend=nvml"]
-    argv = gpufleet_command("exporter", *backend, "--collector.gpu.interval=1s",
-                            f"--web.listen-address=127.0.0.1:{port}")
+    argv = gpufleet_command("exporter", *backend, *flags, f"--web.listen-address=127.0.0.1:{port}")
     with serving(argv, port, "/metrics", "exporter start", timeout=60) as server:
+        wait_for(lambda: b"gpufleet_gpu_info{" in get(server.url + "/metrics"), 30, "the first GPU collection")
+        yield server
+
+
+@contextlib.contextmanager
+def exporter(options: Options, report: Report) -> Iterator[Server]:
+    """The exporter collecting every second, for the comparisons; its CPU and memory over them, and its log."""
+    with running(options, "--collector.gpu.interval=1s") as server:
         try:
-            wait_for(lambda: b"gpufleet_gpu_info{" in get(server.url + "/metrics"), 30, "the first GPU collection")
             process = psutil.Process(server.pid)
             started, cpu = time.monotonic(), cpu_seconds(process)
             yield server
@@ -354,12 +359,7 @@ def exporter(options: Options, report: Report) -> Iterator[Server]:
 
 def quiet(options: Options, report: Report) -> None:
     """The exporter at its default flags, scraped as Prometheus would, for what it costs a node at rest."""
-    port = free_port()
-    backend = ["--gpu.backend=sim", f"--sim.gpus={options.sim_gpus}"] if options.backend == "sim" else [
-        "--gpu.backend=nvml"]
-    argv = gpufleet_command("exporter", *backend, f"--web.listen-address=127.0.0.1:{port}")
-    with serving(argv, port, "/metrics", "exporter start", timeout=60) as server:
-        wait_for(lambda: b"gpufleet_gpu_info{" in get(server.url + "/metrics"), 30, "the first GPU collection")
+    with running(options) as server:
         process = psutil.Process(server.pid)
         started, cpu = time.monotonic(), cpu_seconds(process)
         deadline = started + options.quiet_seconds

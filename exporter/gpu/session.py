@@ -112,7 +112,7 @@ def _gpu_instance(raw: int | None) -> int | None:
     return None if raw is None or raw == 0xFFFFFFFF else int(raw)
 
 
-def _cuda_version(raw: int) -> str:
+def cuda_version(raw: int) -> str:
     """NVML encodes CUDA 12.4 as 12040."""
     return f"{raw // 1000}.{raw % 1000 // 10}"
 
@@ -179,7 +179,7 @@ class NvmlSession:
             self._fail(f"NVML initialisation failed: {err}", shutdown=False)
         try:
             self.driver_version = as_text(self._nvml.nvmlSystemGetDriverVersion())
-            self.cuda_version = self._optional(lambda: _cuda_version(self._nvml.nvmlSystemGetCudaDriverVersion()))
+            self.cuda_version = self._optional(lambda: cuda_version(self._nvml.nvmlSystemGetCudaDriverVersion()))
             count = self._nvml.nvmlDeviceGetCount()
             if count == 0:
                 self._fail("NVML found no GPUs")
