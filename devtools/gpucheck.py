@@ -10,20 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
-import importlib.metadata
-import logging
 import platform
-import selectors
-import shutil
 import subprocess
 import sys
 import time
-import traceback
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -31,45 +23,23 @@ import pynvml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.devtools import smi
+from gpufleet.devtools.gpuactivity import activity
+from gpufleet.devtools.gpureport import Options, Report, initialised, installed
+from gpufleet.devtools.gputiming import timing
 from gpufleet.devtools.net import free_port, get
 from gpufleet.devtools.paths import ROOT
 from gpufleet.devtools.processes import Server, serving
 from gpufleet.devtools.programs import gpufleet_command
 from gpufleet.devtools.resources import cpu_seconds, peak_rss_mib, status_mib
-from gpufleet.devtools.results import Table, Value
-from gpufleet.devtools.stats import percentile
-from gpufleet.devtools.waiting import HarnessError, wait_for
-from gpufleet.exporter.collector.gpu import GpuCollector
-from gpufleet.exporter.gpu.gpm import DETAIL, METRICS, GpmReader
+from gpufleet.devtools.results import Table
+from gpufleet.devtools.waiting import wait_for
 from gpufleet.exporter.gpu.nvml import Nvml, as_text
-from gpufleet.exporter.gpu.probes import FIELDS, PROBES, read_fields, utilization_probe
-from gpufleet.exporter.gpu.session import NvmlSession, cuda_version
+from gpufleet.exporter.gpu.probes import FIELDS, PROBES, utilization_probe
+from gpufleet.exporter.gpu.session import cuda_version
 from gpufleet.exporter.gpu.simulated.host import simulated_gpus
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.gpu.xid import NvmlXidWatcher, XidLedger
 
-log = logging.getLogger(__name__)
-
-# A matrix-multiply loop on every GPU the process sees, in bf16 so that the tensor cores do the work; it says
-# "ready" once each GPU has finished one round, and stops after the given seconds or when terminated.
-LOAD = """
-import sys, time, torch
-seconds = float(sys.argv[1])
-gpus = range(torch.cuda.device_count())
-pairs = [(torch.randn(8192, 8192, device=f"cuda:{g}", dtype=torch.bfloat16),
-          torch.randn(8192, 8192, device=f"cuda:{g}", dtype=torch.bfloat16)) for g in gpus]
-def round_():
-    for a, b in pairs:
-        for _ in range(8):
-            a @ b
-    for g in gpus:
-        torch.cuda.synchronize(g)
-round_()
-print("ready", len(pairs), flush=True)
-end = time.monotonic() + seconds
-while time.monotonic() < end:
-    round_()
-"""
 # What loading NVML and opening every GPU adds to a process's memory: its heap and its mapped files, in MiB.
 NVML_MEMORY = """
 import os, pynvml
@@ -80,11 +50,6 @@ handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDevice
 after = status_mib(os.getpid())
 print(after["RssAnon"] - before["RssAnon"], after["RssFile"] - before["RssFile"])
 """
-# The series that show a load arrive: GPM's activities, and what the GPU reports without GPM.
-LOAD_SERIES = ("gpufleet_gpu_tensor_active_ratio", "gpufleet_gpu_graphics_active_ratio", "gpufleet_gpu_sm_active_ratio",
-               "gpufleet_gpu_dram_active_ratio", "gpufleet_gpu_utilization_ratio", "gpufleet_gpu_power_watts",
-               "gpufleet_gpu_clock_hertz")
-_RISE = 0.10  # How much tensor and graphics activity must rise under a bf16 matrix-multiply loop.
 _EVENT_TYPES = {name.removeprefix("nvmlEventType"): value for name, value in vars(pynvml).items()
                 if name.startswith("nvmlEventType") and name not in ("nvmlEventTypeAll", "nvmlEventTypeNone")
                 and isinstance(value, int)}
@@ -92,101 +57,12 @@ _FABRIC_STATES = {pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: "not supported",
                   pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED: "not started",
                   pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS: "in progress",
                   pynvml.NVML_GPU_FABRIC_STATE_COMPLETED: "completed"}
-
-
-@dataclass
-class Options:
-    out: Path
-    backend: str = "nvml"  # nvml, or sim for the simulated library
-    sim_gpus: int = 2
-    rounds: int = 200  # collections timed
-    calls: int = 50  # calls timed per NVML call and GPU
-    smi_rounds: int = 5
-    idle_seconds: float = 3.0  # GPM's window with the GPUs idle
-    load_seconds: float = 5.0  # and under load
-    quiet_seconds: float = 30.0  # the exporter at its default flags, scraped every 15 s, for its CPU share
-    nvidia_smi: str | None = field(default_factory=lambda: shutil.which("nvidia-smi"))
-
-
-@dataclass
-class Report:
-    """Everything the check found: figures and tables for the record, and one line per skip, failure and error."""
-
-    figures: dict[str, Value] = field(default_factory=dict)
-    tables: dict[str, Table] = field(default_factory=dict)
-    skipped: list[str] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)  # seconds each part took
-
-    def part(self, name: str, run: Callable[[], None]) -> None:
-        """Run one part; an error in it is kept, with its traceback in the log, and the check goes on."""
-        started = time.monotonic()
-        try:
-            run()
-        # HarnessError is a SystemExit, which would end the whole check; any other error ends this part only.
-        except (Exception, HarnessError) as err:  # noqa: BLE001
-            self.errors.append(f"{name}: {type(err).__name__}: {err}")
-            log.error("%s failed:\n%s", name, traceback.format_exc())
-        self.timings[name] = round(time.monotonic() - started, 2)
-
-    def summary(self) -> str:
-        f = self.figures
-        lines = [f"driver {f.get('driver_version')}, CUDA {f.get('cuda_version')}, {f.get('gpus')} x {f.get('board')}"]
-        for phase in ("idle", "load"):
-            if f"{phase}: fields matching" in f:
-                lines.append(f"nvidia-smi against the exporter ({phase}): {f[f'{phase}: fields matching']} match, "
-                             f"{f[f'{phase}: fields differing']} differ, {f[f'{phase}: fields the exporter lacks']} "
-                             f"the exporter lacks, {f[f'{phase}: fields refused']} refused")
-        if "GPU collection mean (ms)" in f:
-            smi_mean = f.get("nvidia-smi query mean (ms)")
-            lines.append(f"GPU collection: mean {f['GPU collection mean (ms)']} ms, p99 {f['GPU collection p99 (ms)']} "
-                         f"ms, CPU {f['GPU collection CPU mean (ms)']} ms, "
-                         f"{f['GPU collection CPU without the slow reads (ms)']} ms without the slow reads"
-                         + (f"; nvidia-smi --query-gpu: mean {smi_mean} ms" if smi_mean is not None else ""))
-            lines.append("GPU collection CPU at default flags, 8 GPUs: "
-                         f"{f['GPU collection CPU at default flags, 8 GPUs (share of a core)']:.2%} of a core")
-        for key in ("exporter CPU at default flags (share of a core)", "exporter peak RSS at default flags (MiB)",
-                    "NVML loaded and opened: heap (MiB)"):
-            if key in f:
-                lines.append(f"{key}: {f[key]}")
-        if "calls refused by the driver" in f:
-            lines.append(f"calls refused by the driver: {f['calls refused by the driver']}")
-        for key in ("tensor active idle", "tensor active under load", "graphics active idle",
-                    "graphics active under load", "recovery action field (230)",
-                    "GPU fabric info", "supported event types", "XID watcher registered",
-                    "XID events registered (exporter)", "gpu tests"):
-            if key in f:
-                lines.append(f"{key}: {f[key]}")
-        lines += [f"skipped: {line}" for line in self.skipped]
-        lines += [f"FAILED: {line}" for line in self.failures]
-        lines += [f"ERROR: {line}" for line in self.errors]
-        return "\n".join(lines)
-
-
 def library(options: Options) -> Nvml:
     """The NVML library the check reads in this process: the driver's, or simulated boards."""
     if options.backend == "sim":
         return SimulatedNvml(simulated_gpus(options.sim_gpus))
     driver: Nvml = pynvml
     return driver
-
-
-@contextlib.contextmanager
-def initialised(nvml: Nvml) -> Iterator[list[Any]]:
-    """NVML initialised for one part, and every GPU's handle."""
-    nvml.nvmlInit()
-    try:
-        yield [nvml.nvmlDeviceGetHandleByIndex(index) for index in range(nvml.nvmlDeviceGetCount())]
-    finally:
-        nvml.nvmlShutdown()
-
-
-def _version(package: str) -> str:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return ""
 
 
 def environment(nvml: Nvml, options: Options, report: Report) -> None:
@@ -197,9 +73,9 @@ def environment(nvml: Nvml, options: Options, report: Report) -> None:
         f["gpus"] = len(handles)
         f["board"] = ", ".join(sorted({as_text(nvml.nvmlDeviceGetName(h)) for h in handles}))
     f["backend"] = options.backend
-    f["nvidia-ml-py"] = _version("nvidia-ml-py")
+    f["nvidia-ml-py"] = installed("nvidia-ml-py")
     f["python"] = platform.python_version()
-    f["torch"] = _version("torch") or "not installed"
+    f["torch"] = installed("torch") or "not installed"
     if options.nvidia_smi:
         done = subprocess.run([options.nvidia_smi, "--version"], capture_output=True, text=True, timeout=30)
         f["nvidia-smi"] = " ".join(done.stdout.split()[:12])
@@ -324,8 +200,6 @@ def _within(check: Callable[[], bool], seconds: float) -> bool:
             return True
         time.sleep(0.05)
     return check()
-
-
 @contextlib.contextmanager
 def running(options: Options, *flags: str) -> Iterator[Server]:
     """`gpufleet exporter` on this machine's GPUs (or simulated ones), once its first GPU collection is served."""
@@ -424,216 +298,6 @@ def against_smi(server: Server, options: Options, report: Report, phase: str) ->
         if v.verdict in ("differs", "exporter lacks it"):
             report.failures.append(f"{phase}: GPU {v.gpu} {v.field}: nvidia-smi {v.smi!r}, exporter {v.exporter!r} "
                                    f"({v.verdict}, window {v.window or 'none'})")
-
-
-def _activity(session: NvmlSession, seconds: float) -> dict[tuple[int, str], float]:
-    """The readings of LOAD_SERIES over `seconds`: one sample to open the window, one to close it."""
-    session.sample()
-    time.sleep(seconds)
-    readings: dict[tuple[int, str], float] = {}
-    for gpu in session.sample().gpus:
-        for reading in gpu.readings:
-            if reading.metric.name in LOAD_SERIES and reading.label_values in ((), ("sm",)):
-                readings[(gpu.identity.index, reading.metric.name)] = reading.value
-            elif reading.metric.name == "gpufleet_gpu_tensor_pipe_active_ratio" and reading.label_values == ("hmma",):
-                readings[(gpu.identity.index, "gpufleet_gpu_tensor_pipe_active_ratio{pipe=hmma}")] = reading.value
-    return readings
-
-
-@contextlib.contextmanager
-def load(seconds: float) -> Iterator[int]:
-    """The matrix-multiply loop on every GPU, once it is running; yields how many GPUs it loads."""
-    process = subprocess.Popen([sys.executable, "-c", LOAD, str(seconds)], stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    try:
-        assert process.stdout is not None
-        with selectors.DefaultSelector() as selector:
-            selector.register(process.stdout, selectors.EVENT_READ)
-            deadline = time.monotonic() + 180
-            line = ""
-            while not line.startswith("ready") and time.monotonic() < deadline and process.poll() is None:
-                if selector.select(timeout=1.0):
-                    line = process.stdout.readline()
-        if not line.startswith("ready"):
-            raise HarnessError(f"the load did not start within 180 s: {line or process.poll()}")
-        yield int(line.split()[1])
-    finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
-
-
-def activity(nvml: Nvml, server: Server | None, options: Options, report: Report) -> None:
-    """GPM and the GPU's own utilisation with the GPUs idle, then under a matrix-multiply loop on each."""
-    session = NvmlSession(nvml, gpm=METRICS + DETAIL)
-    try:
-        idle = _activity(session, options.idle_seconds)
-        busy: dict[tuple[int, str], float] = {}
-        if options.backend == "sim":
-            report.skipped.append("load: the simulated GPUs run their own load, not PyTorch's")
-        elif not _version("torch"):
-            report.skipped.append("load: PyTorch is not installed")
-        else:
-            with load(options.load_seconds + 60):
-                time.sleep(1.0)  # The first collection under load reads from before it began.
-                busy = _activity(session, options.load_seconds)
-                if server is not None:
-                    against_smi(server, options, report, "load")
-    finally:
-        session.close()
-    table = Table(["gpu", "series", "idle", "under load"])
-    for key in sorted(set(idle) | set(busy)):
-        table.add(key[0], key[1], idle.get(key), busy.get(key))
-    report.tables["activity, idle and under load"] = table
-    gpus = sorted({gpu for gpu, _ in idle})
-    for what, series in (("tensor", "gpufleet_gpu_tensor_active_ratio"),
-                         ("graphics", "gpufleet_gpu_graphics_active_ratio")):
-        report.figures[f"{what} active idle"] = ", ".join(f"{idle.get((g, series), 'none')}" for g in gpus)
-        if not busy:
-            continue
-        report.figures[f"{what} active under load"] = ", ".join(f"{busy.get((g, series), 'none')}" for g in gpus)
-        for g in gpus:
-            before, after = idle.get((g, series)), busy.get((g, series))
-            if before is None or after is None or after < before + _RISE:
-                report.failures.append(f"GPU {g}: {what} activity did not rise under the load: {before} -> {after}")
-
-
-@dataclass
-class Durations:
-    """Wall-clock and CPU seconds of each call: NVML waits on the driver, and only the CPU counts against the
-    exporter's budget."""
-
-    wall: list[float] = field(default_factory=list)
-    cpu: list[float] = field(default_factory=list)
-    gpus: tuple[int, ...] = ()  # The GPUs a collection read, where the calls were collections.
-
-    def __iadd__(self, other: Durations) -> Durations:
-        self.wall += other.wall
-        self.cpu += other.cpu
-        return self
-
-
-def _timed(call: Callable[[], object], times: int) -> Durations:
-    durations = Durations()
-    for _ in range(times):
-        wall, cpu = time.perf_counter(), time.thread_time()
-        call()
-        durations.cpu.append(time.thread_time() - cpu)
-        durations.wall.append(time.perf_counter() - wall)
-    return durations
-
-
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
-def _time_calls(nvml: Nvml, index: int, handle: Any, times: int, calls: dict[str, Durations]) -> None:
-    """Each NVML call of a collection on one GPU, `times` times, and each field alone; a call the GPU refuses is
-    left out."""
-    for probe in (utilization_probe(), *PROBES):
-        try:
-            probe.read(nvml, handle)
-        except pynvml.NVMLError:
-            continue  # Refused: listed by `refusals`.
-        calls[probe.name] += _timed(functools.partial(probe.read, nvml, handle), times)
-    calls["nvmlDeviceGetFieldValues (all fields)"] += _timed(
-        lambda: list(read_fields(nvml, handle, FIELDS)), times)
-    for fld in FIELDS:
-        calls[f"field {fld.field_id} ({fld.description}) alone"] += _timed(
-            functools.partial(nvml.nvmlDeviceGetFieldValues, handle, [fld.field_id]), times)
-    calls["nvmlDeviceGetUtilizationRates alone"] += _timed(
-        functools.partial(nvml.nvmlDeviceGetUtilizationRates, handle), times)
-    with contextlib.suppress(pynvml.NVMLError):
-        calls["nvmlDeviceGetSamples (GPU utilisation) alone"] += _timed(functools.partial(
-            nvml.nvmlDeviceGetSamples, handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, 0), times)
-    _time_alternatives(nvml, handle, times, calls)
-    with contextlib.suppress(pynvml.NVMLError):
-        nvml.nvmlDeviceGetMigMode(handle)
-        calls["nvmlDeviceGetMigMode"] += _timed(functools.partial(nvml.nvmlDeviceGetMigMode, handle), times)
-    with contextlib.suppress(pynvml.NVMLError):
-        nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-        calls["nvmlDeviceGetComputeRunningProcesses"] += _timed(
-            functools.partial(nvml.nvmlDeviceGetComputeRunningProcesses, handle), times)
-    reader = GpmReader(index, METRICS)
-    try:
-        if nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
-            calls["GPM (sample and metrics)"] += _timed(functools.partial(reader.read, nvml, handle), times)
-    except pynvml.NVMLError:
-        pass  # Refused: listed by `refusals`.
-    finally:
-        reader.free(nvml)
-
-
-def _collections(nvml: Nvml, rounds: int, slow_every: int) -> Durations:
-    """`rounds` GPU collections as the exporter makes them, after a first that opens the GPUs; the slow reads at
-    every `slow_every` collections (past `rounds`: only in the first)."""
-    collector = GpuCollector(NvmlSession(nvml, gpm=METRICS, slow_every=slow_every))
-    try:
-        first = collector.collect()
-        durations = _timed(collector.collect, rounds)
-    finally:
-        collector.close()
-    durations.gpus = tuple(sorted({int(s.labels["gpu"]) for family in first.families for s in family.samples
-                                   if family.name == "gpufleet_gpu_up" and s.value == 1}))
-    return durations
-
-
-def _time_alternatives(nvml: Any, handle: Any, times: int, calls: dict[str, Durations]) -> None:
-    """Calls the exporter does not make but could, for what its dearest calls read: the energy counter through
-    its own function, the newest utilisation sample alone, the violation counters' cheap sibling. Only where the
-    library has them (the simulated one does not)."""
-    now_us = int(time.time() * 1e6)
-    for name, arguments in (("nvmlDeviceGetTotalEnergyConsumption", (handle,)),
-                            ("nvmlDeviceGetSamples", (handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, now_us - 1_000_000)),
-                            ("nvmlDeviceGetPowerUsage", (handle,))):
-        call = getattr(nvml, name, None)
-        if call is None or isinstance(nvml, SimulatedNvml):
-            continue
-        label = f"{name} (alternative)" if name != "nvmlDeviceGetSamples" else "nvmlDeviceGetSamples (last second)"
-        with contextlib.suppress(pynvml.NVMLError):
-            call(*arguments)
-            calls[label] += _timed(functools.partial(call, *arguments), times)
-
-
-def timing(nvml: Nvml, options: Options, report: Report) -> None:
-    """The GPU collection as the exporter runs it, each NVML call it makes, and nvidia-smi on the same GPUs."""
-    f = report.figures
-    every, fast = _collections(nvml, options.rounds, 1), _collections(nvml, options.rounds, options.rounds + 1)
-    wall = [1000 * d for d in every.wall]
-    f["GPU collection rounds"] = options.rounds
-    f["GPU collection mean (ms)"] = round(_mean(wall), 2)
-    f["GPU collection p99 (ms)"] = round(percentile(wall, 0.99), 2)
-    f["GPU collection CPU mean (ms)"] = round(1000 * _mean(every.cpu), 2)
-    f["GPU collection CPU without the slow reads (ms)"] = round(1000 * _mean(fast.cpu), 2)
-    # At the default flags (every 5 s, the slow reads every 15 s), per GPU and for an 8-GPU node, as a share of one
-    # core: the exporter's budget is 1 % for everything.
-    per_collection = _mean(fast.cpu) + (_mean(every.cpu) - _mean(fast.cpu)) / 3
-    gpus = len(every.gpus) or 1
-    f["GPU collection CPU at default flags, per GPU (share of a core)"] = round(per_collection / 5.0 / gpus, 5)
-    f["GPU collection CPU at default flags, 8 GPUs (share of a core)"] = round(8 * per_collection / 5.0 / gpus, 4)
-    calls: dict[str, Durations] = defaultdict(Durations)
-    with initialised(nvml) as handles:
-        for index, handle in enumerate(handles):
-            _time_calls(nvml, index, handle, options.calls, calls)
-    table = Table(["call", "calls", "mean (µs)", "p99 (µs)", "CPU mean (µs)"])
-    for name, durations in calls.items():
-        micros = [1e6 * d for d in durations.wall]
-        table.add(name, len(micros), round(_mean(micros), 1), round(percentile(micros, 0.99), 1),
-                  round(1e6 * _mean(durations.cpu), 1))
-    report.tables["NVML calls"] = table
-    if options.nvidia_smi is None:
-        report.skipped.append("nvidia-smi timing: nvidia-smi is not installed")
-        return
-    query = [options.nvidia_smi, f"--query-gpu={','.join(smi.FIELDS)}", "--format=csv,noheader,nounits"]
-    runs = [1000 * d for d in _timed(lambda: subprocess.run(query, capture_output=True, timeout=60),
-                                     options.smi_rounds).wall]
-    f["nvidia-smi query mean (ms)"] = round(sum(runs) / len(runs), 1)
-    f["nvidia-smi query max (ms)"] = round(max(runs), 1)
-
-
 def gpu_tests(options: Options, report: Report) -> None:
     """The tests marked `gpu`, in the files that have them: the others need packages the GPU machine lacks."""
     files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
@@ -660,7 +324,8 @@ def run(options: Options) -> Report:
     def with_exporter() -> None:
         with exporter(options, report) as server:
             report.part("compare idle", lambda: against_smi(server, options, report, "idle"))
-            report.part("activity", lambda: activity(nvml, server, options, report))
+            report.part("activity", lambda: activity(nvml, options, report,
+                                                     lambda: against_smi(server, options, report, "load")))
 
     report.part("exporter", with_exporter)
     report.part("exporter at default flags", lambda: quiet(options, report))

@@ -53,8 +53,9 @@ def node_names(count: int) -> list[str]:
     return [f"gpu-node-{index:04d}" for index in range(1, count + 1)]
 
 
-def collector_flags(collect_interval: float) -> argparse.Namespace:
-    """The exporter's defaults, with no collector's interval longer than the fleet's collection.
+def collector_flags(collect_interval: float = math.inf) -> argparse.Namespace:
+    """The exporter's defaults, with no collector's interval longer than the fleet's collection (without one, the
+    exporter's own intervals).
 
     A fleet collected every second stands for a faster clock (the end-to-end tests run the rules eight
     times faster than production). A GPU collector left on its five seconds would then sample a training
@@ -261,7 +262,7 @@ class Fleet:
     jobs: list[Job] = field(default_factory=list, init=False)
     ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     # Every node runs the collectors `gpufleet exporter` runs with no flags.
-    exporter_flags: argparse.Namespace = field(default_factory=exporter_node.defaults)
+    exporter_flags: argparse.Namespace = field(default_factory=collector_flags)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _by_node: dict[str, list[Fault]] = field(default_factory=dict, init=False)
     process_metrics: ProcessMetrics = field(default_factory=ProcessMetrics, init=False)

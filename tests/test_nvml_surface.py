@@ -14,8 +14,9 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
+from gpufleet.exporter.gpu.nvlink import nvlink_fields
 from gpufleet.exporter.gpu.nvml import Nvml
-from gpufleet.exporter.gpu.probes import FIELDS, PROBES, nvlink_fields, utilization_probe
+from gpufleet.exporter.gpu.probes import FIELDS, PROBES, utilization_probe
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 
 CALLS = sorted(name for name in vars(Nvml) if name.startswith("nvml"))

@@ -1,4 +1,4 @@
-"""NVLink series per GPU, and per link only where a link needs a look.
+"""NVLink series per GPU, and per link only where a link needs a look; and what is read of each link.
 
 An H100 has 18 NVLinks; per link, a state, four error counters and two traffic counters make 1,008
 series on an 8-GPU node, more than the rest of the node together. Dashboards and capacity planning
@@ -19,13 +19,21 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
+import pynvml
+
+from gpufleet.exporter.gpu.nvml import Handle, Nvml
 from gpufleet.exporter.gpu.probes import (
+    COUNTER_MAX,
     NVLINK_ERRORS,
     NVLINK_RECEIVE,
     NVLINK_TRANSMIT,
     NVLINK_UP,
+    Field,
     GpuMetric,
+    Probe,
+    Read,
     Reading,
+    checked,
 )
 
 LINKS = GpuMetric("gpufleet_gpu_nvlink_links", "NVLinks the GPU has.")
@@ -90,3 +98,54 @@ class NvlinkSummary:
             kept.extend(reading for reading in counters
                         if reading.metric is NVLINK_ERRORS and reading.label_values[0] in erring)
         return kept
+
+
+# NVLink5 (Blackwell) counts the physical layer's errors per link, in the field call with the link as scope:
+# symbol errors, which its FEC corrects at a low rate on a healthy link, and errors left after it. Field ids 221
+# and 219 in nvml.h and nvidia-ml-py alike. Their BER fields (220, 222) pack a mantissa and an exponent whose
+# meaning the header does not state, and the FEC histogram bins (235-250) would be 16 series per link: left out.
+NVLINK5_ERROR_FIELDS = (
+    ("symbol", pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS),
+    ("effective", pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS),
+)
+NVLINK_ERROR_COUNTERS = (
+    ("crc_flit", pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+    ("crc_data", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
+    ("replay", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
+    ("recovery", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
+)
+_KIB = 1024
+
+
+def _nvlink(link: int) -> Read:
+    """A link's state and its four data-link error counters: one probe, as they stand or fall together."""
+    label = str(link)
+
+    def read(nvml: Nvml, handle: Handle) -> list[Reading]:
+        state = nvml.nvmlDeviceGetNvLinkState(handle, link)
+        readings = [Reading(NVLINK_UP, 1.0 if state == pynvml.NVML_FEATURE_ENABLED else 0.0, (label,))]
+        for name, counter in NVLINK_ERROR_COUNTERS:
+            value = nvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, counter)
+            readings += checked(NVLINK_ERRORS, value, 0, COUNTER_MAX - 2, (label, name))
+        return readings
+
+    return read
+
+
+def nvlink_probes(links: list[int]) -> list[Probe]:
+    """Per-link state and error counters, for the links a GPU was found to have."""
+    return [Probe(f"NVLink {link} state and errors", _nvlink(link)) for link in links]
+
+
+def nvlink_fields(links: list[int]) -> list[Field]:
+    """Per-link throughput counters, and NVLink5's physical-layer error counters, read in the batched field call
+    with the link as scope."""
+    fields = []
+    for link in links:
+        fields.append(Field(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, f"NVLink {link} data transmitted",
+                            NVLINK_TRANSMIT, 0, COUNTER_MAX - 2, times=_KIB, scope=link, label_values=(str(link),)))
+        fields.append(Field(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, f"NVLink {link} data received",
+                            NVLINK_RECEIVE, 0, COUNTER_MAX - 2, times=_KIB, scope=link, label_values=(str(link),)))
+        fields += [Field(field_id, f"NVLink {error} errors (NVLink5)", NVLINK_ERRORS, 0, COUNTER_MAX - 2,
+                         scope=link, label_values=(str(link), error)) for error, field_id in NVLINK5_ERROR_FIELDS]
+    return fields

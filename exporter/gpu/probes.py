@@ -136,7 +136,7 @@ _MILLI = 1000
 _PERCENT = 100
 _NANO = 1_000_000_000
 _KIB = 1024
-_COUNTER_MAX = float(2**64)
+COUNTER_MAX = float(2**64)
 
 # Clock event (throttle) reasons, named as in nvidia-smi -q, with their bits.
 CLOCK_EVENT_REASONS = (
@@ -158,20 +158,6 @@ VIOLATION_POLICIES = (
     ("board_limit", pynvml.NVML_PERF_POLICY_BOARD_LIMIT),
     ("low_utilization", pynvml.NVML_PERF_POLICY_LOW_UTILIZATION),
     ("reliability", pynvml.NVML_PERF_POLICY_RELIABILITY),
-)
-# NVLink5 (Blackwell) counts the physical layer's errors per link, in the field call with the link as scope:
-# symbol errors, which its FEC corrects at a low rate on a healthy link, and errors left after it. Field ids 221
-# and 219 in nvml.h and nvidia-ml-py alike. Their BER fields (220, 222) pack a mantissa and an exponent whose
-# meaning the header does not state, and the FEC histogram bins (235-250) would be 16 series per link: left out.
-NVLINK5_ERROR_FIELDS = (
-    ("symbol", pynvml.NVML_FI_DEV_NVLINK_COUNT_SYMBOL_ERRORS),
-    ("effective", pynvml.NVML_FI_DEV_NVLINK_COUNT_EFFECTIVE_ERRORS),
-)
-NVLINK_ERROR_COUNTERS = (
-    ("crc_flit", pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
-    ("crc_data", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
-    ("replay", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
-    ("recovery", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
 )
 
 
@@ -358,43 +344,9 @@ def _clock_events(nvml: Nvml, handle: Handle) -> list[Reading]:
 def _violation(name: str, policy: int) -> Read:
     def read(nvml: Nvml, handle: Handle) -> list[Reading]:
         status = nvml.nvmlDeviceGetViolationStatus(handle, policy)
-        return checked(VIOLATION, status.violationTime, 0, _COUNTER_MAX - 2, (name,), per=_NANO)
+        return checked(VIOLATION, status.violationTime, 0, COUNTER_MAX - 2, (name,), per=_NANO)
 
     return read
-
-
-def _nvlink(link: int) -> Read:
-    """A link's state and its four data-link error counters: one probe, as they stand or fall together."""
-    label = str(link)
-
-    def read(nvml: Nvml, handle: Handle) -> list[Reading]:
-        state = nvml.nvmlDeviceGetNvLinkState(handle, link)
-        readings = [Reading(NVLINK_UP, 1.0 if state == pynvml.NVML_FEATURE_ENABLED else 0.0, (label,))]
-        for name, counter in NVLINK_ERROR_COUNTERS:
-            value = nvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, counter)
-            readings += checked(NVLINK_ERRORS, value, 0, _COUNTER_MAX - 2, (label, name))
-        return readings
-
-    return read
-
-
-def nvlink_probes(links: list[int]) -> list[Probe]:
-    """Per-link state and error counters, for the links a GPU was found to have."""
-    return [Probe(f"NVLink {link} state and errors", _nvlink(link)) for link in links]
-
-
-def nvlink_fields(links: list[int]) -> list[Field]:
-    """Per-link throughput counters, and NVLink5's physical-layer error counters, read in the batched field call
-    with the link as scope."""
-    fields = []
-    for link in links:
-        fields.append(Field(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, f"NVLink {link} data transmitted",
-                            NVLINK_TRANSMIT, 0, _COUNTER_MAX - 2, times=_KIB, scope=link, label_values=(str(link),)))
-        fields.append(Field(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, f"NVLink {link} data received",
-                            NVLINK_RECEIVE, 0, _COUNTER_MAX - 2, times=_KIB, scope=link, label_values=(str(link),)))
-        fields += [Field(field_id, f"NVLink {error} errors (NVLink5)", NVLINK_ERRORS, 0, _COUNTER_MAX - 2,
-                         scope=link, label_values=(str(link), error)) for error, field_id in NVLINK5_ERROR_FIELDS]
-    return fields
 
 
 def utilization_probe() -> Probe:
@@ -462,7 +414,7 @@ class Field:
 
 
 def _ecc(field_id: int, error: str, scope: str) -> Field:
-    return Field(field_id, f"ECC {error} {scope}", ECC_ERRORS, 0, _COUNTER_MAX - 2, label_values=(error, scope))
+    return Field(field_id, f"ECC {error} {scope}", ECC_ERRORS, 0, COUNTER_MAX - 2, label_values=(error, scope))
 
 
 FIELDS: tuple[Field, ...] = (
@@ -487,14 +439,14 @@ FIELDS: tuple[Field, ...] = (
           label_values=("double_bit",)),
     Field(pynvml.NVML_FI_DEV_RETIRED_PENDING, "retired pages pending", RETIRED_PAGES_PENDING, 0, 1),
     Field(pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, "recovery action", DRIVER_RECOVERY_ACTION, 0, 7),
-    Field(pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, "PCIe replays", PCIE_REPLAYS, 0, _COUNTER_MAX - 2, slow=True),
+    Field(pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, "PCIe replays", PCIE_REPLAYS, 0, COUNTER_MAX - 2, slow=True),
     # Zero on almost every GPU for its whole life: a series only from the first rollover on (low 1), so that
     # the node stays within its series budget. Field 95 in nvml.h and in nvidia-ml-py alike.
     Field(pynvml.NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER, "PCIe replay rollovers", PCIE_REPLAY_ROLLOVERS, 1,
-          _COUNTER_MAX - 2, slow=True),
+          COUNTER_MAX - 2, slow=True),
     # Likewise (field 160, "NVLink data ECC Error Counter total for all Links" in both).
     Field(pynvml.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL, "NVLink data ECC errors", NVLINK_ECC_ERRORS, 1,
-          _COUNTER_MAX - 2),
+          COUNTER_MAX - 2),
 )
 
 _FIELD_MEMBERS = {

@@ -29,6 +29,7 @@ import pynvml
 
 from gpufleet.exporter.gpu.gpm import GpmMetric, GpmReader
 from gpufleet.exporter.gpu.mig import MigReader
+from gpufleet.exporter.gpu.nvlink import nvlink_fields, nvlink_probes
 from gpufleet.exporter.gpu.nvml import DEVICE_LOST, DRIVER_LOST, TRANSIENT, UNSUPPORTED, Backoff, as_text
 from gpufleet.exporter.gpu.probes import (
     ECC_ENABLED,
@@ -38,8 +39,6 @@ from gpufleet.exporter.gpu.probes import (
     Field,
     Probe,
     Reading,
-    nvlink_fields,
-    nvlink_probes,
     read_fields,
     utilization_probe,
 )
