@@ -31,7 +31,6 @@ the commit whose tree ran: the GPU machine gets the files without their history.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -45,7 +44,7 @@ def merge(source: Path, commit: str, target: Path) -> None:
     for run in runs:
         if commit:
             run["commit"], run["changed"] = commit, False
-    target.write_text(json.dumps({"bench": "gpu_check", "runs": [*results.load(target), *runs]}, indent=1) + "\n")
+    results.append("gpu_check", runs, target)
     print(f"{len(runs)} run(s) appended to {target}", file=sys.stderr)
 
 

@@ -77,11 +77,15 @@ def record(bench: str, figures: Mapping[str, Value], tables: Mapping[str, Table]
     }
     if notes:
         entry["notes"] = notes
-    runs = load(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"bench": bench, "runs": [*runs, entry]}, indent=1) + "\n")
+    append(bench, [entry], path)
     print(f"figures appended to {path}", file=sys.stderr)
     return path
+
+
+def append(bench: str, runs: Sequence[dict[str, Any]], path: Path) -> None:
+    """Add `runs` after those the results file at `path` holds already."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"bench": bench, "runs": [*load(path), *runs]}, indent=1) + "\n")
 
 
 def load(path: Path) -> list[dict[str, Any]]:
