@@ -32,7 +32,7 @@ from gpufleet.devtools.net import free_port
 from gpufleet.devtools.processes import Server
 from gpufleet.devtools.programs import prometheus, prometheus_config, scrape_jobs, simulator, victoria_metrics, vmagent
 from gpufleet.devtools.prom import query_value
-from gpufleet.devtools.resources import cpu_seconds, peak_rss_mib
+from gpufleet.devtools.resources import cpu_seconds, disk_bytes, peak_rss_mib
 from gpufleet.devtools.waiting import wait_for
 from gpufleet.duration import parse as parse_duration
 
@@ -55,10 +55,6 @@ class Program:
 
     def metric(self, promql: str) -> float:
         return query_value(self.source, promql) or 0.0
-
-
-def disk_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def start_stores(stack: contextlib.ExitStack, workdir: Path, targets: Path) -> list[Program]:

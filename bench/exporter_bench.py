@@ -55,7 +55,7 @@ from gpufleet.devtools.nodes import series_by_family, write_bench_sysfs
 from gpufleet.devtools.paths import FIXTURE_SYSFS, ROOT
 from gpufleet.devtools.processes import Server, serving
 from gpufleet.devtools.programs import binary, exporter, node_exporter
-from gpufleet.devtools.resources import cpu_seconds, peak_rss_mib, status_mib
+from gpufleet.devtools.resources import cpu_seconds, disk_bytes, peak_rss_mib, status_mib
 from gpufleet.devtools.stats import percentile
 from gpufleet.devtools.waiting import HarnessError
 from gpufleet.exporter.collector.gpu import GpuCollector
@@ -240,10 +240,6 @@ def compare(ours: Server, theirs: Server, cpu_window: float) -> dict[str, result
             "gpufleet peak RSS (MiB)": peaks[0], "node_exporter peak RSS (MiB)": peaks[1]}
 
 
-def _tree_mib(path: Path) -> float:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) / 2**20
-
-
 def install_figures() -> dict[str, float]:
     """The lean and the full install's size on disk, and the lean exporter's import time and first memory."""
     figures: dict[str, float] = {}
@@ -252,7 +248,7 @@ def install_figures() -> dict[str, float]:
             venv = Path(tmp) / name
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
             subprocess.run([str(venv / "bin" / "pip"), "install", "-q", target], check=True, timeout=900)
-            figures[f"installed size, {name} (MiB)"] = round(_tree_mib(venv), 1)
+            figures[f"installed size, {name} (MiB)"] = round(disk_bytes(venv) / 2**20, 1)
             print(f"installed size, pip install {'.' if name == 'lean' else '.[all]'}: "
                   f"{figures[f'installed size, {name} (MiB)']:.1f} MiB")
         python = str(Path(tmp) / "lean" / "bin" / "python")

@@ -23,6 +23,12 @@ def peak_rss_mib(pid: int) -> float:
     return peak if peak is not None else psutil.Process(pid).memory_info().rss / 2**20
 
 
+def disk_bytes(path: Path) -> int:
+    """What the files under `path` take, each counted once: a link (a virtual environment's interpreter) is not
+    followed to what it names."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
 def cpu_seconds(process: psutil.Process) -> float:
     """User and system CPU seconds the process has used."""
     times = process.cpu_times()
