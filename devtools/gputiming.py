@@ -19,7 +19,8 @@ from gpufleet.devtools import smi
 from gpufleet.devtools.gpureport import Options, Report, initialised
 from gpufleet.devtools.results import Table
 from gpufleet.devtools.stats import percentile
-from gpufleet.exporter.collector.gpu import GpuCollector
+from gpufleet.exporter import node
+from gpufleet.exporter.collector.gpu import GpuCollector, slow_every
 from gpufleet.exporter.gpu.gpm import METRICS, GpmReader
 from gpufleet.exporter.gpu.nvml import Nvml
 from gpufleet.exporter.gpu.probes import FIELDS, PROBES, read_fields, utilization_probe
@@ -109,8 +110,8 @@ def _collections(nvml: Nvml, rounds: int, slow_every: int) -> Durations:
 
 def _time_alternatives(nvml: Any, handle: Any, times: int, calls: dict[str, Durations]) -> None:
     """Calls the exporter does not make but could, for what its dearest calls read: the energy counter through
-    its own function, the newest utilisation sample alone, the violation counters' cheap sibling. Only where the
-    library has them (the simulated one does not)."""
+    its own function, only the last second's utilisation samples, and the power reading energy could be integrated
+    from. Only where the library has them (the simulated one does not)."""
     now_us = int(time.time() * 1e6)
     for name, arguments in (("nvmlDeviceGetTotalEnergyConsumption", (handle,)),
                             ("nvmlDeviceGetSamples", (handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, now_us - 1_000_000)),
@@ -134,12 +135,13 @@ def timing(nvml: Nvml, options: Options, report: Report) -> None:
     f["GPU collection p99 (ms)"] = round(percentile(wall, 0.99), 2)
     f["GPU collection CPU mean (ms)"] = round(1000 * _mean(every.cpu), 2)
     f["GPU collection CPU without the slow reads (ms)"] = round(1000 * _mean(fast.cpu), 2)
-    # At the default flags (every 5 s, the slow reads every 15 s), per GPU and for an 8-GPU node, as a share of one
-    # core: the exporter's budget is 1 % for everything.
-    per_collection = _mean(fast.cpu) + (_mean(every.cpu) - _mean(fast.cpu)) / 3
-    gpus = len(every.gpus) or 1
-    f["GPU collection CPU at default flags, per GPU (share of a core)"] = round(per_collection / 5.0 / gpus, 5)
-    f["GPU collection CPU at default flags, 8 GPUs (share of a core)"] = round(8 * per_collection / 5.0 / gpus, 4)
+    # At the default flags, per GPU and for an 8-GPU node, as a share of one core: the exporter's budget is 1 % for
+    # everything.
+    defaults = node.defaults()
+    per_collection = _mean(fast.cpu) + (_mean(every.cpu) - _mean(fast.cpu)) / slow_every(defaults)
+    per_gpu = per_collection / defaults.collector_gpu_interval / (len(every.gpus) or 1)
+    f["GPU collection CPU at default flags, per GPU (share of a core)"] = round(per_gpu, 5)
+    f["GPU collection CPU at default flags, 8 GPUs (share of a core)"] = round(8 * per_gpu, 4)
     calls: dict[str, Durations] = defaultdict(Durations)
     with initialised(nvml) as handles:
         for index, handle in enumerate(handles):
@@ -156,5 +158,5 @@ def timing(nvml: Nvml, options: Options, report: Report) -> None:
     query = [options.nvidia_smi, f"--query-gpu={','.join(smi.FIELDS)}", "--format=csv,noheader,nounits"]
     runs = [1000 * d for d in _timed(lambda: subprocess.run(query, capture_output=True, timeout=60),
                                      options.smi_rounds).wall]
-    f["nvidia-smi query mean (ms)"] = round(sum(runs) / len(runs), 1)
+    f["nvidia-smi query mean (ms)"] = round(_mean(runs), 1)
     f["nvidia-smi query max (ms)"] = round(max(runs), 1)

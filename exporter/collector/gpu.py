@@ -141,6 +141,12 @@ def add_jobs(families: FamilySet, attribution: Attribution) -> None:
     families.add(memory)
 
 
+def slow_every(args: argparse.Namespace) -> int:
+    """How many GPU collections the flags' slow interval spans: the slow reads come at every this many."""
+    every: int = max(1, round(args.gpu_slow_interval / args.collector_gpu_interval))
+    return every
+
+
 class GpuCollector:
     name: ClassVar[str] = "gpu"
     default_interval: ClassVar[float] = 5.0
@@ -214,8 +220,7 @@ class GpuCollector:
         mapping = DiskTree(args.job_mapping_dir) if args.job_mapping_dir else None
         jobs = JobAttribution(hardware.procfs, mapping, args.gpu_process_memory, pod_resources)
         gpm = metric_set(args.gpu_gpm_detail) if args.gpu_gpm else ()
-        slow_every = max(1, round(args.gpu_slow_interval / args.collector_gpu_interval))
-        session = NvmlSession(hardware.nvml, gpm=gpm, slow_every=slow_every)
+        session = NvmlSession(hardware.nvml, gpm=gpm, slow_every=slow_every(args))
         return cls(session, sysfs=hardware.sysfs, procfs=hardware.procfs, jobs=jobs, xids=ledger, xid_sources=sources,
                    nvlink_per_link=args.gpu_nvlink_per_link, state=hardware.state)
 
