@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -32,7 +32,7 @@ from gpufleet.devtools.processes import Server, serving
 from gpufleet.devtools.programs import gpufleet_command
 from gpufleet.devtools.resources import cpu_seconds, peak_rss_mib, status_mib
 from gpufleet.devtools.results import Table
-from gpufleet.devtools.waiting import wait_for
+from gpufleet.devtools.waiting import HarnessError, wait_for
 from gpufleet.exporter.gpu.nvml import Nvml, as_text
 from gpufleet.exporter.gpu.probes import FIELDS, PROBES, utilization_probe
 from gpufleet.exporter.gpu.session import cuda_version
@@ -57,6 +57,8 @@ _FABRIC_STATES = {pynvml.NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: "not supported",
                   pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED: "not started",
                   pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS: "in progress",
                   pynvml.NVML_GPU_FABRIC_STATE_COMPLETED: "completed"}
+
+
 def library(options: Options) -> Nvml:
     """The NVML library the check reads in this process: the driver's, or simulated boards."""
     if options.backend == "sim":
@@ -185,21 +187,15 @@ def pager(nvml: Nvml, options: Options, report: Report) -> None:
     watcher = NvmlXidWatcher(nvml, ledger, wait_ms=200)
     watcher.start()
     try:
-        registered = _within(lambda: ledger.watching, 5.0)
+        wait_for(lambda: ledger.watching, 5.0, "the XID watcher's registration", interval=0.05)
+        f["XID watcher registered"] = "yes"
+    except HarnessError as err:
+        f["XID watcher registered"] = "no"
+        report.failures.append(str(err))
     finally:
         watcher.stop()
-    f["XID watcher registered"] = "yes" if registered else "no"
-    if not registered:
-        report.failures.append("the XID watcher did not register NVML events within 5 s")
 
 
-def _within(check: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return check()
 @contextlib.contextmanager
 def running(options: Options, *flags: str) -> Iterator[Server]:
     """`gpufleet exporter` on this machine's GPUs (or simulated ones), once its first GPU collection is served."""
@@ -298,6 +294,8 @@ def against_smi(server: Server, options: Options, report: Report, phase: str) ->
         if v.verdict in ("differs", "exporter lacks it"):
             report.failures.append(f"{phase}: GPU {v.gpu} {v.field}: nvidia-smi {v.smi!r}, exporter {v.exporter!r} "
                                    f"({v.verdict}, window {v.window or 'none'})")
+
+
 def gpu_tests(options: Options, report: Report) -> None:
     """The tests marked `gpu`, in the files that have them: the others need packages the GPU machine lacks."""
     files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")

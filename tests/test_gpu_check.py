@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gpufleet.devtools import smi
 from gpufleet.devtools.paths import FIXTURES, ROOT
+
+from helpers import parse
 
 H200 = FIXTURES / "gpu-check"
 REFUSED_ON_H200 = ["fan.speed", "retired_pages.single_bit_ecc.count", "retired_pages.double_bit.count",
@@ -25,9 +26,7 @@ REFUSED_ON_H200 = ["fan.speed", "retired_pages.single_bit_ecc.count", "retired_p
 
 
 def h200() -> tuple[list[dict[str, str]], dict[tuple[str, frozenset[tuple[str, str]]], float]]:
-    text = (H200 / "h200-metrics.txt").read_text()
-    samples = {(s.name, frozenset(s.labels.items())): s.value
-               for family in text_string_to_metric_families(text) for s in family.samples}
+    samples = parse((H200 / "h200-metrics.txt").read_text())
     return smi.parse((H200 / "h200-nvidia-smi.csv").read_text(), smi.FIELDS), samples
 
 
