@@ -25,9 +25,10 @@ from gpufleet.alerts.rule import record
 LABELS = "gpu:gpufleet_dcgm_labels:info"
 INFO = "gpu:gpufleet_dcgm_info:info"  # LABELS without the job's, recorded first so that LABELS reads it twice cheaply.
 XID_LATEST = "gpu:gpufleet_xid_latest:timestamp"
-# dcgm-exporter's labels that the layer adds to every field, from LABELS.
-DCGM_LABELS = ("UUID", "modelName", "device", "pci_bus_id", "DCGM_FI_DRIVER_VERSION", "Hostname", "pod", "namespace",
-               "hpc_job")
+# dcgm-exporter's labels that the layer adds to every field, from LABELS: the GPU's, and those of its job.
+GPU_LABELS = ("UUID", "modelName", "device", "pci_bus_id", "DCGM_FI_DRIVER_VERSION", "Hostname")
+JOB_LABELS = ("pod", "namespace", "hpc_job")
+DCGM_LABELS = GPU_LABELS + JOB_LABELS
 MIB = 1024 * 1024
 FIELDS_INTERVAL = "30s"  # dcgm-exporter's own default collection interval.
 LABELS_INTERVAL = "1m"
@@ -105,7 +106,7 @@ def _info(c: Config) -> str:
                                                ("DCGM_FI_DRIVER_VERSION", "$1", "driver_version", "(.*)"),
                                                ("Hostname", "$1", "instance", "([^:]+)(:[0-9]+)?")):
         info = f'label_replace({info}, "{target}", "{replacement}", "{source}", "{regex}")'
-    return f"max by ({c.by('instance', 'gpu', 'uuid')}, {', '.join(DCGM_LABELS[:6])}) ({info})"
+    return f"max by ({c.by('instance', 'gpu', 'uuid')}, {', '.join(GPU_LABELS)}) ({info})"
 
 
 def _labels(c: Config) -> str:
@@ -115,7 +116,7 @@ def _labels(c: Config) -> str:
     batch = c.metric("gpufleet_gpu_job_info", 'scheduler!="kubernetes"')
     pods = c.metric("gpufleet_gpu_job_info", 'scheduler="kubernetes"')
     one_job = f'topk by ({gpu}) (1, label_replace({batch}, "hpc_job", "$1", "job_id", "(.+)") or {pods})'
-    return f"{INFO} * on ({gpu}) group_left (pod, namespace, hpc_job) {one_job} or on ({gpu}) {INFO}"
+    return f"{INFO} * on ({gpu}) group_left ({', '.join(JOB_LABELS)}) {one_job} or on ({gpu}) {INFO}"
 
 
 def _xid(c: Config) -> str:
