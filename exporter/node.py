@@ -71,11 +71,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         collector.add_arguments(group)
 
 
-def defaults() -> argparse.Namespace:
-    """Every flag of `add_arguments` at its default: a node as `gpufleet exporter` runs it unconfigured."""
+def defaults(*flags: str) -> argparse.Namespace:
+    """Every flag of `add_arguments` at its default but `flags`: a node as `gpufleet exporter` runs it with them."""
     parser = argparse.ArgumentParser(add_help=False)
     add_arguments(parser)
-    return parser.parse_args([])
+    return parser.parse_args(list(flags))
 
 
 def hardware(args: argparse.Namespace) -> Hardware:

@@ -6,6 +6,10 @@ Two traps are handled here rather than left to PromQL: the data counters count
 4-byte words, not bytes, and the 32-bit `counters/` files saturate on busy
 links, so the 64-bit `counters_ext/*_64` file is preferred where it exists.
 
+Beside node_exporter (`--collector.infiniband.beside-node-exporter`), what its infiniband collector exports
+(the HCA's info, each port's state, rate and `counters/`) is read but not exported, so that no series is stored
+twice: only what it lacks is, the `hw_counters/` (RoCE), each port's link layer and the two kept facts below.
+
 Two facts a port's state and rate alone do not tell, kept in the exporter's state file so that a restart or
 a reboot does not forget them: whether the port has ever been ACTIVE (a port that never was is uncabled, not
 broken), and the rate it is known to reach (the fastest it has run at, or the fastest active port of the
@@ -109,8 +113,9 @@ class InfinibandCollector(SysfsCollector):
     default_interval = 5.0
 
     def __init__(self, sysfs: Tree, include: re.Pattern[str] | None = None, exclude: re.Pattern[str] | None = None,
-                 state: PersistentState | None = None) -> None:
+                 state: PersistentState | None = None, beside_node_exporter: bool = False) -> None:
         super().__init__(sysfs)
+        self.beside_node_exporter = beside_node_exporter
         self.include = include
         self.exclude = exclude
         self.state = state or PersistentState()
@@ -125,12 +130,17 @@ class InfinibandCollector(SysfsCollector):
                             default="", metavar="REGEX",
                             help="leave out HCAs whose name matches, such as one not in use; empty keeps all "
                                  "(default: empty)")
+        parser.add_argument("--collector.infiniband.beside-node-exporter", dest="infiniband_beside_node_exporter",
+                            action="store_true",
+                            help="export only what node_exporter's infiniband collector does not: hw_counters, "
+                                 "link layers, and which ports have been ACTIVE and how fast (docs: "
+                                 "exporter/node-exporter.md)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, hardware: Hardware) -> InfinibandCollector:
         exclude = args.infiniband_device_exclude
         return cls(hardware.sysfs, args.infiniband_device_include, exclude if exclude.pattern else None,
-                   hardware.state)
+                   hardware.state, args.infiniband_beside_node_exporter)
 
     def wanted(self, device: str) -> bool:
         if self.include is not None and not self.include.search(device):
@@ -139,18 +149,20 @@ class InfinibandCollector(SysfsCollector):
 
     def read(self, sysfs: SysfsReader, families: FamilySet) -> None:
         ports: list[_Port] = []
+        # Where node_exporter exports them, the info, states, rates and counters go to a set nobody reads.
+        shared = FamilySet() if self.beside_node_exporter else families
         for device in sysfs.listdir("class/infiniband"):
             if not self.wanted(device):
                 continue
             base = f"class/infiniband/{device}"
             info = {f: sysfs.text(f"{base}/{f}") or "" for f in ("board_id", "fw_ver", "hca_type", "node_guid")}
-            families.gauge(
+            shared.gauge(
                 "gpufleet_infiniband_info",
                 "HCA metadata; the value is always 1.",
                 ("device", "board_id", "firmware_version", "hca_type", "node_guid"),
             ).add_metric([device, *info.values()], 1.0)
             for port in sysfs.listdir(f"class/infiniband/{device}/ports"):
-                state, rate = self._collect_port(sysfs, families, device, port)
+                state, rate = self._collect_port(sysfs, families, shared, device, port)
                 ports.append(_Port(device, port, f"{info['node_guid'] or device}/{port}",
                                    f"{info['hca_type']} {info['board_id']}", state == _ACTIVE, rate))
         self._add_known(ports, families)
@@ -181,9 +193,10 @@ class InfinibandCollector(SysfsCollector):
                 capability.add_metric([port.device, port.port], fastest)
         self.state.update(self.name, {"ports": {key: [bool(v[0]), v[1]] for key, v in sorted(self.known.items())}})
 
-    def _collect_port(self, sysfs: SysfsReader, families: FamilySet, device: str,
+    def _collect_port(self, sysfs: SysfsReader, families: FamilySet, shared: FamilySet, device: str,
                       port: str) -> tuple[float | None, float | None]:
-        """Export one port's state, rate and counters; returns its logical state and rate, where read."""
+        """Export one port's state, rate and counters (into `shared`, node_exporter's part) and its link layer
+        and hardware counters; returns its logical state and rate, where read."""
         port_dir = f"class/infiniband/{device}/ports/{port}"
         labels = [device, port]
         speed = None
@@ -193,13 +206,13 @@ class InfinibandCollector(SysfsCollector):
             match = _RATE.match(rate)
             if match:
                 speed = float(match.group(1)) * _BYTES_PER_GIGABIT
-                families.gauge(
+                shared.gauge(
                     "gpufleet_infiniband_rate_bytes_per_second", "Port link rate.", _PORT_LABELS
                 ).add_metric(labels, speed)
             else:
                 sysfs.problems.append(f"{port_dir}/rate: unrecognised rate {rate[:40]!r}")
 
-        state = _add_states(sysfs, families, port_dir, labels)
+        state = _add_states(sysfs, shared, port_dir, labels)
 
         link_layer = sysfs.text(f"{port_dir}/link_layer")
         if link_layer is not None:
@@ -209,7 +222,8 @@ class InfinibandCollector(SysfsCollector):
                 ("device", "port", "link_layer"),
             ).add_metric([*labels, link_layer], 1.0)
 
-        for name, path in _counter_files(sysfs, port_dir).items():
+        counters = {} if self.beside_node_exporter else _counter_files(sysfs, port_dir)  # Nothing else needs them.
+        for name, path in counters.items():
             value = sysfs.counter(path)
             if value is None:
                 continue
@@ -217,7 +231,7 @@ class InfinibandCollector(SysfsCollector):
             if name in _WORD_COUNTERS:
                 value *= _BYTES_PER_WORD
                 metric += "_bytes"
-            families.counter(
+            shared.counter(
                 f"gpufleet_infiniband_{metric}_total", f"Port counter {name}.", _PORT_LABELS
             ).add_metric(labels, value)
 
