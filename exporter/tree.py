@@ -126,7 +126,7 @@ class MemoryTree:
 
     def _node(self, path: str) -> _Node:
         node: _Node = self._root
-        for part in path.split("/"):
+        for part in path.split("/") if path else ():  # "" is the root, as DiskTree reads it.
             if isinstance(node, _Link):  # Links lead outside the tree, as sysfs's lead to devices.
                 raise _missing(path)
             if not isinstance(node, dict):  # A file on the way down, as the kernel answers.

@@ -7,10 +7,12 @@ import asyncio
 import gc
 import logging
 import sys
+from pathlib import Path
 
 from aiohttp import web
 
 from gpufleet import topology
+from gpufleet.alerts import node_exporter
 from gpufleet.exporter.server import serve_until_signalled
 from gpufleet.flags import duration, listen_address, positive_int
 from gpufleet.logfmt import configure_logging
@@ -104,6 +106,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                              "their place after a short gap (default: jobs never end)")
     parser.add_argument("--missed-scrapes", dest="missed_scrapes", type=_share, default=0.0, metavar="SHARE",
                         help="share of scrapes answered with an error, drawn from --seed (default: none)")
+    parser.add_argument("--node-exporter-root", dest="node_exporter_root", type=Path, metavar="DIR",
+                        help="write each node's sysfs and procfs to DIR/<node>/sys and DIR/<node>/proc for a "
+                             "node_exporter to read, and run its exporter as beside one (docs: "
+                             "exporter/node-exporter.md)")
     parser.add_argument("--collect-interval", type=duration, default=15.0, metavar="DURATION",
                         help="collect every node once per this interval, spread over it, no collector of a node less "
                              "often; scrapes are served from the latest collection (default: %(default)gs)")
@@ -152,8 +158,10 @@ def run(args: argparse.Namespace) -> int:
     except LayoutError as err:
         print(f"gpufleet simulate: error: layout {args.layout}: {err}", file=sys.stderr)
         return 1
+    beside = node_exporter.EXPORTER_FLAGS if args.node_exporter_root else ()
     fleet = Fleet(args.nodes, args.gpus_per_node, seed=args.seed, layout=layout, job_lifetime=args.job_lifetime,
-                  exporter_flags=collector_flags(args.collect_interval), storage_hca=args.storage_hca)
+                  exporter_flags=collector_flags(args.collect_interval, *beside), storage_hca=args.storage_hca,
+                  mirror_root=args.node_exporter_root)
     if args.topology:
         try:
             fleet.place(topology.load(args.topology).nodes)

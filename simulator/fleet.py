@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import InitVar, dataclass, field, replace
+from pathlib import Path
 
 from prometheus_client import ProcessCollector
 from prometheus_client.metrics_core import Metric
@@ -40,6 +41,7 @@ from gpufleet.simulator.fault_effects import FaultEffects
 from gpufleet.simulator.faults import RESTARTS, Fault
 from gpufleet.simulator.faults import FaultKind as Kind
 from gpufleet.simulator.layout import Job, draw
+from gpufleet.simulator.mirror import Mirror
 from gpufleet.simulator.node_state import NodeState
 from gpufleet.simulator.node_sysfs import ETHERNET, NodeSysfs
 from gpufleet.simulator.workload import Workload, spread
@@ -53,7 +55,7 @@ def node_names(count: int) -> list[str]:
     return [f"gpu-node-{index:04d}" for index in range(1, count + 1)]
 
 
-def collector_flags(collect_interval: float = math.inf) -> argparse.Namespace:
+def collector_flags(collect_interval: float = math.inf, *flags: str) -> argparse.Namespace:
     """The exporter's defaults, with no collector's interval longer than the fleet's collection (without one, the
     exporter's own intervals).
 
@@ -61,13 +63,13 @@ def collector_flags(collect_interval: float = math.inf) -> argparse.Namespace:
     times faster than production). A GPU collector left on its five seconds would then sample a training
     step about once a step, where production's 15-second scrapes see a 40-second step three times.
     """
-    flags = exporter_node.defaults()
-    for name, value in vars(flags).items():
+    args = exporter_node.defaults(*flags)
+    for name, value in vars(args).items():
         if name.startswith("collector_") and name.endswith("_interval"):
-            setattr(flags, name, min(value, collect_interval))
+            setattr(args, name, min(value, collect_interval))
     # A visit runs each due collector once, so the GPU reads everything it reads at every visit.
-    flags.gpu_slow_interval = flags.collector_gpu_interval
-    return flags
+    args.gpu_slow_interval = args.collector_gpu_interval
+    return args
 
 
 def _collect_each(collectors: Sequence[ScheduledCollector]) -> None:
@@ -102,6 +104,7 @@ class Node:
         self.procfs = MemoryTree()
         self.procfs.set("stat", lambda: f"btime {self.state.boot_time()}\n")
         self.sysfs_files = NodeSysfs(self.state, self.workload, self.boards, self.sysfs, fleet.storage_hca)
+        self.procfs.set("net/dev", self.sysfs_files.net_dev)
         self.ports = self.sysfs_files.ib_ports + tuple(ETHERNET)
         # Its kept state lives in memory, as the exporter's would on the node's disk: a restart reads it back.
         self.store = MemoryStore()
@@ -111,6 +114,11 @@ class Node:
         self.collectors = exporter_node.build(fleet.exporter_flags, self.hardware)
         self._last_tick = [-_FOREVER] * len(self.collectors)
         self.exposition = Exposition(self.collectors, fleet.process_metrics, self.hardware.state)
+        root = fleet.mirror_root
+        self.mirrors = [Mirror(self.sysfs, root / name / "sys"), Mirror(self.procfs, root / name / "proc")] if root \
+            else []
+        for mirror in self.mirrors:  # Whole before the fleet's clock starts; a collection then changes little.
+            mirror.sync()
 
     @property
     def leaf(self) -> str | None:
@@ -204,6 +212,8 @@ class Node:
                 if collector in due:
                     self._last_tick[position] = started
             _collect_each(due)
+            for mirror in self.mirrors:
+                mirror.sync()
             self.collected = True
 
     async def scrape(self, now: float, wall: Callable[[], float]) -> bytes:
@@ -271,6 +281,9 @@ class Fleet:
     # Mean simulated seconds a job lasts before another takes its nodes (see `churn`); None: jobs never end.
     job_lifetime: InitVar[float | None] = None
     churn: Churn | None = field(default=None, init=False)
+    # Where each node's sysfs and procfs are written out as files (`<root>/<node>/sys`, `.../proc`) for a
+    # node_exporter to read; None: nowhere.
+    mirror_root: Path | None = None
 
     def __post_init__(self, layout: Sequence[Job] | None, job_lifetime: float | None) -> None:
         names = node_names(self.node_count)

@@ -157,6 +157,7 @@ class NodeSysfs:
         tree.set(f"{meter}/power1_average_interval", "1000")
         tree.set(f"{meter}/power1_cap", str(int(1e6 * NODE_POWER_CAP_WATTS)))
         tree.set("class/thermal/thermal_zone0/type", "x86_pkg_temp")
+        tree.set("class/thermal/thermal_zone0/policy", "step_wise")
         tree.set("class/thermal/thermal_zone0/temp", lambda: str(1000 * (44 + (9 if self.workload.job else 0))))
         for board in self.boards:
             address = board.pci_bus_id.removeprefix("0000")
@@ -165,6 +166,19 @@ class NodeSysfs:
         for switch in range(4):
             tree.set(f"bus/pci/devices/0000:{5 + switch:02x}:00.0/vendor", "0x10de")
             tree.set(f"bus/pci/devices/0000:{5 + switch:02x}:00.0/class", "0x068000")
+
+    def net_dev(self) -> str:
+        """/proc/net/dev: each interface's statistics as the kernel lists them, which node_exporter reads."""
+        lines = ["Inter-|   Receive                                                |  Transmit",
+                 " face |bytes    packets errs drop fifo frame compressed multicast|"
+                 "bytes    packets errs drop fifo colls carrier compressed"]
+        for interface in ETHERNET:
+            statistics = f"class/net/{interface}/statistics"
+            read = [self.tree.read(f"{statistics}/{direction}_{name}").decode().strip()
+                    for direction in ("rx", "tx") for name in ("bytes", "packets", "errors", "dropped")]
+            receive, transmit = read[:4], read[4:]
+            lines.append(f"{interface:>6}: {' '.join(receive)} 0 0 0 0 {' '.join(transmit)} 0 0 0 0")
+        return "\n".join(lines)
 
     def unplug(self, board: SimulatedGpu) -> None:
         """A board taken out: gone from the PCI bus."""
@@ -182,9 +196,10 @@ class NodeSysfs:
         tree.set(f"{ports}/link_layer", "InfiniBand")
         tree.set(f"{ports}/state", lambda: "1: DOWN" if self.ib_down(port) else "4: ACTIVE")
         tree.set(f"{ports}/phys_state", lambda: "2: Polling" if self.ib_down(port) else "5: LinkUp")
+        # 64 bits wide, as a current kernel fills them from the HCA's extended counters.
         for direction, name in (("tx", "xmit"), ("rx", "rcv")):
-            tree.set(f"{ports}/counters_ext/port_{name}_data_64", _text(self.ib_units, port, direction, 4))
-            tree.set(f"{ports}/counters_ext/port_{name}_packets_64", _text(self.ib_units, port, direction, 4096))
+            tree.set(f"{ports}/counters/port_{name}_data", _text(self.ib_units, port, direction, 4))
+            tree.set(f"{ports}/counters/port_{name}_packets", _text(self.ib_units, port, direction, 4096))
         tree.set(f"{ports}/counters/port_xmit_wait", _text(self._ib_xmit_wait, port))
         tree.set(f"{ports}/counters/symbol_error", _text(self.state.counted, Kind.SYMBOL_ERRORS, None, port))
         tree.set(f"{ports}/counters/link_downed", _text(self.ib_link_downed, port))

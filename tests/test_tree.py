@@ -1,4 +1,4 @@
-"""MemoryTree answers as the same files on disk do, through set, replace and remove."""
+"""MemoryTree answers as the same files on disk do, through set, replace and remove; and a Mirror writes one out."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.exporter.tree import DiskTree, MemoryTree, Tree
+from gpufleet.simulator.mirror import Mirror
 
 
 def _answer(tree: Tree, path: str) -> bytes | int:
@@ -81,3 +82,26 @@ def test_a_link_is_not_a_file():
     assert tree.readlink("class/net/eth0/device") == "../../../0000:17:00.0"
     with pytest.raises(IsADirectoryError):
         tree.read("class/net/eth0")
+
+
+def test_a_mirror_writes_the_tree_out_and_follows_its_changes(tmp_path):
+    """The simulator's copy for node_exporter: files as they read now, links as symlinks whose targets resolve,
+    and what the tree drops dropped on disk too."""
+    count = [7]
+    tree = MemoryTree()
+    tree.set("class/net/eth0/statistics/rx_bytes", lambda: str(count[0]))
+    tree.set("class/hwmon/hwmon0/name", "coretemp")
+    tree.link("class/hwmon/hwmon0/device", "../../../coretemp.0")
+    tree.set("bus/pci/devices/0000:18:00.0/vendor", "0x10de")
+    mirror = Mirror(tree, tmp_path)
+    mirror.sync()
+    assert (tmp_path / "class/net/eth0/statistics/rx_bytes").read_text() == "7\n"
+    assert (tmp_path / "class/hwmon/hwmon0/device").resolve() == (tmp_path / "coretemp.0").resolve()
+    assert (tmp_path / "class/hwmon/hwmon0/device").is_symlink()
+    assert DiskTree(tmp_path).read("class/hwmon/hwmon0/name") == tree.read("class/hwmon/hwmon0/name")
+    count[0] = 8
+    tree.remove("bus/pci/devices/0000:18:00.0")
+    mirror.sync()
+    assert (tmp_path / "class/net/eth0/statistics/rx_bytes").read_text() == "8\n"
+    assert not (tmp_path / "bus/pci/devices/0000:18:00.0/vendor").exists()
+    assert not list(tmp_path.rglob(".*.partial"))
