@@ -37,7 +37,6 @@ WINDOW = "10m"  # Rates and averages span two evaluations, so a late one leaves 
 BUCKETS = 20  # Utilisation buckets 5% wide: quantiles are exact to 5%.
 TIGHT_MEMORY = 0.1  # Free memory share under which an allocated GPU counts as memory-bound.
 CAPPED_POWER = 0.95  # Share of the enforced power limit at which a GPU is likely being capped.
-POWER_METER = 'chip="power_meter"'  # The hwmon chip of a node's own meter (Linux's acpi_power_meter driver).
 GROUP = "gpufleet-capacity-{}"
 
 GPUS = "cluster_name:gpufleet_gpus:count"  # Label `state`: installed, allocated, idle or lost.
@@ -110,7 +109,7 @@ def capacity(c: Config) -> list[dict[str, Any]]:
     # A node's own power meter (ACPI power_meter) counts what the boards' counters leave out: CPUs, NICs,
     # fans. Nodes are filed under their GPUs' model; a node without a meter is counted, never read as 0 W.
     node, node_model = c.by("instance"), f"group by ({c.by('instance')}, name) ({m('gpufleet_gpu_info')})"
-    meter = f"sum by ({node}) ({m('gpufleet_hwmon_power_watts', POWER_METER)})"
+    meter = f"sum by ({node}) ({c.power_meter()})"
     metered = f"{meter} * on ({node}) group_left (name) {node_model}"
     job_key = c.by("scheduler", "job_id")
     # From the raw series, not the first tier's: this group must also be computable alone, over the past

@@ -25,6 +25,7 @@ from typing import Any, TypeAlias
 import yaml
 
 from gpufleet import duration
+from gpufleet.alerts import node_exporter
 
 Duration: TypeAlias = str  # In gpufleet's duration grammar, as PromQL writes it: `15m`, `1h30m`.
 AlertOverrides: TypeAlias = dict[str, dict[str, Any]]  # Alert name -> severity, disabled, labels.
@@ -48,6 +49,10 @@ class Config:
     # The scrape job of the exporters: `up` of other jobs (Prometheus itself, Alertmanager) is not ours.
     exporter_job: str = "gpufleet"
     runbook_url: str = "https://github.com/gpufleet/gpufleet/blob/main/docs/runbooks.md#{anchor}"
+    # The scrape job of node_exporter on the same nodes, for a site that keeps it: the network, InfiniBand,
+    # hwmon and thermal readings are then node_exporter's series of this job (alerts/node_exporter.py), whose
+    # `instance` must name each node as the exporters' does. Empty: gpufleet's own collectors.
+    node_exporter_job: str = ""
     # Every window and `for` duration is divided by this. Only the end-to-end test sets it, so that
     # alerts meant to wait ten minutes wait seconds; the committed file is generated at 1.
     time_scale: float = 1.0
@@ -132,13 +137,42 @@ class Config:
         return ", ".join((self.cluster_label, *labels))
 
     def metric(self, name: str, *matchers: str) -> str:
-        """`name{selector,matchers}`, leaving out what is empty."""
-        inner = ",".join(part for part in (self.selector, *matchers) if part)
-        return f"{name}{{{inner}}}" if inner else name
+        """`name{selector,matchers}`, leaving out what is empty; node_exporter's series where it has this one
+        and the site keeps it."""
+        if self.node_exporter_job and name in node_exporter.NAMES:
+            return _series(node_exporter.NAMES[name], self.node_exporter_selector(), *matchers)
+        return _series(name, self.selector, *matchers)
 
-    def up(self) -> str:
-        """The exporters' `up`: 0 while Prometheus cannot scrape one, and their series are stale."""
-        return self.metric("up", f'job="{self.exporter_job}"')
+    def node_exporter_selector(self) -> str:
+        return f'job="{self.node_exporter_job}"'
+
+    def power_meter(self, *matchers: str) -> str:
+        """Each node's own power meter, in watts. node_exporter names a hwmon chip by its device path (its
+        `chip_names` series carries the driver's name), gpufleet by its driver's name."""
+        chip = node_exporter.POWER_METER_CHIP
+        if not self.node_exporter_job:
+            return self.metric("gpufleet_hwmon_power_watts", *matchers, f'chip="{chip}"')
+        # gpufleet reads a sensor's average where it has no instantaneous input, as a meter often has not.
+        selector = self.node_exporter_selector()
+        watts = (f"({_series('node_hwmon_power_watt', selector, *matchers)} or "
+                 f"{_series('node_hwmon_power_average_watt', selector, *matchers)})")
+        names = _series("node_hwmon_chip_names", selector, *matchers, f'chip_name="{chip}"')
+        return f"{watts} * on ({self.by('instance', 'chip')}) group_left () {names}"
+
+    def up(self, *jobs: str) -> str:
+        """The exporters' `up` (of the scrape `jobs`; gpufleet's by default): 0 while Prometheus cannot scrape
+        one, and its series are stale. Another job's is not narrowed by the selector, which picks gpufleet's."""
+        if not jobs or jobs == (self.exporter_job,):
+            return self.metric("up", f'job="{self.exporter_job}"')
+        return _series("up", f'job="{jobs[0]}"' if len(jobs) == 1 else f'job=~"{"|".join(jobs)}"')
+
+    def node_jobs(self) -> tuple[str, ...]:
+        """The scrape job whose series the network and sensor rules read: node_exporter's beside it."""
+        return (self.node_exporter_job or self.exporter_job,)
+
+    def both_jobs(self) -> tuple[str, ...]:
+        """gpufleet's job, and node_exporter's beside it: for a rule that reads series of both."""
+        return (self.exporter_job, *((self.node_exporter_job,) if self.node_exporter_job else ()))
 
     def runbook(self, alert: str) -> str:
         return self.runbook_url.format(anchor=alert.lower())
@@ -152,6 +186,11 @@ class Config:
 
     def scaled(self, time_scale: float) -> Config:
         return dataclasses.replace(self, time_scale=time_scale)
+
+
+def _series(name: str, *matchers: str) -> str:
+    inner = ",".join(part for part in matchers if part)
+    return f"{name}{{{inner}}}" if inner else name
 
 
 def load(path: str | Path) -> Config:

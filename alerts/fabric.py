@@ -42,9 +42,9 @@ SATURATION_STEP = "15s"
 
 
 def _rate_above(c: Config, name: str, counter: str, per_second: float, summary: str, what: str,
-                severity: str = "warning") -> dict[str, Any]:
-    return alert(c, name, f"rate({c.metric(counter)}[{c.d('5m')}]) > {per_second:g}", severity, summary,
-                 f"{PORT} has {{{{ $value | humanize }}}} {what} per second.", for_="5m")
+                held_by: tuple[str, ...]) -> dict[str, Any]:
+    return alert(c, name, f"rate({c.metric(counter)}[{c.d('5m')}]) > {per_second:g}", "warning", summary,
+                 f"{PORT} has {{{{ $value | humanize }}}} {what} per second.", for_="5m", held_by=held_by)
 
 
 def _leaf_down(c: Config, down: str) -> dict[str, Any]:
@@ -82,7 +82,7 @@ def fabric(c: Config) -> dict[str, Any]:
         # have been, across restarts and reboots, so that a port that died is not taken for one never cabled.
         alert(c, "NicInfinibandPortDown", f"{not_active} unless on ({port}) {unexpected}", "critical",
               "An InfiniBand port is not active.",
-              f"{PORT} is in state {{{{ $value }}}}, not 4 (ACTIVE).", for_="2m"),
+              f"{PORT} is in state {{{{ $value }}}}, not 4 (ACTIVE).", for_="2m", held_by=c.node_jobs()),
         _leaf_down(c, f"{NOT_ACTIVE} unless on ({port}) {unexpected}"),
         # Against the rate the port is known to reach (its own fastest, or its same-model peers'), as the
         # exporter reports it: never against another HCA, such as a slower storage HCA of the same node.
@@ -91,7 +91,7 @@ def fabric(c: Config) -> dict[str, Any]:
               f"{c.metric(ib + 'rate_capability_bytes_per_second')}) unless on ({port}) {NOT_ACTIVE}", "critical",
               "An InfiniBand port runs below the rate it is known to reach.",
               f"{PORT} runs at {{{{ $value | humanize }}}}B/s, below the rate it has run at or its same-model "
-              "peers run at: the link trained down.", for_="5m"),
+              "peers run at: the link trained down.", for_="5m", held_by=c.both_jobs()),
         # Only for a port that is back and was not paged for: a port still down is NicInfinibandPortDown's
         # page, and the link-downs a page already counted would reopen as a ticket once the page resolved.
         # It waits `link_downed_for`, so that a flap pages before its first link-down opens a ticket.
@@ -101,10 +101,10 @@ def fabric(c: Config) -> dict[str, Any]:
               f'alertstate="firing"}}[{c.d(c.link_downed_window)}]))', "warning",
               "An InfiniBand link went down and came back.",
               f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}.",
-              for_=c.link_downed_for),
+              for_=c.link_downed_for, held_by=c.node_jobs()),
         alert(c, "NicInfinibandLinkFlapping", f"{LINK_DOWNS} > {c.link_flaps}", "critical",
               "An InfiniBand link keeps going down.",
-              f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}."),
+              f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}.", held_by=c.node_jobs()),
     ]
     return {"name": "gpufleet-fabric", "rules": rules}
 
@@ -114,6 +114,7 @@ def fabric_trends(c: Config) -> dict[str, Any]:
     evaluated every `TREND_INTERVAL`."""
     ib = "gpufleet_infiniband_"
     node = c.by("instance")
+    nodes = c.node_jobs()  # Whose series these alerts read: node_exporter's beside it.
     # The job with the most GPUs on the node names the training job a saturated port slows down.
     main_job = f"0 * topk by ({node}) (1, {NODE_JOBS})"
     rules = [
@@ -127,10 +128,10 @@ def fabric_trends(c: Config) -> dict[str, Any]:
         alert(c, "NicSaturated",
               f"({SATURATED} unless on ({c.by('instance', 'device', 'port', 'direction')}) "
               f"({LINK_UTILIZATION} > {c.saturation_critical:g} and on ({node}) {NODE_JOBS})) "
-              f"and on ({node}) {c.up()} == 1", "warning",
+              f"and on ({node}) {c.up(*nodes)} == 1", "warning",
               "A network link runs near its speed.",
               f"{_LINK} {{{{ $labels.direction }}}}s at {{{{ $value | humanizePercentage }}}} of its link speed "
-              f"over {c.saturation_window}.", for_=c.saturation_for),
+              f"over {c.saturation_window}.", for_=c.saturation_for, held_by=nodes),
         alert(c, "NicSaturatedTrainingJob",
               f"({SATURATED} > {c.saturation_critical:g}) + on ({node}) "
               f"group_left (scheduler, job_id, namespace, pod) {main_job}", "warning",
@@ -138,20 +139,21 @@ def fabric_trends(c: Config) -> dict[str, Any]:
               f"{_LINK} {{{{ $labels.direction }}}}s at {{{{ $value | humanizePercentage }}}} of its link speed "
               f"over {c.saturation_window} while it runs a "
               "{{ $labels.scheduler }} job{{ with $labels.job_id }} ({{ . }}){{ end }}"
-              "{{ with $labels.pod }} (pod {{ $labels.namespace }}/{{ . }}){{ end }}.", for_=c.saturation_for),
+              "{{ with $labels.pod }} (pod {{ $labels.namespace }}/{{ . }}){{ end }}.", for_=c.saturation_for,
+              held_by=nodes),
         alert(c, "NicInfinibandCongested", congested(c), "warning",
               "An InfiniBand port waits for credits: the fabric is congested.",
               f"{PORT} waited {{{{ $value | humanize }}}} ticks per second to send (port_xmit_wait).",
-              for_="10m"),
+              for_="10m", held_by=nodes),
         _rate_above(c, "NicInfinibandReceiveErrors", ib + "port_rcv_errors_total", c.receive_errors_per_second,
-                    "An InfiniBand port receives malformed packets.", "receive errors"),
+                    "An InfiniBand port receives malformed packets.", "receive errors", nodes),
         _rate_above(c, "NicInfinibandTransmitDiscards", ib + "port_xmit_discards_total",
                     c.transmit_discards_per_second, "An InfiniBand port discards packets it should send.",
-                    "transmit discards"),
+                    "transmit discards", nodes),
         _rate_above(c, "NicRoceOutOfBuffer", ib + "hw_out_of_buffer_total", c.roce_out_of_buffer_per_second,
-                    "A RoCE port drops packets for want of receive buffers.", "out-of-buffer drops"),
+                    "A RoCE port drops packets for want of receive buffers.", "out-of-buffer drops", ()),
         _rate_above(c, "NicRoceSlowRestart", ib + "hw_roce_slow_restart_total", c.roce_slow_restarts_per_second,
-                    "RoCE queue pairs keep falling back to slow restart after packet loss.", "slow restarts"),
+                    "RoCE queue pairs keep falling back to slow restart after packet loss.", "slow restarts", ()),
         alert(c, "NicEthernetErrors",
               f"sum by ({c.by('instance', 'device')}) (rate({c.metric('gpufleet_network_receive_errors_total')}"
               f"[{c.d('5m')}]) + rate({c.metric('gpufleet_network_transmit_errors_total')}[{c.d('5m')}])) / "
@@ -159,24 +161,25 @@ def fabric_trends(c: Config) -> dict[str, Any]:
               f"[{c.d('5m')}]) + rate({c.metric('gpufleet_network_transmit_packets_total')}[{c.d('5m')}])) > "
               f"{c.ethernet_error_share:g}", "warning", "An Ethernet interface has many packet errors.",
               "{{ $labels.device }} of {{ $labels.instance }} errs on {{ $value | humanizePercentage }} "
-              "of its packets.", for_="15m"),
+              "of its packets.", for_="15m", held_by=nodes),
         alert(c, "NicEthernetFlapping", f"changes({c.metric('gpufleet_network_up')}[{c.d('2m')}]) > 2", "warning",
               "An Ethernet interface keeps going up and down.",
               "{{ $labels.device }} of {{ $labels.instance }} changed state {{ $value }} times in 2 minutes.",
-              for_="2m"),
+              for_="2m", held_by=nodes),
         alert(c, "NicInfinibandSymbolErrors",
               f"increase({c.metric(ib + 'symbol_error_total')}[{c.d('1h')}]) > {c.symbol_errors_per_hour}",
               "warning", "An InfiniBand port sees many symbol errors: a bad cable or transceiver.",
-              f"{PORT} had {{{{ $value | humanize }}}} symbol errors in the last hour."),
+              f"{PORT} had {{{{ $value | humanize }}}} symbol errors in the last hour.", held_by=nodes),
         alert(c, "NicInfinibandLinkErrorRecovery",
               f"rate({c.metric(ib + 'link_error_recovery_total')}[{c.d('5m')}]) * 60 > "
               f"{c.link_error_recoveries_per_minute:g}", "warning",
               "An InfiniBand link keeps retraining.",
-              f"{PORT} recovered from link errors {{{{ $value | humanize }}}} times per minute.", for_="5m"),
+              f"{PORT} recovered from link errors {{{{ $value | humanize }}}} times per minute.", for_="5m",
+              held_by=nodes),
         alert(c, "NicInfinibandLinkIntegrityErrors",
               f"increase({c.metric(ib + 'local_link_integrity_errors_total')}[{c.d('15m')}]) > 0 or "
               f"increase({c.metric(ib + 'excessive_buffer_overrun_errors_total')}[{c.d('15m')}]) > 0",
               "warning", "An InfiniBand link broke its integrity or overran its buffers.",
-              f"{PORT} counted link integrity or buffer overrun errors in the last 15m."),
+              f"{PORT} counted link integrity or buffer overrun errors in the last 15m.", held_by=nodes),
     ]
     return {"name": "gpufleet-fabric-trends", "interval": c.d(TREND_INTERVAL), "rules": rules}

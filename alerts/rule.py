@@ -16,7 +16,7 @@ TREND_INTERVAL = "1m"
 
 
 def alert(config: Config, name: str, expr: str, severity: str, summary: str, description: str,
-          for_: str | None = None, held: bool = True) -> dict[str, Any]:
+          for_: str | None = None, held: bool = True, held_by: tuple[str, ...] = ()) -> dict[str, Any]:
     """An alerting rule with the annotations every gpufleet alert carries; `for_` goes through the time scale.
 
     Every alert but the exporter's own reads a node's series, which go stale the moment its exporter stops
@@ -24,21 +24,24 @@ def alert(config: Config, name: str, expr: str, severity: str, summary: str, des
     keeps a firing alert firing while its node's exporter is down (an `up` of 0; a target removed from
     service discovery lets it go) and says so in its description, where `$value` no longer means anything.
     `keep_firing_for` would hold it for a fixed time instead: too short for a host down two hours, and it
-    would delay every real resolution as long.
+    would delay every real resolution as long. `held_by` names the scrape jobs whose series the alert needs
+    (gpufleet's by default): beside node_exporter, a port alert that reads only node_exporter's series must
+    resolve when node_exporter sees the port back, whether gpufleet's exporter answers or not.
     """
-    rule: dict[str, Any] = {"alert": name, "expr": _held(config, name, expr) if held else expr}
+    up = config.up(*held_by)
+    rule: dict[str, Any] = {"alert": name, "expr": _held(config, name, expr, up) if held else expr}
     if for_:
         rule["for"] = config.d(for_)
     rule["labels"] = {"severity": severity}
     if held:
-        description = (f"{{{{ with {_dark_query(config)} | query }}}}{summary} Held firing: the exporter of "
+        description = (f"{{{{ with {_dark_query(config, up)} | query }}}}{summary} Held firing: the exporter of "
                        f"{{{{ $labels.instance }}}} stopped "
                        f"answering, so the fault cannot be seen to end.{{{{ else }}}}{description}{{{{ end }}}}")
     rule["annotations"] = {"summary": summary, "description": description, "runbook_url": config.runbook(name)}
     return rule
 
 
-def _held(config: Config, name: str, expr: str) -> str:
+def _held(config: Config, name: str, expr: str, up: str) -> str:
     """`expr`, or the alert's own firing instances on nodes whose exporter is down (ALERTS carries the
     alert's labels and `alertstate`, dropped here so that the labels match the alert's again).
 
@@ -48,12 +51,11 @@ def _held(config: Config, name: str, expr: str) -> str:
     held for any one of them (the end-to-end test's exporter restart). An aggregation drops the gaps."""
     node = config.by("instance")
     firing = f'label_replace(ALERTS{{alertname="{name}",alertstate="firing"}}, "alertstate", "", "", "")'
-    return f"max without () ({expr}) or on ({node}) ({firing} and on ({node}) {config.up()} == 0)"
+    return f"max without () ({expr}) or on ({node}) ({firing} and on ({node}) {up} == 0)"
 
 
-def _dark_query(config: Config) -> str:
-    """A Go-template `printf` of the query that finds the alert's node down, for `query` to run."""
-    up = config.up()
+def _dark_query(config: Config, up: str) -> str:
+    """A Go-template `printf` of the query that finds the alert's node down (`up`, a selector), for `query`."""
     matchers = up[up.index("{") + 1:-1] + f',{config.cluster_label}="%s",instance="%s"'
     return printf(f"up{{{matchers}}} == 0", f"$labels.{config.cluster_label}", "$labels.instance")
 

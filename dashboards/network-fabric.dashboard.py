@@ -68,9 +68,9 @@ def build(config: Config) -> Dashboard:
                  (s.rate("gpufleet_network_receive_errors_total", node), "{{instance}} {{device}} rx"),
              ], "ops")],
             [timeseries("Link flaps", [
-                (f"increase(gpufleet_infiniband_link_downed_total{{{node}}}[$__rate_interval])",
+                (f"increase({s.series('gpufleet_infiniband_link_downed_total', node)}[$__rate_interval])",
                  PORT_LEGEND + " downed"),
-                (f"increase(gpufleet_network_carrier_changes_total{{{node}}}[$__rate_interval])",
+                (f"increase({s.series('gpufleet_network_carrier_changes_total', node)}[$__rate_interval])",
                  "{{instance}} {{device}} carrier changes"),
             ], "short"),
              timeseries("RoCE drops and retransmissions", [
@@ -82,18 +82,18 @@ def build(config: Config) -> Dashboard:
                                    "transport did about it.")],
             [table("Ports not active", [
                 (f"max by ({ib_key}) ({NOT_ACTIVE}{{{s.recorded_node}}})", "state (4 active)"),
-                (f"max by ({ib_key}) (gpufleet_infiniband_physical_state_id{{{node}}}) and on ({ib_key}) "
+                (f"max by ({ib_key}) ({s.series('gpufleet_infiniband_physical_state_id', node)}) and on ({ib_key}) "
                  f"{NOT_ACTIVE}{{{s.recorded_node}}}", "physical state (5 link up)"),
             ], width=12, node_link=s,
                 description="InfiniBand ports whose logical state is not Active; physical state 2 (Polling) means "
                             "no link partner, 3 (Disabled) a port switched off on purpose."),
              table("Ports below the node's fastest rate", [
-                 (f"gpufleet_infiniband_rate_bytes_per_second{{{node}}} < on ({s.by('instance')}) group_left "
+                 (f"{s.series('gpufleet_infiniband_rate_bytes_per_second', node)} < on ({s.by('instance')}) group_left "
                   f"{NODE_IB_RATE}{{{s.recorded_node}}}", "rate")],
                  "Bps", width=12, node_link=s, description="Links trained down to a slower rate than their peers.")],
             [table("Flapping and erroring ports, last 24h", [
-                (f"increase(gpufleet_infiniband_link_downed_total{{{node}}}[24h]) > 0", "link downed"),
-                (f"increase(gpufleet_infiniband_symbol_error_total{{{node}}}[24h]) > 0", "symbol errors"),
+                (f"increase({s.series('gpufleet_infiniband_link_downed_total', node)}[24h]) > 0", "link downed"),
+                (f"increase({s.series('gpufleet_infiniband_symbol_error_total', node)}[24h]) > 0", "symbol errors"),
             ], node_link=s)],
         ],
         related=[("gpufleet-fleet", "Fleet overview"), ("gpufleet-node", "Node detail")],

@@ -2,7 +2,6 @@
 
 from grafanalib.core import Dashboard
 
-from gpufleet.alerts.capacity import POWER_METER
 from gpufleet.alerts.config import Config
 from gpufleet.dashboards.panels import PORT_LEGEND, Scope, dashboard, stat, table, timeseries
 
@@ -85,20 +84,20 @@ def build(config: Config) -> Dashboard:
                  (s.rate("gpufleet_infiniband_port_rcv_data_bytes_total", node), PORT_LEGEND + " rx"),
              ], "Bps")],
             [table("InfiniBand ports", [
-                (f"gpufleet_infiniband_state_id{{{node}}}", "state (4 active)"),
-                (f"gpufleet_infiniband_physical_state_id{{{node}}}", "physical state (5 link up)"),
-                (f"gpufleet_infiniband_rate_bytes_per_second{{{node}}}", "rate"),
-                (f"increase(gpufleet_infiniband_link_downed_total{{{node}}}[24h])", "link downed 24h"),
-                (f"increase(gpufleet_infiniband_symbol_error_total{{{node}}}[24h])", "symbol errors 24h"),
+                (f"{s.series('gpufleet_infiniband_state_id', node)}", "state (4 active)"),
+                (f"{s.series('gpufleet_infiniband_physical_state_id', node)}", "physical state (5 link up)"),
+                (f"{s.series('gpufleet_infiniband_rate_bytes_per_second', node)}", "rate"),
+                (f"increase({s.series('gpufleet_infiniband_link_downed_total', node)}[24h])", "link downed 24h"),
+                (f"increase({s.series('gpufleet_infiniband_symbol_error_total', node)}[24h])", "symbol errors 24h"),
             ], width=12),
              table("Jobs", [(f"gpufleet_gpu_job_info{{{gpu}}}", "")], width=12,
                    description="The jobs the scheduler placed on these GPUs.")],
-            [timeseries("Hardware sensors", [(f"gpufleet_hwmon_temperature_celsius{{{node}}}",
+            [timeseries("Hardware sensors", [(f"{s.series('gpufleet_hwmon_temperature_celsius', node)}",
                                               "{{instance}} {{chip}} {{label}}")], "celsius", width=8),
-             timeseries("Thermal zones", [(f"gpufleet_thermal_zone_temperature_celsius{{{node}}}",
+             timeseries("Thermal zones", [(f"{s.series('gpufleet_thermal_zone_temperature_celsius', node)}",
                                            "{{instance}} {{type}}")], "celsius", width=8),
              timeseries("Node power", [
-                 (f'sum by (instance) (gpufleet_hwmon_power_watts{{{node}, {POWER_METER}}})', "{{instance}} node"),
+                 (f"sum by (instance) ({config.power_meter(s.recorded_node)})", "{{instance}} node"),
                  (f"sum by (instance) (gpufleet_gpu_power_watts{{{node}}})", "{{instance}} all GPUs"),
              ], "watt", width=8, description="The node's own power meter, where it has one, beside its GPUs' boards: "
                                              "the gap is the CPUs, NICs, fans and drives.")],

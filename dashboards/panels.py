@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from grafanalib import core
 
+from gpufleet.alerts import node_exporter
 from gpufleet.alerts.config import Config
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -41,9 +42,21 @@ class Scope:
     def by(self, *labels: str) -> str:
         return self.config.by(*labels)
 
+    def series(self, metric: str, matchers: str) -> str:
+        """`metric{matchers}`, `matchers` being this scope's `cluster`, `node` or `gpu`: node_exporter's series
+        of the same reading, under its job, where the site keeps node_exporter (alerts/node_exporter.py)."""
+        job = self.config.node_exporter_job
+        if not job or metric not in node_exporter.NAMES:
+            return f"{metric}{{{matchers}}}"
+        selector = self.config.node_exporter_selector()
+        mine = self.config.selector
+        assert matchers.startswith(mine), f"{matchers} is not one of this scope's"
+        matchers = selector + matchers[len(mine):] if mine else f"{selector}, {matchers}"
+        return f"{node_exporter.NAMES[metric]}{{{matchers}}}"
+
     def rate(self, metric: str, matchers: str) -> str:
         """A counter's per-second rate over Grafana's `$__rate_interval`, which follows the zoom."""
-        return f"rate({metric}{{{matchers}}}[$__rate_interval])"
+        return f"rate({self.series(metric, matchers)}[$__rate_interval])"
 
     def templating(self, *names: str, single: Sequence[str] = ()) -> core.Templating:
         """The datasource variable, then the named query variables: multi-select with All, except those in
