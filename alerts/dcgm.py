@@ -9,7 +9,7 @@ cannot be supplied is listed in `UNSUPPORTED`, with the reason, and in docs/expo
 
 Each field keeps gpufleet's labels (`gpu`, `uuid`, the target's) and gains dcgm-exporter's: `UUID`,
 `modelName`, `device` (`nvidia0`), `pci_bus_id`, `DCGM_FI_DRIVER_VERSION` and `Hostname`, and, on a GPU that
-runs a job, `pod` and `namespace` (Kubernetes) or `hpc_job` (Slurm, or a job-mapping directory) as
+runs a job, `pod`, `namespace` and `container` (Kubernetes) or `hpc_job` (Slurm, or a job-mapping directory) as
 dcgm-exporter's job mapping sets them.
 """
 
@@ -27,7 +27,7 @@ INFO = "gpu:gpufleet_dcgm_info:info"  # LABELS without the job's, recorded first
 XID_LATEST = "gpu:gpufleet_xid_latest:timestamp"
 # dcgm-exporter's labels that the layer adds to every field, from LABELS: the GPU's, and those of its job.
 GPU_LABELS = ("UUID", "modelName", "device", "pci_bus_id", "DCGM_FI_DRIVER_VERSION", "Hostname")
-JOB_LABELS = ("pod", "namespace", "hpc_job")
+JOB_LABELS = ("pod", "namespace", "container", "hpc_job")
 DCGM_LABELS = GPU_LABELS + JOB_LABELS
 MIB = 1024 * 1024
 FIELDS_INTERVAL = "30s"  # dcgm-exporter's own default collection interval.
@@ -80,8 +80,11 @@ _SELECTED = {
 }
 # dcgm-exporter's default fields the layer does not record, and why.
 UNSUPPORTED = {
-    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "DCGM documents no unit for it; gpufleet_gpu_nvlink_transmit_bytes_total "
-                                          "and gpufleet_gpu_nvlink_receive_bytes_total count NVLink traffic in bytes",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "typed a counter but served as a rate, in a unit DCGM does not state "
+                                          "(NVIDIA's DeepOps dashboards read KiB/s, its maintainers answer KB/s, "
+                                          "users measure MB/s): no value would match every dashboard that reads it. "
+                                          "gpufleet_gpu_nvlink_transmit_bytes_total and "
+                                          "gpufleet_gpu_nvlink_receive_bytes_total count NVLink traffic in bytes",
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "vGPU licensing: a bare-metal training node has none to report",
 }
 

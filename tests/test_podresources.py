@@ -104,9 +104,19 @@ def test_pods_are_named_and_allocated_idle_gpus_are_shown(kubelet):
     collection, samples = collect(socket, [board(0, 1003), board(1)])
     assert collection.problems == ()
     assert infos(samples, 0) == [{"scheduler": "kubernetes", "pod_uid": POD_UID, "qos_class": "burstable",
-                                  "namespace": "ml-team", "pod": "trainer-0"}]
+                                  "namespace": "ml-team", "pod": "trainer-0", "container": "worker"}]
     # Nothing runs on GPU 1 yet, but a pod holds it: allocated, and visible as such.
-    assert infos(samples, 1) == [{"scheduler": "kubernetes", "namespace": "ml-team", "pod": "trainer-1"}]
+    assert infos(samples, 1) == [{"scheduler": "kubernetes", "namespace": "ml-team", "pod": "trainer-1",
+                                  "container": "worker"}]
+
+
+def test_a_gpu_shared_by_two_containers_of_one_pod_names_the_pod_and_no_container(kubelet):
+    socket, answer = kubelet
+    answer["bytes"] = response(pod("a", "one", container("left", "nvidia.com/gpu", uuid(0) + "::0"),
+                                   container("right", "nvidia.com/gpu", uuid(0) + "::1")))
+    _, samples = collect(socket, [board(0, 1003)])
+    assert infos(samples, 0) == [{"scheduler": "kubernetes", "pod_uid": POD_UID, "qos_class": "burstable",
+                                  "namespace": "a", "pod": "one"}]
 
 
 def test_a_time_sliced_gpu_held_by_two_pods_is_not_guessed(kubelet):
@@ -140,5 +150,5 @@ def test_a_malformed_answer_is_an_error_not_a_crash(kubelet):
 def test_the_decoder_reads_only_gpu_resources():
     raw = response(pod("ns", "p", container("c", "nvidia.com/gpu", "GPU-x", "GPU-y"),
                        container("d", "example.com/fpga", "GPU-z")))
-    assert gpu_pods(raw) == {"GPU-x": [("ns", "p")], "GPU-y": [("ns", "p")]}
+    assert gpu_pods(raw) == {"GPU-x": [("ns", "p", "c")], "GPU-y": [("ns", "p", "c")]}
     assert gpu_pods(b"") == {}

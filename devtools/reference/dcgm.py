@@ -42,6 +42,7 @@ LABELS = {
     "pci_bus_id": "the GPU's PCI address",
     "DCGM_FI_DRIVER_VERSION": "the driver's version",
     "Hostname": "the target's `instance` without its port",
-    "pod, namespace": "the Kubernetes pod running on the GPU, where the exporter names pods (`--job.pod-resources`)",
+    "pod, namespace, container": "the Kubernetes pod and container running on the GPU, where the exporter names "
+                                 "pods (`--job.pod-resources`)",
     "hpc_job": "the Slurm job, or the job of a job-mapping directory, running on the GPU",
 }

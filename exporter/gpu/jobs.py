@@ -18,8 +18,8 @@ with `group_left`, so series counts stay flat however jobs come and go. On a GPU
 series also names the GPU instance it runs in (`gpu_instance`). The dcgm-exporter convention
 is accepted as well: a directory with one file per GPU index listing job ids
 (`--job.mapping-dir`). Optionally, the kubelet's pod-resources socket adds the
-pod's namespace and name, and names the pods that hold a GPU with nothing
-running on it yet.
+pod's namespace and name and the container's, and names the pods that hold a GPU
+with nothing running on it yet.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gpufleet.exporter.gpu.podresources import PodResourcesClient, PodResourcesUnavailable
+from gpufleet.exporter.gpu.podresources import Holder, PodResourcesClient, PodResourcesUnavailable
 from gpufleet.exporter.gpu.session import GpuIdentity, GpuSample
 from gpufleet.exporter.sysfs import SysfsReader
 from gpufleet.exporter.tree import Tree
@@ -124,7 +124,7 @@ class JobAttribution:
         self.pod_resources = pod_resources
         self._pod_resources_failure = ""
 
-    def _gpu_pods(self) -> dict[str, list[tuple[str, str]]]:
+    def _gpu_pods(self) -> dict[str, list[Holder]]:
         """Pods per GPU UUID from the kubelet, or nothing: the enrichment is optional and never fails a collection."""
         if self.pod_resources is None:
             return {}
@@ -175,17 +175,23 @@ class JobAttribution:
         return Attribution(tuple(found), tuple(problems))
 
 
-def _with_pods(jobs: dict[tuple[tuple[str, str], ...], Job], pods: list[tuple[str, str]]) -> list[dict[str, str]]:
-    """Each job's labels, with the kubelet's namespace and pod name added where the join is unambiguous.
+def _with_pods(jobs: dict[tuple[tuple[str, str], ...], Job], pods: list[Holder]) -> list[dict[str, str]]:
+    """Each job's labels, with the kubelet's namespace, pod and container names added where the join is
+    unambiguous.
 
-    The kubelet names pods, cgroups give their UIDs; the two meet on the GPU. With one Kubernetes job
-    and one pod on a GPU they are the same pod. A pod that holds a GPU with no process on it yet is
-    reported too, by name, so allocated-but-idle GPUs are visible.
+    The kubelet names pods and their containers, cgroups give the pods' UIDs; the two meet on the GPU. With one
+    Kubernetes job and one pod on a GPU they are the same pod, and its container is named where only one of its
+    containers holds the GPU. A pod that holds a GPU with no process on it yet is reported too, by name, so
+    allocated-but-idle GPUs are visible.
     """
     result = [dict(key) for key in jobs]
     kubernetes = [labels for labels in result if labels["scheduler"] == "kubernetes"]
-    if len(pods) == 1 and len(kubernetes) == 1:
-        kubernetes[0]["namespace"], kubernetes[0]["pod"] = pods[0]
+    named = {(namespace, pod) for namespace, pod, _ in pods}
+    if len(named) == 1 and len(kubernetes) == 1:
+        kubernetes[0]["namespace"], kubernetes[0]["pod"] = named.pop()
+        if len(pods) == 1:
+            kubernetes[0]["container"] = pods[0][2]
     elif not kubernetes:
-        result += [{"scheduler": "kubernetes", "namespace": namespace, "pod": pod} for namespace, pod in pods]
+        result += [{"scheduler": "kubernetes", "namespace": namespace, "pod": pod, "container": container}
+                   for namespace, pod, container in pods]
     return result

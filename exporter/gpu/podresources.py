@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import TypeAlias
 
 LIST_METHOD = "/v1.PodResourcesLister/List"
+Holder: TypeAlias = tuple[str, str, str]  # The namespace, pod and container holding a GPU.
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 
 
@@ -65,23 +67,24 @@ def _messages(message: bytes, number: int) -> list[bytes]:
     return [v for n, v in fields(message) if n == number and isinstance(v, bytes)]
 
 
-def gpu_pods(response: bytes, resource_prefix: str = "nvidia.com/") -> dict[str, list[tuple[str, str]]]:
-    """GPU UUID -> the (namespace, pod) holding it, from a ListPodResourcesResponse.
+def gpu_pods(response: bytes, resource_prefix: str = "nvidia.com/") -> dict[str, list[Holder]]:
+    """GPU UUID -> the (namespace, pod, container) holding it, from a ListPodResourcesResponse.
 
-    A time-sliced GPU (`GPU-...::2`) can be held by several pods at once.
+    A time-sliced GPU (`GPU-...::2`) can be held by several containers at once.
     """
-    holders: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    holders: dict[str, list[Holder]] = defaultdict(list)
     for pod in _messages(response, 1):
         name = next(iter(_strings(pod, 1)), "")
         namespace = next(iter(_strings(pod, 2)), "")
         for container in _messages(pod, 3):
+            container_name = next(iter(_strings(container, 1)), "")
             for devices in _messages(container, 2):
                 if not next(iter(_strings(devices, 1)), "").startswith(resource_prefix):
                     continue
                 for device_id in _strings(devices, 2):
                     uuid = device_id.split("::", 1)[0]
-                    if (namespace, name) not in holders[uuid]:
-                        holders[uuid].append((namespace, name))
+                    if (namespace, name, container_name) not in holders[uuid]:
+                        holders[uuid].append((namespace, name, container_name))
     return dict(holders)
 
 
@@ -99,7 +102,7 @@ class PodResourcesClient:
             LIST_METHOD, request_serializer=lambda raw: raw, response_deserializer=lambda raw: raw
         )
 
-    def gpu_pods(self) -> dict[str, list[tuple[str, str]]]:
+    def gpu_pods(self) -> dict[str, list[Holder]]:
         try:
             return gpu_pods(self._list(b"", timeout=self._timeout))
         except self._grpc.RpcError as err:
