@@ -16,7 +16,7 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.rules import render
 from gpufleet.dashboards.cli import rendered as dashboards
 from gpufleet.devtools.nodes import golden_exposition
-from gpufleet.devtools.reference import alerts, benchmarks, dcgm, flags, metrics
+from gpufleet.devtools.reference import alerts, benchmarks, dcgm, flags, metrics, node_exporter
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ ARTIFACTS = (
     Artifact("metrics", lambda: {"docs/reference/metrics.md": metrics.page()}),
     Artifact("alerts", lambda: {"docs/reference/alerts.md": alerts.page()}),
     Artifact("dcgm", lambda: {"docs/reference/dcgm-exporter.md": dcgm.page()}),
+    Artifact("node_exporter", lambda: {"docs/reference/node-exporter.md": node_exporter.page()}),
     Artifact("benchmarks", lambda: {"docs/benchmarks.md": benchmarks.page()}),
 )
 
