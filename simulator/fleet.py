@@ -56,8 +56,8 @@ def node_names(count: int) -> list[str]:
 
 
 def collector_flags(collect_interval: float = math.inf, *flags: str) -> argparse.Namespace:
-    """The exporter's defaults, with no collector's interval longer than the fleet's collection (without one, the
-    exporter's own intervals).
+    """The exporter's defaults with `flags`, and no collector's interval longer than the fleet's collection
+    (without one, the exporter's own intervals).
 
     A fleet collected every second stands for a faster clock (the end-to-end tests run the rules eight
     times faster than production). A GPU collector left on its five seconds would then sample a training
