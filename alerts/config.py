@@ -29,6 +29,7 @@ from gpufleet.alerts import node_exporter
 
 Duration: TypeAlias = str  # In gpufleet's duration grammar, as PromQL writes it: `15m`, `1h30m`.
 AlertOverrides: TypeAlias = dict[str, dict[str, Any]]  # Alert name -> severity, disabled, labels.
+KubernetesValues: TypeAlias = dict[str, Any]  # deploy/site.py's keys.
 SEVERITIES = ("critical", "warning", "info")
 _OVERRIDES = ("severity", "disabled", "labels")
 _LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
@@ -131,6 +132,8 @@ class Config:
     #       GpuNeedsReplacement: {severity: info, labels: {team: hardware}}
     #       NicInfinibandRateDegraded: {disabled: true}
     alerts: AlertOverrides = dataclasses.field(default_factory=dict)
+    # The Kubernetes manifests' values (namespace, cluster name, image, selector labels): deploy/site.py.
+    kubernetes: KubernetesValues = dataclasses.field(default_factory=dict)
 
     def by(self, *labels: str) -> str:
         """A grouping that keeps clusters apart: `cluster, instance` for `by("instance")`."""
@@ -226,6 +229,14 @@ def _value(kind: object, value: object) -> object:
 def _check(path: str | Path, key: str, kind: object, value: object) -> None:
     if kind == "AlertOverrides":
         _check_overrides(path, value)
+        return
+    if kind == "KubernetesValues":
+        from gpufleet.deploy import site  # Only a file that has the section pays for the import.
+
+        try:
+            site.check(value)
+        except ValueError as err:
+            raise ConfigError(f"{path}: kubernetes: {err}") from None
         return
     expected = {"str": str, "Duration": str | int | float, "float": int | float, "int": int}[str(kind)]
     if isinstance(value, bool) or not isinstance(value, expected):

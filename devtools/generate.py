@@ -15,6 +15,7 @@ from gpufleet.alerts.cli import COMMITTED
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.rules import render
 from gpufleet.dashboards.cli import rendered as dashboards
+from gpufleet.deploy.cli import render as kubernetes
 from gpufleet.devtools.nodes import golden_exposition
 from gpufleet.devtools.reference import alerts, benchmarks, dcgm, flags, metrics, node_exporter
 
@@ -23,7 +24,8 @@ from gpufleet.devtools.reference import alerts, benchmarks, dcgm, flags, metrics
 class Artifact:
     name: str
     render: Callable[[], dict[str, str]]  # Relative path to text.
-    owns: str | None = None  # A directory (relative), with the suffix of the files it holds, that holds only these.
+    # A directory (relative) and a glob of the files below it (`*.json`, `**/*.yaml`) that holds only these.
+    owns: str | None = None
 
 
 ARTIFACTS = (
@@ -31,6 +33,8 @@ ARTIFACTS = (
                                for (engine, layer), name in COMMITTED.items()}),
     Artifact("dashboards", lambda: {f"dashboards/json/{name}": text for name, text in dashboards().items()},
              owns="dashboards/json/*.json"),
+    Artifact("kubernetes", lambda: {f"deploy/kubernetes/{name}": text for name, text in kubernetes(Config()).items()},
+             owns="deploy/kubernetes/**/*.yaml"),
     Artifact("golden", lambda: {"tests/fixtures/e2e-output.txt": golden_exposition()}),
     Artifact("flags", lambda: {"docs/reference/flags.md": flags.page()}),
     Artifact("metrics", lambda: {"docs/reference/metrics.md": metrics.page()}),
@@ -46,9 +50,10 @@ def stale(root: Path, artifact: Artifact, files: dict[str, str]) -> list[str]:
     differing = [path for path, text in files.items()
                  if not (root / path).is_file() or (root / path).read_text(encoding="utf-8") != text]
     if artifact.owns:
-        directory, _, pattern = artifact.owns.rpartition("/")
-        differing += [f"{directory}/{p.name}" for p in sorted((root / directory).glob(pattern))
-                      if f"{directory}/{p.name}" not in files]
+        parts = artifact.owns.split("/")
+        cut = next(index for index, part in enumerate(parts) if "*" in part)
+        held = sorted((root / "/".join(parts[:cut])).glob("/".join(parts[cut:])))
+        differing += [path for path in (p.relative_to(root).as_posix() for p in held) if path not in files]
     return sorted(differing)
 
 

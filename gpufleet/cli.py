@@ -23,6 +23,7 @@ COMMANDS = {
     "alerts": "gpufleet.alerts.cli",
     "dashboards": "gpufleet.dashboards.cli",
     "report": "gpufleet.report.cli",
+    "deploy": "gpufleet.deploy.cli",
 }
 
 
