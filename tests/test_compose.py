@@ -35,8 +35,8 @@ from gpufleet.devtools.waiting import wait_for
 
 from stack import compose_alertmanager_and_simulator, flag, gpufleet_job, host_config, host_path, mounts, paged
 
-KUBERNETES = [doc for path in sorted((ROOT / "deploy" / "kubernetes").glob("*.yaml"))
-              for doc in yaml.safe_load_all(path.read_text()) if doc]
+KUBERNETES = [doc for path in sorted((ROOT / "deploy" / "kubernetes" / "base").glob("*.yaml"))
+              for doc in yaml.safe_load_all(path.read_text()) if doc and doc["kind"] != "Kustomization"]
 DAEMONSET_CONTAINERS = [c for doc in KUBERNETES if doc["kind"] == "DaemonSet"
                         for c in doc["spec"]["template"]["spec"]["containers"]]
 UNIT = ROOT / "deploy" / "systemd" / "gpufleet-exporter.service"
@@ -152,7 +152,8 @@ def test_promtool_accepts_the_prometheus_config_and_its_rules(tmp_path):
 
 def test_the_kubernetes_manifests_bound_their_resources_and_are_scraped_as_job_gpufleet():
     kinds = {doc["kind"]: doc for doc in KUBERNETES}
-    assert set(kinds) == {"Namespace", "DaemonSet", "Service", "ServiceMonitor"}
+    assert set(kinds) == {"Namespace", "ServiceAccount", "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule",
+                          "AlertmanagerConfig", "ConfigMap"}
     pod = kinds["DaemonSet"]["spec"]["template"]
     for container in pod["spec"]["containers"]:
         for bound in ("requests", "limits"):
