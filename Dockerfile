@@ -14,6 +14,9 @@ COPY simulator ./simulator
 COPY alerts ./alerts
 COPY dashboards ./dashboards
 COPY report ./report
+# `gpufleet deploy kubernetes` packages the routing compose's Alertmanager runs, through a link.
+COPY deploy ./deploy
+COPY compose/alertmanager/alertmanager.yml ./compose/alertmanager/alertmanager.yml
 # The kubernetes extra (grpcio) names pods through the kubelet's pod-resources socket.
 RUN pip install '.[kubernetes]' && rm -rf /src
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -75,7 +77,8 @@ def test_the_wheel_adds_exactly_one_top_level_name(wheel: Path) -> None:
     for data in ("gpufleet/py.typed", "gpufleet/alerts/gpufleet-rules.yml",
                  "gpufleet/alerts/gpufleet-vmalert-rules.yml", "gpufleet/simulator/scenarios/demo.yml",
                  "gpufleet/simulator/fault-rates/llama3.yml",
-                 "gpufleet/dashboards/json/gpufleet-fleet.json", "gpufleet/dashboards/fleet-overview.dashboard.py"):
+                 "gpufleet/dashboards/json/gpufleet-fleet.json", "gpufleet/dashboards/fleet-overview.dashboard.py",
+                 "gpufleet/deploy/alertmanager.yml"):
         assert data in names, data
 
 
@@ -98,6 +101,11 @@ def test_every_module_imports_from_the_wheel_alone(wheel: Path, tmp_path: Path) 
         check = subprocess.run([sys.executable, "-P", "-m", "gpufleet", *command], cwd=tmp_path, env=env,
                                capture_output=True, text=True, timeout=120)
         assert check.returncode == (2 if command == ["alerts", "build", "--check"] else 0), check.stderr
+    # The Kubernetes manifests from the wheel alone are the committed ones.
+    check = subprocess.run([sys.executable, "-P", "-m", "gpufleet", "deploy", "kubernetes", "--check",
+                            f"--output={ROOT / 'deploy' / 'kubernetes'}"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert check.returncode == 0, check.stderr
 
 
 @pytest.mark.slow
@@ -117,7 +125,8 @@ _WITHOUT = "import sys; sys.modules[sys.argv[1]] = None; from gpufleet.cli impor
 
 @pytest.mark.parametrize(("module", "command", "extra"), [
     ("matplotlib", ["report", "capacity", "--prometheus=http://127.0.0.1:9", "--out=unused"], "reports"),
-    ("grafanalib", ["dashboards", "build", "--check"], "dashboards")])
+    ("grafanalib", ["dashboards", "build", "--check"], "dashboards"),
+    ("grafanalib", ["deploy", "kubernetes", "--check"], "dashboards")])
 def test_a_command_whose_extra_is_missing_says_which_in_one_line(module, command, extra, tmp_path):
     done = subprocess.run([sys.executable, "-c", _WITHOUT, module, *command], cwd=tmp_path, capture_output=True,
                           text=True, timeout=60)
@@ -126,3 +135,57 @@ def test_a_command_whose_extra_is_missing_says_which_in_one_line(module, command
         f"gpufleet {' '.join(command[:2])}: needs the {extra} extra, which is not installed: "
         f"pip install 'gpufleet[{extra}]'"]
     assert not (tmp_path / "unused").exists()
+
+
+def _dockerfile() -> tuple[list[tuple[str, str]], str]:
+    """Each file or folder the Dockerfile copies, with where it lands under its WORKDIR; and the argument of its
+    `pip install`."""
+    text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    copies = []
+    for line in text.splitlines():
+        if line.startswith("COPY "):
+            *sources, destination = line.split()[1:]
+            copies += [(source, f"{destination}{Path(source).name}" if destination.endswith("/") else destination)
+                       for source in sources]
+    [install] = re.findall(r"^RUN pip install (\S+)", text, re.M)
+    return copies, install.strip("'")
+
+
+def test_the_image_copies_every_folder_the_package_links_and_the_context_admits_them():
+    copies, install = _dockerfile()
+    sources = {source for source, _ in copies}
+    linked = {link.name for link in (ROOT / "gpufleet").iterdir() if link.is_symlink()}
+    assert linked - {"devtools"} <= sources, "the image leaves out a folder gpufleet/ links to"
+    admitted = [line[1:].rstrip("/") for line in (ROOT / ".dockerignore").read_text().splitlines()
+                if line.startswith("!")]
+    assert [s for s in sources if not any(s == a or s.startswith(f"{a}/") for a in admitted)] == []
+    extras = re.fullmatch(r"\.\[([a-z,]+)\]", install)
+    assert extras is not None, install
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(extras.group(1).split(",")) <= set(declared)
+
+
+@pytest.mark.slow
+def test_the_images_install_step_builds_the_package_from_what_it_copies(tmp_path: Path) -> None:
+    """The Dockerfile's COPY lines into an empty directory, and its `pip install` in a clean virtual environment
+    there: the image's package builds from its own context and runs (no Docker engine runs here)."""
+    copies, install = _dockerfile()
+    context = tmp_path / "src"
+    for source, destination in copies:
+        target = context / destination
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if (ROOT / source).is_dir() and not (ROOT / source).is_symlink():
+            shutil.copytree(ROOT / source, target, symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            shutil.copy2(ROOT / source, target, follow_symlinks=False)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    installed = subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", install], cwd=context,
+                               capture_output=True, text=True, timeout=600)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    ran = subprocess.run([str(venv / "bin" / "gpufleet"), "--version"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert ran.stdout.strip() == f"gpufleet {__version__}", ran.stderr
+    grpc = subprocess.run([str(venv / "bin" / "python"), "-c", "import grpc"], capture_output=True, timeout=60)
+    assert grpc.returncode == 0, "the kubernetes extra names pods through grpc"
