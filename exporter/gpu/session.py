@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
+from gpufleet.exporter.gpu.fabric import fabric_probe
 from gpufleet.exporter.gpu.gpm import GpmMetric, GpmReader
 from gpufleet.exporter.gpu.mig import MigReader
 from gpufleet.exporter.gpu.nvlink import nvlink_fields, nvlink_probes
@@ -264,7 +265,7 @@ class NvmlSession:
         """The probes the GPU answers (read every cycle), and the readings of the static ones, read once now."""
         probes: list[Probe] = []
         static: list[Reading] = []
-        for probe in (utilization_probe(), *PROBES, *nvlink_probes(links)):
+        for probe in (utilization_probe(), *PROBES, fabric_probe(), *nvlink_probes(links)):
             try:
                 readings = probe.read(self._nvml, handle)
             except pynvml.NVMLError as err:

@@ -158,6 +158,14 @@ class SimulatedGpu:
     nvlink_stopped_kib: dict[int, int] = field(default_factory=dict)  # A down link's traffic stays where it stopped.
     nvlink_errors: dict[tuple[int, str], int] = field(default_factory=dict)  # (link, kind) -> count
     nvlink_generation: int = 4  # From 5 (Blackwell), links count physical-layer errors: kinds symbol and effective.
+    # Its NVSwitch fabric, as an HGX board's: the fabric manager's registration (nvmlGpuFabricState_t; 0 where
+    # the board has no fabric), the registration's NVML status, and the health flags and summary of
+    # nvmlGpuFabricInfo_v3_t (0: not supported, as on a driver that has none).
+    fabric_state: int = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+    fabric_status: int = pynvml.NVML_SUCCESS
+    fabric_health_mask: int = 0
+    fabric_health_summary: int = pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY
+    fabric_info_version: int = 3  # The newest nvmlGpuFabricInfo structure its driver knows (2: no summary yet).
     clock_events: int = 0  # Extra clock event reason bits, beyond the idle bit the load implies.
     violation_seconds: dict[int, float] = field(default_factory=dict)  # perf policy -> seconds
     processes: list[SimulatedProcess] = field(default_factory=list)

@@ -542,6 +542,29 @@ class SimulatedNvml:
         state: int = pynvml.NVML_FEATURE_DISABLED if link in gpu.nvlinks_down else pynvml.NVML_FEATURE_ENABLED
         return state
 
+    def nvmlDeviceGetGpuFabricInfoV(self, handle: _Handle, info: Any) -> int:
+        """Fills the structure `info` (a ctypes.byref) points to, as far as its version has fields."""
+        gpu = self._check(handle, "nvmlDeviceGetGpuFabricInfoV")
+        target = info._obj
+        known = {pynvml.nvmlGpuFabricInfo_v2: 2, pynvml.nvmlGpuFabricInfo_v3: 3}.get(target.version)
+        if known is None or known > gpu.fabric_info_version:
+            raise _error(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        self._fill_fabric(gpu, target)
+        target.healthMask = gpu.fabric_health_mask
+        if target.version == pynvml.nvmlGpuFabricInfo_v3:
+            target.healthSummary = gpu.fabric_health_summary
+        return int(pynvml.NVML_SUCCESS)
+
+    def nvmlDeviceGetGpuFabricInfo(self, handle: _Handle, info: Any) -> int:
+        self._fill_fabric(self._check(handle, "nvmlDeviceGetGpuFabricInfo"), info._obj)
+        return int(pynvml.NVML_SUCCESS)
+
+    @staticmethod
+    def _fill_fabric(gpu: SimulatedGpu, target: Any) -> None:
+        target.state = gpu.fabric_state
+        target.status = gpu.fabric_status
+        target.cliqueId = 1 if gpu.fabric_state else 0
+
     def nvmlDeviceGetNvLinkErrorCounter(self, handle: _Handle, link: int, counter: int) -> int:
         gpu = self._link(handle, "nvmlDeviceGetNvLinkErrorCounter", link)
         return gpu.nvlink_errors.get((link, _NVLINK_COUNTER_NAMES[counter]), 0)
