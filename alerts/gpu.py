@@ -85,6 +85,12 @@ def gpu_failures(c: Config) -> dict[str, Any]:
               "A GPU had an uncorrectable ECC error.",
               f"{GPU} counted uncorrectable ECC errors in the last {c.ecc_window}, {{{{ $value | humanize }}}} "
               "within one minute at most."),
+        # The fabric manager registers every GPU of an HGX board within seconds of a boot or a reset: five minutes
+        # not registered is a GPU no job can use with its peers.
+        alert(c, "GpuFabricNotReady", f"{c.metric('gpufleet_gpu_fabric_state')} != 3", "critical",
+              "A GPU is not registered with its NVSwitch fabric: it cannot reach its peers over NVLink.",
+              f"{GPU} has fabric state {{{{ $value }}}} (1 not started, 2 in progress; 3 is registered): jobs that "
+              "need it fail at their first collective.", for_="5m"),
         alert(c, "GpuNvlinkDown", f"{c.metric('gpufleet_gpu_nvlink_up')} == 0", "critical",
               "An NVLink is down.", f"NVLink {{{{ $labels.link }}}} of {GPU} is down.", for_="2m"),
         alert(c, "GpuThermalMarginLow",
@@ -118,6 +124,10 @@ def gpu_trends(c: Config) -> dict[str, Any]:
               f"max_over_time({last_xid}[{repeat}]) > min_over_time({last_xid}[{repeat}])", "warning",
               "An application XID repeats on the same GPU.",
               f"{GPU} reported XID {{{{ $labels.xid }}}} again within {c.repeat_window}."),
+        alert(c, "GpuFabricDegraded", f"{c.metric('gpufleet_gpu_fabric_health')} != 1", "warning",
+              "A GPU's NVSwitch fabric is unhealthy or runs at limited capacity.",
+              f"{GPU} reports fabric health {{{{ $value }}}} (2 unhealthy, 3 limited capacity): its NVLink traffic "
+              "runs below full bandwidth or over recovered routes.", for_="10m"),
         alert(c, "GpuCountDropped",
               f"{c.metric('gpufleet_gpu_devices')} < max_over_time({c.metric('gpufleet_gpu_devices')}"
               f"[{c.d(c.gpu_count_lookback)}])", "warning", "A node lists fewer GPUs than it did earlier today.",
