@@ -34,6 +34,8 @@ KINDS: tuple[tuple[dict[str, Any], bool], ...] = (
     ({"kind": "pcie_replay_storm", "gpu": 3}, False),
     ({"kind": "symbol_errors", "port": "mlx5_3/1"}, False),
     ({"kind": "nic_saturation", "port": "mlx5_1/1", "direction": "tx"}, False),
+    ({"kind": "fabric_not_ready", "gpu": 6}, True),
+    ({"kind": "fabric_degraded", "gpu": 2}, False),
 )
 
 

@@ -26,6 +26,9 @@ from gpufleet.xid import Action, action_for
 # that put a new board in its slot.
 _RESETS = frozenset({Kind.GPU_RESET, *REBOOTS})
 _NEW = frozenset({Kind.GPU_REPLACE})
+# nvmlGpuFabricInfo_v3_t's health flag for degraded bandwidth, set.
+_DEGRADED_BANDWIDTH = (pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE
+                       << pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_DEGRADED_BW)
 
 
 class FaultEffects:
@@ -77,6 +80,7 @@ class FaultEffects:
             # that calls for one, until the GPU is reset.
             self.nvml.set_recovery_action(gpu, 1 if volatile or self._reset_xid_since(gpu, reset) else 0)
             board.pcie_replays = self.state.counted(Kind.PCIE_REPLAY_STORM, gpu)
+            self._fabric(board, reset)
             down = {f.link: f for f in self.state.active(Kind.NVLINK_DOWN, gpu) if f.active(t) and f.link is not None}
             board.nvlinks_down = set(down)
             board.nvlink_stopped_kib = {link: nvlink_kib_for(self.workload.energy(board, f.start))
@@ -88,6 +92,19 @@ class FaultEffects:
                     errors = int(fault.size * overlap(fault.start, fault.end, t))
                     board.nvlink_errors[key] = board.nvlink_errors.get(key, 0) + errors
         self._fire_events()
+
+    def _fabric(self, board: SimulatedGpu, repaired: float) -> None:
+        """The board's NVSwitch fabric: registration stalled in progress, until a reset or reboot after the fault
+        began registers it again; or running at limited capacity."""
+        t = self.state.t
+        stalled = any(f.active(t) and f.start > repaired
+                      for f in self.state.active(Kind.FABRIC_NOT_READY, board.index))
+        degraded = any(f.active(t) for f in self.state.active(Kind.FABRIC_DEGRADED, board.index))
+        board.fabric_state = (pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS if stalled
+                              else pynvml.NVML_GPU_FABRIC_STATE_COMPLETED)
+        board.fabric_health_mask = _DEGRADED_BANDWIDTH if degraded else 0
+        board.fabric_health_summary = (pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY if degraded
+                                       else pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY)
 
     def _reset_xid_since(self, gpu: int, reset: float) -> bool:
         """Whether an XID that calls for a GPU reset has been raised on `gpu` since it was last reset."""

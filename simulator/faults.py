@@ -34,6 +34,8 @@ class FaultKind(StrEnum):
     PCIE_REPLAY_STORM = "pcie_replay_storm"
     NVLINK_DOWN = "nvlink_down"
     NVLINK_CRC = "nvlink_crc"
+    FABRIC_NOT_READY = "fabric_not_ready"
+    FABRIC_DEGRADED = "fabric_degraded"
     STRAGGLER = "straggler"
     NIC_SATURATION = "nic_saturation"
     IB_CONGESTION = "ib_congestion"
@@ -67,6 +69,10 @@ KINDS: dict[FaultKind, tuple[tuple[str, ...], str]] = {
     FaultKind.PCIE_REPLAY_STORM: (("gpu",), "PCIe replays at `rate` per second (50)"),
     FaultKind.NVLINK_DOWN: (("gpu", "link"), "one NVLink down: its traffic stops"),
     FaultKind.NVLINK_CRC: (("gpu", "link"), "NVLink CRC flit errors at `rate` per second (200)"),
+    FaultKind.FABRIC_NOT_READY: (("gpu",), "the GPU's NVSwitch fabric registration restarts and stalls in progress "
+                                           "until the fault ends or the GPU is reset"),
+    FaultKind.FABRIC_DEGRADED: (("gpu",), "the GPU's NVSwitch fabric runs at limited capacity (degraded bandwidth) "
+                                          "until the fault ends"),
     FaultKind.STRAGGLER: ((), "each training step of the node takes `slowdown` longer (0.4), for a `cause` (clock); "
                               "the other nodes of its job wait for it"),
     FaultKind.NIC_SATURATION: (("port",), "a NIC port transmits (or receives) at `level` of link speed (0.97)"),

@@ -107,6 +107,11 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
       expect("NodeStraggler", 8, "ticket", required=False)]),
     ({"kind": "nvlink_crc", "node": node(8), "gpu": 1, "link": 4},
      [expect("GpuNvlinkCrcErrors", 8, "ticket", gpu="1", link="4")]),
+    # A GPU the NVSwitch fabric manager never finishes registering pages; a fabric at limited capacity tickets.
+    ({"kind": "fabric_not_ready", "node": node(10), "gpu": 6},
+     [expect("GpuFabricNotReady", 10, "pager", gpu="6")]),
+    ({"kind": "fabric_degraded", "node": node(14), "gpu": 2},
+     [expect("GpuFabricDegraded", 14, "ticket", gpu="2")]),
     ({"kind": "nic_saturation", "node": node(11), "port": "mlx5_1/1", "direction": "tx"},
      [expect("NicSaturatedTrainingJob", 11, "ticket", device="mlx5_1", direction="transmit", job_id="944279"),
       # Not the plain ticket: it stands aside while the latest utilisation meets the job's ticket's condition.
