@@ -68,12 +68,16 @@ def build(config: Config) -> Dashboard:
                   _BY_GPU + " {{error}}")], "ops", width=8),
              timeseries("NVLinks up", [(f"gpufleet_gpu_nvlink_links_up{{{gpu}}}", _BY_GPU)], "short",
                         width=8, description="A step down is a link lost; its traffic moves to the others or stops.")],
-            [table("PCIe links", [
+            [table("PCIe links and NVSwitch fabric", [
                 (f"gpufleet_gpu_pcie_link_width{{{gpu}}}", "width"),
                 (f"gpufleet_gpu_pcie_link_max_width{{{gpu}}}", "max width"),
                 (f"gpufleet_gpu_pcie_link_generation{{{gpu}}}", "generation"),
                 (f"gpufleet_gpu_pcie_link_max_generation{{{gpu}}}", "max generation"),
-            ], width=12, description="A link narrower or slower than its maximum starves the GPU of host bandwidth."),
+                (f"gpufleet_gpu_fabric_state{{{gpu}}}", "fabric (3 registered)"),
+                (f"gpufleet_gpu_fabric_health{{{gpu}}}", "fabric health (1 healthy)"),
+            ], width=12, description="A link narrower or slower than its maximum starves the GPU of host bandwidth; a "
+                                     "GPU not registered with its NVSwitch fabric cannot reach its peers over NVLink "
+                                     "(HGX boards only)."),
              table("GPUs", [(f"gpufleet_gpu_info{{{gpu}}}", "")], width=12)],
             [timeseries("Ethernet throughput", [
                 (s.rate("gpufleet_network_transmit_bytes_total", node), "{{instance}} {{device}} tx"),
