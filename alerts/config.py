@@ -49,6 +49,8 @@ class Config:
     cluster_label: str = "cluster"
     # The scrape job of the exporters: `up` of other jobs (Prometheus itself, Alertmanager) is not ours.
     exporter_job: str = "gpufleet"
+    # The scrape job of Alertmanager's own metrics, whose failed notifications are alerted on.
+    alertmanager_job: str = "alertmanager"
     runbook_url: str = "https://github.com/gpufleet/gpufleet/blob/main/docs/runbooks.md#{anchor}"
     # The scrape job of node_exporter on the same nodes, for a site that keeps it: the network, InfiniBand,
     # hwmon and thermal readings are then node_exporter's series of this job (alerts/node_exporter.py), whose
