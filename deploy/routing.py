@@ -54,7 +54,10 @@ def _receiver(receiver: dict[str, Any], site: Site) -> dict[str, Any]:
             result["pagerdutyConfigs"] = [{"routingKey": {"name": site.pagerduty_secret, "key": "routing-key"},
                                            "sendResolved": bool(c.get("send_resolved", True))} for c in configs]
         elif key == "webhook_configs":
-            result["webhookConfigs"] = [{"url": site.ticket_url, "sendResolved": bool(c.get("send_resolved", True))}
+            url = {"ticket": site.ticket_url, "heartbeat": site.heartbeat_url}.get(receiver["name"])
+            if url is None:
+                raise RoutingError(f"receiver {receiver['name']}: no site value gives its webhook's URL")
+            result["webhookConfigs"] = [{"url": url, "sendResolved": bool(c.get("send_resolved", True))}
                                         for c in configs]
         elif key != "name":
             raise RoutingError(f"receiver {receiver['name']}: {key} has no translation")

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from gpufleet import duration
+from gpufleet.alerts.pipeline import WATCHDOG
 from gpufleet.devtools.net import free_port, http
 from gpufleet.devtools.paths import ROUTING
 from gpufleet.devtools.waiting import HarnessError
@@ -39,11 +40,13 @@ class Page:
 
 
 class Receiver:
-    """The pager (PagerDuty's Events API v2) and ticket (webhook) endpoints, on 127.0.0.1."""
+    """The pager (PagerDuty's Events API v2), ticket and heartbeat (webhook) endpoints, on 127.0.0.1. The heartbeat
+    (the Watchdog, each minute) is kept apart, as when each heartbeat arrived: it is no alert a fault explains."""
 
     def __init__(self) -> None:
         self.received: list[tuple[str, dict[str, str]]] = []
         self.pages: list[Page] = []
+        self.heartbeats: list[float] = []  # Monotonic seconds.
         self._lock = threading.Lock()
         receiver = self
 
@@ -63,6 +66,10 @@ class Receiver:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def add(self, path: str, body: dict[str, Any]) -> None:
+        if path == "heartbeat":
+            with self._lock:
+                self.heartbeats.append(time.monotonic())
+            return
         if path == "pager":
             action = str(body.get("event_action"))
             firing = body.get("payload", {}).get("custom_details", {}).get("firing", "")
@@ -99,7 +106,7 @@ class Receiver:
 
 class AlertLog:
     """Every alert Prometheus or vmalert reports, pending or firing, with when it first was seen, polled each
-    second.
+    second; but the Watchdog, which fires always (its heartbeats reach `Receiver.heartbeats`).
 
     `episodes` keeps each alert's spells of firing as [first, last] seen (monotonic seconds): an alert
     missing from more than `gap` seconds of polls had resolved, and a later firing is a new episode.
@@ -125,6 +132,8 @@ class AlertLog:
             if status != 200:
                 continue
             for alert in json.loads(body)["data"]["alerts"] or []:  # vmalert answers null for none.
+                if alert["labels"].get("alertname") == WATCHDOG:  # Always firing, by design.
+                    continue
                 key = frozenset(alert["labels"].items())
                 first, state = self.seen.get(key, (time.monotonic(), alert["state"]))
                 self.seen[key] = (first, "firing" if "firing" in (state, alert["state"]) else state)
@@ -166,7 +175,7 @@ def routing(workdir: Path, receiver: Receiver, time_scale: float = 1.0) -> Path:
         for pager in entry.get("pagerduty_configs", []):
             pager.update(routing_key_file=str(key), url=f"{receiver.url}/pager")
         for hook in entry.get("webhook_configs", []):
-            hook["url"] = f"{receiver.url}/ticket"
+            hook["url"] = f"{receiver.url}/{'heartbeat' if entry['name'] == 'heartbeat' else 'ticket'}"
     path = workdir / "alertmanager.yml"
     path.write_text(yaml.safe_dump(config))
     return path

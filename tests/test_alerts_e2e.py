@@ -16,6 +16,7 @@ an on-call engineer must not notice, and must.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -262,6 +263,7 @@ def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_no
     assert len(kept) >= 15 and lost == {}, f"alerts that vmalert's restart resolved or restarted: {lost}"
     for engine in engines:
         print(f"{engine.name}:")
+        check_heartbeat(engine.receiver)
         _check(engine, started, [UNSCRAPED] if engine.name == "vmalert" else [], failed[engine.name])
         _check_held_until_repaired(engine, started)
         _check_one_incident_per_fault(engine, started)
@@ -287,6 +289,15 @@ def _resolved(engine: Engine, instance: str) -> bool:
     """Whether the pager incident of `instance` has been opened and resolved."""
     return any(pages[-1].action == "resolve" and any(a.get("instance") == instance for p in pages for a in p.alerts)
                for _, pages in engine.receiver.incidents())
+
+
+def check_heartbeat(receiver: Receiver) -> None:
+    """The Watchdog reached the heartbeat receiver all along: once each group interval (a production minute, 7.5 s
+    here), with no gap a heartbeat service would page for (four intervals)."""
+    beats = list(receiver.heartbeats)
+    gaps = [later - earlier for earlier, later in itertools.pairwise(beats)]
+    print(f"heartbeats: {len(beats)}, the longest gap {max(gaps, default=0):.1f}s")
+    assert len(beats) >= 10 and max(gaps) <= 30, (len(beats), gaps)
 
 
 def _check_held_until_repaired(engine: Engine, started: float) -> None:

@@ -25,6 +25,7 @@ from test_alerts_e2e import (
     _check_one_incident_per_fault,
     _failed_scrapes,
     _wait_for_deliveries_and_repairs,
+    check_heartbeat,
 )
 from test_dashboards import has_data
 
@@ -190,6 +191,7 @@ def test_the_scenario_fires_the_same_alerts_and_every_dashboard_query_answers_be
                 pending = _without_data(url, dashboards, pending)
         finally:
             engine.log.stop()
+    check_heartbeat(receiver)
     _check(engine, started, [], failed)
     _check_held_until_repaired(engine, started)
     _check_one_incident_per_fault(engine, started)
