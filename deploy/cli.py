@@ -36,8 +36,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     kubernetes.set_defaults(handler=run)
 
 
+class _Dumper(yaml.SafeDumper):
+    """Text of several lines (a dashboard's JSON, a patch) as a literal block: readable, and diffs line by line."""
+
+
+_Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
+
+
 def _yaml(*objects: dict[str, Any]) -> str:
-    return manifests.HEADER + "---\n".join(yaml.safe_dump(o, sort_keys=False, width=120) for o in objects)
+    return manifests.HEADER + "---\n".join(
+        yaml.dump(o, Dumper=_Dumper, sort_keys=False, width=120) for o in objects)
 
 
 def _kustomization(resources: list[str], **more: Any) -> str:
