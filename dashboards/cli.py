@@ -77,13 +77,9 @@ def write(directory: Path, files: dict[str, str], check: bool) -> list[str]:
 def run_build(args: argparse.Namespace) -> int:
     if missing("grafanalib", "dashboards", "dashboards build"):
         return 2
-    directory = args.output
+    directory = checkout.directory(args.output, "dashboards/json", "dashboards build")
     if directory is None:
-        root = checkout.find()
-        if root is None:
-            print("gpufleet dashboards build: not in a gpufleet checkout; give --output DIR", file=sys.stderr)
-            return 2
-        directory = root / "dashboards" / "json"
+        return 2
     stale = write(directory, rendered(args.config), args.check)
     if args.check and stale:
         print(f"gpufleet dashboards build: out of date: {', '.join(stale)}; run `gpufleet dashboards build`",

@@ -99,13 +99,9 @@ def _write(directory: Path, files: dict[str, str]) -> None:
 def run(args: argparse.Namespace) -> int:
     if extras.missing("grafanalib", "dashboards", "deploy kubernetes"):
         return 2
-    directory = args.output
+    directory = checkout.directory(args.output, "deploy/kubernetes", "deploy kubernetes")
     if directory is None:
-        root = checkout.find()
-        if root is None:
-            print("gpufleet deploy kubernetes: not in a gpufleet checkout; give --output DIR", file=sys.stderr)
-            return 2
-        directory = root / "deploy" / "kubernetes"
+        return 2
     files = render(args.config)
     if not args.check:
         _write(directory, files)

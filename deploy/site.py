@@ -129,16 +129,13 @@ def _text_problem(key: str, value: str) -> str:
 
 
 def _labels_problem(key: str, value: dict[str, str]) -> str:
-    if key == "topology_node_labels":
-        for name, node_label in value.items():
-            if not _PROMETHEUS_LABEL.fullmatch(name):
-                return f"{name!r} is not a Prometheus label name"
-            if not _LABEL_KEY.fullmatch(node_label):
-                return f"{node_label!r} is not a Kubernetes label key"
-        return ""
-    for name, label_value in value.items():
-        if not _LABEL_KEY.fullmatch(name):
-            return f"{name!r} is not a Kubernetes label key"
-        if not _LABEL_VALUE.fullmatch(label_value):
-            return f"{label_value!r} (of {name}) is not a Kubernetes label value"
+    """Label keys and values as Kubernetes takes them; for `topology_node_labels`, Prometheus label names to
+    Kubernetes label keys."""
+    names, texts = ((_PROMETHEUS_LABEL, "a Prometheus label name"), (_LABEL_KEY, "a Kubernetes label key")) \
+        if key == "topology_node_labels" else ((_LABEL_KEY, "a Kubernetes label key"),
+                                               (_LABEL_VALUE, "a Kubernetes label value"))
+    for name, text in value.items():
+        for checked, (pattern, what) in ((name, names), (text, texts)):
+            if not pattern.fullmatch(checked):
+                return f"{checked!r} is not {what}"
     return ""

@@ -5,6 +5,7 @@ An installed package is never written to: run outside a checkout, a builder need
 
 from __future__ import annotations
 
+import sys
 import tomllib
 from pathlib import Path
 
@@ -22,3 +23,15 @@ def find(start: Path | None = None) -> Path | None:
             if name == "gpufleet":
                 return directory
     return None
+
+
+def directory(given: Path | None, relative: str, command: str) -> Path | None:
+    """Where a builder writes: `given`, or `relative` in the checkout this runs in; None outside one, having said
+    on stderr that `--output` is needed."""
+    if given is not None:
+        return given
+    root = find()
+    if root is None:
+        print(f"gpufleet {command}: not in a gpufleet checkout; give --output DIR", file=sys.stderr)
+        return None
+    return root / relative
