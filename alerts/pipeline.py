@@ -10,6 +10,7 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.rule import TREND_INTERVAL, alert
 
 WATCHDOG = "Watchdog"  # Always firing, by design: the tests' logs of alerts leave it out (devtools.delivery).
+WATCHDOG_SEVERITY = "none"  # Routed by its name alone; the only alert outside critical, warning and info.
 # The share of an integration's notifications that may fail over the window before it alerts: a single retry
 # that then succeeded is not an outage.
 FAILED_SHARE = 0.01
@@ -21,11 +22,13 @@ def pipeline(c: Config) -> dict[str, Any]:
     failed = f"rate(alertmanager_notifications_failed_total{job}[{c.d('5m')}])"
     sent = f"rate(alertmanager_notifications_total{job}[{c.d('5m')}])"
     rules = [
-        # Routed to the heartbeat receiver, never to a person (compose/alertmanager/alertmanager.yml).
-        alert(c, WATCHDOG, "vector(1)", "info",
+        # Routed to the heartbeat receiver, never to a person (compose/alertmanager/alertmanager.yml). Severity
+        # `none`, as kube-prometheus-stack's own: its Alertmanager mutes `info` alerts (InfoInhibitor) while no
+        # warning fires, and a muted Watchdog would page through the heartbeat service on a healthy fleet.
+        alert(c, WATCHDOG, "vector(1)", WATCHDOG_SEVERITY,
               "Always firing: proves to the heartbeat service that the alerting pipeline works.",
               "This alert fires always, through every part of the pipeline, and reaches the heartbeat receiver "
-              "each minute. The heartbeat service pages when it stops arriving.", held=False),
+              "once a minute. The heartbeat service pages when it stops arriving.", held=False),
         alert(c, "AlertmanagerNotificationsFailed",
               f"sum by ({c.by('instance', 'integration')}) ({failed}) / "
               f"sum by ({c.by('instance', 'integration')}) ({sent}) > {FAILED_SHARE:g}", "critical",

@@ -175,7 +175,9 @@ def routing(workdir: Path, receiver: Receiver, time_scale: float = 1.0) -> Path:
         for pager in entry.get("pagerduty_configs", []):
             pager.update(routing_key_file=str(key), url=f"{receiver.url}/pager")
         for hook in entry.get("webhook_configs", []):
-            hook["url"] = f"{receiver.url}/{'heartbeat' if entry['name'] == 'heartbeat' else 'ticket'}"
+            hook["url"] = f"{receiver.url}/ticket"
+        if entry["name"] == "heartbeat":  # The routing names no service until a site adds its own.
+            entry["webhook_configs"] = [{"url": f"{receiver.url}/heartbeat", "send_resolved": False}]
     path = workdir / "alertmanager.yml"
     path.write_text(yaml.safe_dump(config))
     return path

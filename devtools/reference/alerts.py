@@ -11,7 +11,8 @@ from gpufleet.alerts.rules import render
 from gpufleet.devtools.reference.markdown import GENERATED, cell, code, table
 
 SEVERITIES = {"critical": "pages: someone acts now", "warning": "opens a ticket: someone acts within working hours",
-              "info": "reaches nobody: for dashboards, and for the inhibition of other alerts"}
+              "info": "reaches nobody: for dashboards, and for the inhibition of other alerts",
+              "none": "the Watchdog's alone: reaches the heartbeat service once a minute, never a person"}
 
 
 def page(config: Config | None = None, rules: str | None = None) -> str:
