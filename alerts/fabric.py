@@ -75,15 +75,18 @@ def fabric(c: Config) -> dict[str, Any]:
     downed = f"round(increase({c.metric(ib + 'link_downed_total')}[{c.d(c.link_downed_window)}]))"
     not_active = f"{c.metric(ib + 'state_id')} != 4"
     unexpected = f"({c.metric(ib + 'physical_state_id')} == 3 or {c.metric(ib + 'port_seen_active')} == 0)"
+    # Beside node_exporter, a port's state outlives gpufleet's series when only gpufleet's exporter stops: a port
+    # must then be known to have been ACTIVE, not merely not known to be uncabled.
+    known = f" and on ({port}) {c.metric(ib + 'port_seen_active')} == 1" if c.node_exporter_job else ""
     rules = [
         record(LINK_DOWNS, f"{downed} > 0"),
         record(NOT_ACTIVE, not_active),
         # Not a port disabled on purpose, nor one never seen ACTIVE (no cable): the exporter remembers which
         # have been, across restarts and reboots, so that a port that died is not taken for one never cabled.
-        alert(c, "NicInfinibandPortDown", f"{not_active} unless on ({port}) {unexpected}", "critical",
+        alert(c, "NicInfinibandPortDown", f"{not_active} unless on ({port}) {unexpected}{known}", "critical",
               "An InfiniBand port is not active.",
-              f"{PORT} is in state {{{{ $value }}}}, not 4 (ACTIVE).", for_="2m", held_by=c.node_jobs()),
-        _leaf_down(c, f"{NOT_ACTIVE} unless on ({port}) {unexpected}"),
+              f"{PORT} is in state {{{{ $value }}}}, not 4 (ACTIVE).", for_="2m", held_by=c.both_jobs()),
+        _leaf_down(c, f"{NOT_ACTIVE} unless on ({port}) {unexpected}{known}"),
         # Against the rate the port is known to reach (its own fastest, or its same-model peers'), as the
         # exporter reports it: never against another HCA, such as a slower storage HCA of the same node.
         alert(c, "NicInfinibandRateDegraded",
