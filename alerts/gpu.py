@@ -24,6 +24,7 @@ from gpufleet.alerts.recording import (
     share_of_time,
 )
 from gpufleet.alerts.rule import GPU, TREND_INTERVAL, alert, matcher, printf
+from gpufleet.fabric import REGISTRATION_FAILED as FABRIC_FAILED
 from gpufleet.xid import APPLICATION, CLASSED, RESET_OR_REBOOT, WATCH, Action
 
 _CRC = 'error=~"crc_flit|crc_data"'
@@ -87,10 +88,13 @@ def gpu_failures(c: Config) -> dict[str, Any]:
               "within one minute at most."),
         # The fabric manager registers every GPU of an HGX board within seconds of a boot or a reset: five minutes
         # not registered is a GPU no job can use with its peers.
-        alert(c, "GpuFabricNotReady", f"{c.metric('gpufleet_gpu_fabric_state')} != 3", "critical",
+        # A registration that completed with an error is as unusable (fabric health 4).
+        alert(c, "GpuFabricNotReady", f"{c.metric('gpufleet_gpu_fabric_state')} != 3 or "
+                                      f"{c.metric('gpufleet_gpu_fabric_health')} == {FABRIC_FAILED}", "critical",
               "A GPU is not registered with its NVSwitch fabric: it cannot reach its peers over NVLink.",
-              f"{GPU} has fabric state {{{{ $value }}}} (1 not started, 2 in progress; 3 is registered): jobs that "
-              "need it fail at their first collective.", for_="5m"),
+              f"{GPU} {{{{ if eq $value {FABRIC_FAILED:.1f} }}}}failed its fabric registration{{{{ else }}}}has fabric "
+              "state {{ $value }} (1 not started, 2 in progress; 3 is registered){{ end }}: jobs that need it fail "
+              "at their first collective.", for_="5m"),
         alert(c, "GpuNvlinkDown", f"{c.metric('gpufleet_gpu_nvlink_up')} == 0", "critical",
               "An NVLink is down.", f"NVLink {{{{ $labels.link }}}} of {GPU} is down.", for_="2m"),
         alert(c, "GpuThermalMarginLow",
@@ -124,7 +128,7 @@ def gpu_trends(c: Config) -> dict[str, Any]:
               f"max_over_time({last_xid}[{repeat}]) > min_over_time({last_xid}[{repeat}])", "warning",
               "An application XID repeats on the same GPU.",
               f"{GPU} reported XID {{{{ $labels.xid }}}} again within {c.repeat_window}."),
-        alert(c, "GpuFabricDegraded", f"{c.metric('gpufleet_gpu_fabric_health')} != 1", "warning",
+        alert(c, "GpuFabricDegraded", f"{c.metric('gpufleet_gpu_fabric_health')} > 1 < {FABRIC_FAILED}", "warning",
               "A GPU's NVSwitch fabric is unhealthy or runs at limited capacity.",
               f"{GPU} reports fabric health {{{{ $value }}}} (2 unhealthy, 3 limited capacity): its NVLink traffic "
               "runs below full bandwidth or over recovered routes.", for_="10m"),

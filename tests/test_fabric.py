@@ -30,18 +30,20 @@ def test_a_registered_gpu_is_healthy_and_one_registering_has_no_health_yet(nvml,
     assert fabric(nvml, clock) == {(STATE, 0): 3, (HEALTH, 0): 1, (STATE, 1): 2, (HEALTH, 1): None}
 
 
-def test_the_drivers_summary_is_read_as_it_is(nvml, clock):
+def test_the_drivers_summary_is_read_as_it_is_unless_the_registration_failed(nvml, clock):
     nvml.gpus[0].fabric_health_summary = pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY
     nvml.gpus[1].fabric_health_summary = pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY
     found = fabric(nvml, clock)
     assert (found[HEALTH, 0], found[HEALTH, 1]) == (3, 2)
+    nvml.gpus[1].fabric_status = pynvml.NVML_ERROR_UNKNOWN  # The summary says nothing of the registration.
+    assert fabric(nvml, clock)[HEALTH, 1] == 4
 
 
 @pytest.mark.parametrize(("mask", "status", "health"), [
     (0, pynvml.NVML_SUCCESS, 1),
     (BANDWIDTH, pynvml.NVML_SUCCESS, 3),
     (ROUTE | BANDWIDTH, pynvml.NVML_SUCCESS, 2),
-    (0, pynvml.NVML_ERROR_UNKNOWN, 2),  # The registration completed with an error.
+    (0, pynvml.NVML_ERROR_UNKNOWN, 4),  # The registration completed with an error.
 ])
 def test_a_driver_without_a_summary_has_its_health_read_from_the_flags_and_status(nvml, clock, mask, status, health):
     for board in nvml.gpus:
@@ -54,7 +56,7 @@ def test_a_driver_without_the_versioned_call_is_read_through_the_older_one(nvml,
     for board in nvml.gpus:
         board.errors["nvmlDeviceGetGpuFabricInfoV"] = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
     nvml.gpus[1].fabric_status = pynvml.NVML_ERROR_UNKNOWN
-    assert fabric(nvml, clock) == {(STATE, 0): 3, (HEALTH, 0): 1, (STATE, 1): 3, (HEALTH, 1): 2}
+    assert fabric(nvml, clock) == {(STATE, 0): 3, (HEALTH, 0): 1, (STATE, 1): 3, (HEALTH, 1): 4}
 
 
 def test_a_board_without_a_fabric_has_no_fabric_series_and_says_so_once(nvml, clock, caplog):

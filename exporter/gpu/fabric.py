@@ -16,17 +16,17 @@ from typing import Any
 
 import pynvml
 
+from gpufleet import fabric
 from gpufleet.exporter.gpu.nvml import Handle, Nvml
 from gpufleet.exporter.gpu.probes import GpuMetric, Probe, Reading
 
 STATE = GpuMetric("gpufleet_gpu_fabric_state", "The GPU's registration with the NVSwitch fabric manager (1 not "
                   "started, 2 in progress, 3 completed); absent on a board without a fabric.")
 HEALTH = GpuMetric("gpufleet_gpu_fabric_health", "The GPU's NVSwitch fabric health once registered (1 healthy, "
-                   "2 unhealthy, 3 limited capacity): NVML's summary, or from its health flags and the "
-                   "registration's status where the driver has no summary.")
-_HEALTHY, _UNHEALTHY, _LIMITED = (pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY,
-                                  pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY,
-                                  pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY)
+                   "2 unhealthy, 3 limited capacity: NVML's summary, or from its health flags where the driver has "
+                   "none; 4 the registration failed).")
+_SUMMARIES = frozenset({pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY, pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY,
+                        pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY})  # gpufleet.fabric's 1 to 3.
 # Health flags that, set (their TRUE value, 1), mean the fabric cannot carry the GPU's traffic as it should.
 _FAULTS = (pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_UNHEALTHY,
            pynvml.NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_ROUTE_RECOVERY,
@@ -48,15 +48,17 @@ def _flag(mask: int, shift: int) -> bool:
 
 
 def health(info: Any) -> float:
-    """The summary where the driver gives one; otherwise unhealthy for a failed registration or a faulty route,
-    limited capacity for degraded bandwidth alone, else healthy."""
+    """Failed for a registration that completed with an error; otherwise the summary where the driver gives one,
+    or unhealthy for a faulty route, limited capacity for degraded bandwidth alone, else healthy."""
+    if info.status != pynvml.NVML_SUCCESS:
+        return float(fabric.REGISTRATION_FAILED)
     summary = getattr(info, "healthSummary", pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_NOT_SUPPORTED)
-    if summary in (_HEALTHY, _UNHEALTHY, _LIMITED):
+    if summary in _SUMMARIES:
         return float(summary)
     mask = getattr(info, "healthMask", 0)
-    if info.status != pynvml.NVML_SUCCESS or any(_flag(mask, shift) for shift in _FAULTS):
-        return float(_UNHEALTHY)
-    return float(_LIMITED if _flag(mask, _DEGRADED_BANDWIDTH) else _HEALTHY)
+    if any(_flag(mask, shift) for shift in _FAULTS):
+        return float(fabric.UNHEALTHY)
+    return float(fabric.LIMITED_CAPACITY if _flag(mask, _DEGRADED_BANDWIDTH) else fabric.HEALTHY)
 
 
 class FabricInfo:
@@ -68,9 +70,7 @@ class FabricInfo:
     def __call__(self, nvml: Nvml, handle: Handle) -> list[Reading]:
         while True:
             structure, call = _VERSIONS[self._version]
-            info = structure()
-            if structure is not pynvml.c_nvmlGpuFabricInfo_t:
-                info.version = pynvml.nvmlGpuFabricInfo_v3 if self._version == 0 else pynvml.nvmlGpuFabricInfo_v2
+            info = structure()  # The versioned structures set their own `version`.
             try:
                 call(nvml, handle, ctypes.byref(info))
                 break
