@@ -50,7 +50,8 @@ class Scope:
             return f"{metric}{{{matchers}}}"
         selector = self.config.node_exporter_selector()
         mine = self.config.selector
-        assert matchers.startswith(mine), f"{matchers} is not one of this scope's"
+        if not matchers.startswith(mine):
+            raise ValueError(f"{matchers} is not one of this scope's matchers")
         matchers = selector + matchers[len(mine):] if mine else f"{selector}, {matchers}"
         return f"{node_exporter.NAMES[metric]}{{{matchers}}}"
 

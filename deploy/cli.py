@@ -66,7 +66,7 @@ def render(settings: config.Config) -> dict[str, str]:
         "exporter.yaml": _yaml(*manifests.exporter_objects(settings, values)),
         "servicemonitor.yaml": _yaml(watched["ServiceMonitor"]),
         "prometheusrule.yaml": _yaml(manifests.prometheus_rule(settings, values)),
-        "alertmanagerconfig.yaml": _yaml(manifests.alertmanager_config(values)),
+        "alertmanagerconfig.yaml": _yaml(manifests.alertmanager_config(settings, values)),
         "dashboards.yaml": _yaml(*manifests.dashboard_configmaps(values, rendered(settings))),
     }
     return {
@@ -93,6 +93,7 @@ def _write(directory: Path, files: dict[str, str]) -> None:
         handle, partial = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         with os.fdopen(handle, "w", encoding="utf-8") as out:
             out.write(text)
+        os.chmod(partial, 0o644)  # mkstemp's 0600 would keep the manifests from the rest of a team.
         os.replace(partial, path)
 
 

@@ -13,7 +13,7 @@ import yaml
 
 from gpufleet.alerts import node_exporter
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.rules import render
+from gpufleet.alerts.rules import groups, render
 from gpufleet.deploy import routing
 from gpufleet.deploy.site import Site
 
@@ -155,9 +155,10 @@ def prometheus_rule(config: Config, site: Site, layer: str = "core") -> dict[str
             "metadata": _metadata(site, name, site.monitor_labels), "spec": {"groups": groups}}
 
 
-def alertmanager_config(site: Site) -> dict[str, Any]:
+def alertmanager_config(config: Config, site: Site) -> dict[str, Any]:
+    alerts = [rule["alert"] for group in groups(config) for rule in group["rules"] if "alert" in rule]
     return {"apiVersion": "monitoring.coreos.com/v1alpha1", "kind": "AlertmanagerConfig",
-            "metadata": _metadata(site, "gpufleet", site.monitor_labels), "spec": routing.spec(site)}
+            "metadata": _metadata(site, "gpufleet", site.monitor_labels), "spec": routing.spec(site, alerts)}
 
 
 def dashboard_configmaps(site: Site, dashboards: dict[str, str]) -> list[dict[str, Any]]:

@@ -61,14 +61,21 @@ def _receiver(receiver: dict[str, Any], site: Site) -> dict[str, Any]:
                                         for c in configs]
         elif key != "name":
             raise RoutingError(f"receiver {receiver['name']}: {key} has no translation")
+    if receiver["name"] == "heartbeat" and site.heartbeat_url:  # The site's heartbeat service, where it has one.
+        result["webhookConfigs"] = [{"url": site.heartbeat_url, "sendResolved": False}]
     return result
 
 
-def spec(site: Site, routing: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The AlertmanagerConfig's spec for `routing` (compose's, by default)."""
+def spec(site: Site, alerts: list[str], routing: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The AlertmanagerConfig's spec for `routing` (compose's, by default), its top route narrowed to gpufleet's
+    `alerts` by name: with the Operator's namespace matcher off (docs/deployment/kubernetes.md), the route would
+    otherwise take every alert of the cluster to gpufleet's pager and ticket queue."""
     routing = routing if routing is not None else yaml.safe_load(ROUTING.read_text(encoding="utf-8"))
+    top = _route(routing["route"])
+    top["matchers"] = [{"name": "alertname", "value": "|".join(sorted(alerts)), "matchType": "=~"},
+                       *top.get("matchers", [])]
     return {
-        "route": _route(routing["route"]),
+        "route": top,
         "inhibitRules": [{"sourceMatch": [matcher(m) for m in rule["source_matchers"]],
                           "targetMatch": [matcher(m) for m in rule["target_matchers"]],
                           "equal": rule.get("equal", [])} for rule in routing.get("inhibit_rules", [])],

@@ -62,8 +62,9 @@ class Site:
     # The Secret (in `namespace`) whose `routing-key` is the PagerDuty integration key of the pager receiver.
     pagerduty_secret: str = "gpufleet-pagerduty"
     ticket_url: str = "http://jiralert.gpufleet.svc:9097/alert"  # Where tickets go: jiralert or a like bridge.
-    # Where the Watchdog goes each minute: a dead man's switch service's URL, which pages when it stops.
-    heartbeat_url: str = "http://heartbeat.invalid/ping"
+    # Where the Watchdog goes each minute: a dead man's switch service's ping URL, which pages when it stops; empty,
+    # it goes nowhere.
+    heartbeat_url: str = ""
 
 
 def check(values: object) -> None:
@@ -123,7 +124,8 @@ def _text_problem(key: str, value: str) -> str:
             duration.parse(value)
         except duration.DurationError as err:
             return str(err)
-    if key in ("ticket_url", "heartbeat_url") and not value.startswith(("http://", "https://")):
+    url = key == "ticket_url" or (key == "heartbeat_url" and value)  # No heartbeat service is a choice.
+    if url and not value.startswith(("http://", "https://")):
         return f"{value!r} is not an http(s) URL"
     return ""
 
