@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from grafanalib import core
 
-from gpufleet.alerts import node_exporter
 from gpufleet.alerts.config import Config
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
@@ -43,17 +42,13 @@ class Scope:
         return self.config.by(*labels)
 
     def series(self, metric: str, matchers: str) -> str:
-        """`metric{matchers}`, `matchers` being this scope's `cluster`, `node` or `gpu`: node_exporter's series
-        of the same reading, under its job, where the site keeps node_exporter (alerts/node_exporter.py)."""
-        job = self.config.node_exporter_job
-        if not job or metric not in node_exporter.NAMES:
-            return f"{metric}{{{matchers}}}"
-        selector = self.config.node_exporter_selector()
+        """`metric{matchers}`, `matchers` being this scope's `cluster`, `node` or `gpu`, named as the configuration
+        names it (`Config.metric`): node_exporter's series of the same reading, under its job, where the site keeps
+        node_exporter."""
         mine = self.config.selector
         if not matchers.startswith(mine):
             raise ValueError(f"{matchers} is not one of this scope's matchers")
-        matchers = selector + matchers[len(mine):] if mine else f"{selector}, {matchers}"
-        return f"{node_exporter.NAMES[metric]}{{{matchers}}}"
+        return self.config.metric(metric, matchers[len(mine):].lstrip(", "))
 
     def rate(self, metric: str, matchers: str) -> str:
         """A counter's per-second rate over Grafana's `$__rate_interval`, which follows the zoom."""
