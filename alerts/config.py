@@ -89,6 +89,15 @@ class Config:
     straggler_mad_floor: float = 0.01
     busy_utilization: float = 0.5  # Nodes with no job are compared only while their GPUs are this busy.
 
+    # Hung jobs (alerts/jobs.py): a GPU spins while NVML counts it busy and its SM and tensor activity (GPM) stay
+    # below these; NCCL's polling kernel keeps a few SMs of a hundred or more active.
+    job_hang_sm_active: float = 0.15
+    job_hang_tensor_active: float = 0.05
+    job_hang_spinning_share: float = 0.5  # At least this share of a job's GPUs spin, and none works.
+    job_hang_min_gpus: int = 2  # One GPU that spins alone is more likely a polling service than a collective.
+    job_hang_for: Duration = "10m"
+    job_hang_lookback: Duration = "30m"  # How far back the page looks for the first node with a fault signal.
+
     # Network and fabric.
     saturation_warning: float = 0.8  # Share of link speed.
     saturation_critical: float = 0.95  # With a training job on the node.

@@ -1,9 +1,9 @@
 """All rule groups, in the order Prometheus should load them, rendered into one file.
 
 Conventions are those of kubernetes-mixin and node-mixin: CamelCase names with a
-`Gpu`/`Nic`/`Node`/`Fabric` prefix (`Alertmanager`, and the `Watchdog`, for the pipeline's own); `severity`
-critical (page now), warning (ticket) or info (not routed); annotations `summary`, `description` and
-`runbook_url`.
+`Gpu`/`Nic`/`Node`/`Fabric` prefix, `Job` for what a whole job shows (`Alertmanager`, and the `Watchdog`,
+for the pipeline's own); `severity` critical (page now), warning (ticket) or info (not routed); annotations
+`summary`, `description` and `runbook_url`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from gpufleet.alerts.dcgm import dcgm_compat
 from gpufleet.alerts.exporter import collector_health, exporter_health
 from gpufleet.alerts.fabric import fabric, fabric_trends
 from gpufleet.alerts.gpu import gpu_failures, gpu_trends
+from gpufleet.alerts.jobs import jobs
 from gpufleet.alerts.pipeline import pipeline
 from gpufleet.alerts.recording import shared
 from gpufleet.alerts.reliability import reliability
@@ -35,9 +36,9 @@ def groups(config: Config) -> list[dict[str, Any]]:
     """Two speeds (see `rule.TREND_INTERVAL`): the pager's groups run at Prometheus's `evaluation_interval`,
     which should be the scrape interval; the first tier and every group that judges minutes of data run every
     minute; capacity and reliability, which the reports read, every five."""
-    return [shared(config), stragglers(config), gpu_failures(config), fabric(config), exporter_health(config),
-            collector_health(config), gpu_trends(config), fabric_trends(config), *capacity(config), reliability(config),
-            pipeline(config)]
+    return [shared(config), stragglers(config), jobs(config), gpu_failures(config), fabric(config),
+            exporter_health(config), collector_health(config), gpu_trends(config), fabric_trends(config),
+            *capacity(config), reliability(config), pipeline(config)]
 
 
 def recorded_by(rule_groups: list[dict[str, Any]]) -> dict[str, str]:

@@ -340,7 +340,7 @@ def run(sweep: Sweep) -> Outcome:
                   "minutes", file=sys.stderr)
             time.sleep(sweep.healthy_minutes * 60 / scale)
             done = _inject(sweep, jobs, sim.url)
-            round_ = _kinds_round(sweep, nodes, sim.url)
+            round_ = _kinds_round(sweep, nodes, sim.url, prom.url)
             log.stop()
             ended = time.monotonic()
             moved = movement(sim.url, prom.url, round(ended - began))
@@ -358,13 +358,21 @@ def _straggling(alert: dict[str, str], at: float, done: list[Case], scale: float
     return any(c.node == alert.get("instance") and c.start <= at <= c.end + 600 / scale for c in done)
 
 
-def _kinds_round(sweep: Sweep, nodes: int, sim_url: str) -> list[incidents.Injected]:
-    """The round of fault kinds, once the stragglers' rounds have settled: injected, then left to page."""
+def _kinds_round(sweep: Sweep, nodes: int, sim_url: str, prom_url: str) -> list[incidents.Injected]:
+    """The round of fault kinds, once the stragglers' rounds have settled: injected, then left to page. A hang
+    is the job's that its node runs then, as Prometheus saw it."""
     if not sweep.kinds:
         return []
     seconds = sweep.kinds_minutes * 60 / sweep.time_scale
     names = [f"gpu-node-{number:04d}" for number in range(1, nodes + 1)]
     round_ = incidents.inject(sim_url, names, sweep.kinds, seconds, sweep.seed, time.monotonic())
+    for fault in round_:
+        if fault.kind == "job_hang":
+            found = query(prom_url, f'group by (job_id) (gpufleet_gpu_job_info{{instance="{fault.node}",job_id!=""}})')
+            fault.job = found[0]["metric"]["job_id"] if found else ""
+            if not fault.job:
+                fault.pages = False  # An idle node has no job to hang.
+                print(f"job_hang on {fault.node}: the node runs no job, so nothing should page", file=sys.stderr)
     print("fault kinds: " + ", ".join(f"{f.kind} on {f.node}" for f in round_), file=sys.stderr)
     time.sleep(seconds)
     return round_

@@ -36,6 +36,7 @@ KINDS: tuple[tuple[dict[str, Any], bool], ...] = (
     ({"kind": "nic_saturation", "port": "mlx5_1/1", "direction": "tx"}, False),
     ({"kind": "fabric_not_ready", "gpu": 6}, True),
     ({"kind": "fabric_degraded", "gpu": 2}, False),
+    ({"kind": "job_hang"}, True),  # Pages once for the job the node runs, not for the node (`Injected.job`).
 )
 
 
@@ -50,10 +51,17 @@ class Injected:
     end: float = 0.0
     incidents: int = 0
     paged: float | None = None  # Production minutes from its start to its first page.
+    job: str = ""  # A job_hang's: the id of the job its node ran, whose JobHung pages are its.
 
     @property
     def kind(self) -> str:
         return str(self.fault["kind"])
+
+    def caused(self, alert: dict[str, str]) -> bool:
+        """Whether an alert (its labels) is this fault's: on its node, or its job's hang."""
+        if self.job and alert.get("alertname") == "JobHung":
+            return alert.get("job_id") == self.job
+        return alert.get("instance") == self.node
 
     @property
     def right(self) -> bool:
@@ -86,7 +94,7 @@ def count(round_: list[Injected], receiver: Receiver, scale: float,
     for fault in round_:
         mine = [(number, pages) for number, (_, pages) in enumerate(incidents)
                 if number not in explained and pages[-1].at >= fault.start
-                and any(alert.get("instance") == fault.node for page in pages for alert in page.alerts)]
+                and any(fault.caused(alert) for page in pages for alert in page.alerts)]
         fault.incidents = len(mine)
         explained.update(number for number, _ in mine)
         if mine:

@@ -132,7 +132,7 @@ class FaultEffects:
     def _fire_events(self) -> None:
         """Raise each fault's XID once, when the node's time first passes the fault's start."""
         for fault in self.state.fleet.faults_for(self.state.name):
-            code = fault.xid if fault.kind is Kind.XID else XIDS.get(fault.kind)
+            code = fault.xid if fault.kind in (Kind.XID, Kind.JOB_HANG) else XIDS.get(fault.kind)
             if code is not None and fault.start <= self.state.t and fault.id not in self.state.fired:
                 self.state.fired.add(fault.id)
                 self.nvml.inject_xid(fault.gpu or 0, code)

@@ -50,6 +50,7 @@ class FaultKind(StrEnum):
     GPU_REPLACE = "gpu_replace"
     SWITCH_DOWN = "switch_down"
     GPU_REMOVED = "gpu_removed"
+    JOB_HANG = "job_hang"
 
 
 # The XID each kind raises on its GPU when it starts, from the catalog the alerts class them by.
@@ -75,6 +76,9 @@ KINDS: dict[FaultKind, tuple[tuple[str, ...], str]] = {
                                           "until the fault ends"),
     FaultKind.STRAGGLER: ((), "each training step of the node takes `slowdown` longer (0.4), for a `cause` (clock); "
                               "the other nodes of its job wait for it"),
+    FaultKind.JOB_HANG: ((), "the job the node runs hangs (a collective that never completes): every GPU of every "
+                             "node of the job busy to NVML (90 %) with SM activity at 6 % and no tensor activity; "
+                             "with `xid`, the node's `gpu` (0) raises it first, as the node that failed"),
     FaultKind.NIC_SATURATION: (("port",), "a NIC port transmits (or receives) at `level` of link speed (0.97)"),
     FaultKind.IB_CONGESTION: (("port",), "port_xmit_wait rises by `rate` ticks per second (5 million)"),
     FaultKind.IB_LINK_DOWN: (("port",), "an InfiniBand port goes down: its traffic stops"),
@@ -239,6 +243,8 @@ def parse_fault(raw: Any, what: str, fault_id: str, nodes: dict[str, Any], gpus_
         raise ScenarioError(f"{what}: direction must be tx or rx, not {direction!r}")
     if not saturation and direction is not None:
         raise ScenarioError(f"{what}: kind {kind} takes no direction")
+    if "xid" in raw and kind not in (FaultKind.XID, FaultKind.JOB_HANG):
+        raise ScenarioError(f"{what}: kind {kind} takes no xid")
     sizes = _sizes(raw, what, kind)
     cause = raw.get("cause")
     if cause is not None and kind is not FaultKind.STRAGGLER:

@@ -89,12 +89,16 @@ class Workload:
             if job is None:
                 segments.append(Segment(begin, finish, ((1.0, IDLE),)))
                 continue
-            stragglers = [f for f in self.state.fleet.faults if f.kind is Kind.STRAGGLER and f.node in job.nodes]
-            edges = sorted({begin, *(t for f in stragglers for t in (f.start, f.end) if t is not None
+            shaping = [f for f in self.state.fleet.faults
+                       if f.kind in (Kind.STRAGGLER, Kind.JOB_HANG) and f.node in job.nodes]
+            edges = sorted({begin, *(t for f in shaping for t in (f.start, f.end) if t is not None
                                      and begin < t < finish)})
             for start, end in zip(edges, [*edges[1:], finish], strict=True):
+                if any(f.kind is Kind.JOB_HANG and f.active(start) for f in shaping):
+                    segments.append(Segment(start, end, ((job.period, WAIT),)))  # Every node waits on a peer.
+                    continue
                 slow: dict[str, Fault] = {}
-                for fault in sorted((f for f in stragglers if f.active(start)), key=lambda f: f.size):
+                for fault in sorted((f for f in shaping if f.active(start)), key=lambda f: f.size):
                     slow[fault.node] = fault  # The largest of one node's slowdowns.
                 segments.append(Segment(start, end, self._cycle(job, slow)))
         self._segments = (key, segments)

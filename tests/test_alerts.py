@@ -53,7 +53,7 @@ def test_vmalerts_file_is_prometheus_rules_with_the_pagers_groups_asking_rules_a
     assert {g["name"]: g["concurrency"] for g in site if g["concurrency"] > 1} == {
         "gpufleet-gpu-failures": 8, "gpufleet-fabric": 7, "gpufleet-exporter": 2, "gpufleet-recording": 3,
         "gpufleet-stragglers": 3, "gpufleet-exporter-trends": 3, "gpufleet-gpu-trends": 3,
-        "gpufleet-fabric-trends": 3, "gpufleet-pipeline": 2}
+        "gpufleet-fabric-trends": 3, "gpufleet-pipeline": 2, "gpufleet-jobs": 2}
     # Time-scaled (the end-to-end test), the minute groups run every 8 s and keep their concurrency.
     scaled = yaml.safe_load(render(Config().scaled(8), "vmalert"))["groups"]
     assert {g["name"]: g["concurrency"] for g in scaled} == concurrency
@@ -123,8 +123,9 @@ def test_every_alert_carries_severity_summary_description_and_runbook():
         assert rule["labels"]["severity"] in ({WATCHDOG_SEVERITY} if rule["alert"] == WATCHDOG else {
             "critical", "warning", "info"}), rule["alert"]
         assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}, rule["alert"]
-        # The pipeline's own: Alertmanager's, and the Watchdog, by the name heartbeat integrations know it by.
-        assert rule["alert"].startswith(("Gpu", "Nic", "Node", "Fabric", "Alertmanager")) or rule["alert"] == WATCHDOG
+        # A job's (`Job`); the pipeline's own: Alertmanager's, and the Watchdog, by the name heartbeat integrations
+        # know it by.
+        assert rule["alert"].startswith(("Gpu", "Nic", "Node", "Fabric", "Job", "Alertmanager")) or rule["alert"] == WATCHDOG
 
 
 

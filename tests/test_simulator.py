@@ -15,6 +15,7 @@ from gpufleet.simulator.faults import ScenarioError, load_scenario, parse_fault
 from gpufleet.simulator.fleet import Fleet, collector_flags
 from gpufleet.simulator.layout import Job, LayoutError, load_layout
 
+from fleets import value
 from helpers import eventually, parse
 
 NOW = 300.0  # Simulated seconds; every fault below starts at 100 s unless it says otherwise.
@@ -178,6 +179,24 @@ async def test_a_straggler_slows_itself_and_its_peers_wait_while_other_nodes_see
         assert len(energy) == 8, member  # Every GPU of both job members draws differently from then on.
 
 
+async def test_a_hung_job_spins_on_every_node_and_its_failing_node_raises_its_xid(baseline):
+    """Every GPU of the job the fault's node runs waits in a collective: busy to NVML, SMs nearly still, the
+    tensor pipes idle; only the named node raises the XID it failed with."""
+    faulted = await with_faults({"node": "gpu-node-0002", "kind": "job_hang", "gpu": 3, "xid": 43})
+    for outsider in ("gpu-node-0003", "gpu-node-0004"):
+        assert differences(baseline[outsider], faulted[outsider]) == set()
+    for member in ("gpu-node-0001", "gpu-node-0002"):
+        samples = faulted[member]
+        for gpu in map(str, range(8)):
+            at = {"gpu": gpu}
+            assert value(samples, "gpufleet_gpu_utilization_ratio", **at) > 0.8, (member, gpu)
+            assert value(samples, "gpufleet_gpu_sm_active_ratio", **at) < 0.1, (member, gpu)
+            assert value(samples, "gpufleet_gpu_tensor_active_ratio", **at) == 0, (member, gpu)
+        xids = {dict(labels)["gpu"] for (name, labels), count in samples.items()
+                if name == "gpufleet_gpu_xid_errors_total" and dict(labels).get("xid") == "43" and count}
+        assert xids == ({"3"} if member == "gpu-node-0002" else set()), member
+
+
 @pytest.mark.parametrize(("fault", "expected"), [
     ({"kind": "nic_saturation", "port": "mlx5_3/1", "direction": "tx"},
      {"gpufleet_infiniband_port_xmit_data_bytes_total", "gpufleet_infiniband_port_xmit_packets_total"}),
@@ -294,6 +313,7 @@ def test_scenario_files_are_checked_with_clear_messages():
             ("faults: [{kind: straggler, node: gpu-node-0001, start: soon}]", "start: invalid duration 'soon'"),
             ("faults: [{kind: straggler, node: gpu-node-0001, colour: red}]", "unknown field 'colour'"),
             ("faults: [{kind: straggler, node: gpu-node-0001, direction: tx}]", "takes no direction"),
+            ("faults: [{kind: straggler, node: gpu-node-0001, xid: 79}]", "kind straggler takes no xid"),
             ("faults: [oops", "not valid YAML"),
             ("nodes: 3", "unknown top-level key 'nodes'"),
         ):
