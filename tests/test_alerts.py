@@ -125,7 +125,8 @@ def test_every_alert_carries_severity_summary_description_and_runbook():
         assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}, rule["alert"]
         # A job's (`Job`); the pipeline's own: Alertmanager's, and the Watchdog, by the name heartbeat integrations
         # know it by.
-        assert rule["alert"].startswith(("Gpu", "Nic", "Node", "Fabric", "Job", "Alertmanager")) or rule["alert"] == WATCHDOG
+        prefixes = ("Gpu", "Nic", "Node", "Fabric", "Job", "Alertmanager")
+        assert rule["alert"].startswith(prefixes) or rule["alert"] == WATCHDOG
 
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.jobs import JobAttribution
+from gpufleet.exporter.gpu.podjobs import PodJobs, compile_pattern
 from gpufleet.exporter.gpu.podresources import (
     PodResourcesClient,
     PodResourcesUnavailable,
@@ -108,6 +109,39 @@ def test_pods_are_named_and_allocated_idle_gpus_are_shown(kubelet):
     # Nothing runs on GPU 1 yet, but a pod holds it: allocated, and visible as such.
     assert infos(samples, 1) == [{"scheduler": "kubernetes", "namespace": "ml-team", "pod": "trainer-1",
                                   "container": "worker"}]
+
+
+@pytest.mark.parametrize(("name", "job_id"), [
+    ("llama-workers-0-3-x7k2p", "ml-team/llama-workers"),  # JobSet: replicated job "workers", job 0, pod 3.
+    ("bert-12-q9z4w", "ml-team/bert"),  # An Indexed Job's pod 12.
+    ("resnet-worker-7", "ml-team/resnet"),  # Kubeflow's PyTorchJob (or MPIJob) worker.
+    ("resnet-master-0", "ml-team/resnet"),
+    ("trainer-model", None),  # Ends in a five-letter word with vowels: no generated suffix.
+    ("notebook-0", None),  # A StatefulSet's pod: no training operator's naming.
+])
+def test_a_training_operators_pod_names_its_job(kubelet, name, job_id):
+    socket, answer = kubelet
+    answer["bytes"] = response(pod("ml-team", name, container("main", "nvidia.com/gpu", uuid(0))),
+                               pod("ml-team", name, container("main", "nvidia.com/gpu", uuid(1))))
+    _, samples = collect(socket, [board(0, 1003), board(1)])
+    for gpu in (0, 1):  # A running job's pod, and one that holds its GPU before its process starts.
+        assert [info.get("job_id") for info in infos(samples, gpu)] == [job_id], gpu
+
+
+def test_a_sites_pattern_names_jobs_before_the_operators(kubelet):
+    socket, answer = kubelet
+    answer["bytes"] = response(pod("ml-team", "run42-rank-3", container("main", "nvidia.com/gpu", uuid(0))),
+                               pod("ml-team", "bert-12-q9z4w", container("main", "nvidia.com/gpu", uuid(1))))
+    client = PodResourcesClient(str(socket))
+    collector = GpuCollector(NvmlSession(SimulatedNvml([board(0, 1003), board(1)])),
+                             jobs=JobAttribution(DiskTree(FIXTURE_PROC), pod_resources=client,
+                                                 pod_jobs=PodJobs(compile_pattern(r"(?P<job>run\d+)-rank-\d+"))))
+    try:
+        samples = rendered(collector.collect())
+    finally:
+        collector.close()
+    assert [info.get("job_id") for info in infos(samples, 0)] == ["ml-team/run42"]
+    assert [info.get("job_id") for info in infos(samples, 1)] == ["ml-team/bert"]
 
 
 def test_a_gpu_shared_by_two_containers_of_one_pod_names_the_pod_and_no_container(kubelet):

@@ -27,6 +27,7 @@ from gpufleet.exporter.gpu.actions import ActionBook
 from gpufleet.exporter.gpu.gpm import metric_set
 from gpufleet.exporter.gpu.jobs import Attribution, JobAttribution
 from gpufleet.exporter.gpu.nvlink import NvlinkSummary
+from gpufleet.exporter.gpu.podjobs import PodJobs, PodPatternError, compile_pattern
 from gpufleet.exporter.gpu.podresources import PodResourcesClient
 from gpufleet.exporter.gpu.probes import GpuMetric
 from gpufleet.exporter.gpu.session import GpuIdentity, GpuUnavailable, NodeSample, NvmlSession
@@ -178,6 +179,10 @@ class GpuCollector:
         parser.add_argument("--job.pod-resources", dest="job_pod_resources", action=argparse.BooleanOptionalAction,
                             default=False, help="name Kubernetes pods through the kubelet's pod-resources socket "
                                                 "(needs grpcio; default: off)")
+        parser.add_argument("--job.pod-pattern", dest="job_pod_pattern", metavar="REGEX",
+                            help="a regular expression with a group named job that finds a pod's training job in its "
+                                 "name, tried before the training operators' naming (JobSet, Indexed Job, Kubeflow); "
+                                 "needs --job.pod-resources")
         parser.add_argument("--path.pod-resources-socket", dest="pod_resources_socket",
                             default="/var/lib/kubelet/pod-resources/kubelet.sock", metavar="PATH",
                             help="the kubelet's pod-resources socket (default: %(default)s)")
@@ -206,6 +211,12 @@ class GpuCollector:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, hardware: Hardware) -> GpuCollector:
+        if args.job_pod_pattern is not None and not args.job_pod_resources:
+            raise CollectorError("--job.pod-pattern reads pod names, which need --job.pod-resources")
+        try:
+            site = compile_pattern(args.job_pod_pattern) if args.job_pod_pattern is not None else None
+        except PodPatternError as err:
+            raise CollectorError(str(err)) from None
         ledger = XidLedger()
         sources: list[XidSource] = [NvmlXidWatcher(hardware.nvml, ledger, wait_ms=hardware.nvml_event_wait_ms)]
         if args.gpu_xid_kmsg:
@@ -218,7 +229,7 @@ class GpuCollector:
                 raise CollectorError("--job.pod-resources needs the grpcio package: "
                                      "pip install 'gpufleet[kubernetes]'") from None
         mapping = DiskTree(args.job_mapping_dir) if args.job_mapping_dir else None
-        jobs = JobAttribution(hardware.procfs, mapping, args.gpu_process_memory, pod_resources)
+        jobs = JobAttribution(hardware.procfs, mapping, args.gpu_process_memory, pod_resources, PodJobs(site))
         gpm = metric_set(args.gpu_gpm_detail) if args.gpu_gpm else ()
         session = NvmlSession(hardware.nvml, gpm=gpm, slow_every=slow_every(args))
         return cls(session, sysfs=hardware.sysfs, procfs=hardware.procfs, jobs=jobs, xids=ledger, xid_sources=sources,

@@ -19,7 +19,8 @@ series also names the GPU instance it runs in (`gpu_instance`). The dcgm-exporte
 is accepted as well: a directory with one file per GPU index listing job ids
 (`--job.mapping-dir`). Optionally, the kubelet's pod-resources socket adds the
 pod's namespace and name and the container's, and names the pods that hold a GPU
-with nothing running on it yet.
+with nothing running on it yet, and the training job each pod belongs to, from its name
+(`podjobs`), as its `job_id`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gpufleet.exporter.gpu.podjobs import PodJobs
 from gpufleet.exporter.gpu.podresources import Holder, PodResourcesClient, PodResourcesUnavailable
 from gpufleet.exporter.gpu.session import GpuIdentity, GpuSample
 from gpufleet.exporter.sysfs import SysfsReader
@@ -117,8 +119,9 @@ class JobAttribution:
     """Finds the jobs of one NVML sample's GPUs, reading cgroup files from a procfs tree."""
 
     def __init__(self, procfs: Tree, mapping_dir: Tree | None = None, process_memory: bool = False,
-                 pod_resources: PodResourcesClient | None = None) -> None:
+                 pod_resources: PodResourcesClient | None = None, pod_jobs: PodJobs | None = None) -> None:
         self.procfs = procfs
+        self.pod_jobs = pod_jobs or PodJobs()
         self.mapping_dir = mapping_dir
         self.process_memory = process_memory
         self.pod_resources = pod_resources
@@ -169,15 +172,16 @@ class JobAttribution:
                 for job_id in mapping_dir_jobs(mapping, gpu.identity.index):
                     if job_id not in slurm_ids:  # The same job found by both sources is one job.
                         jobs.setdefault((("scheduler", "hpc"), ("job_id", job_id)), Job("hpc", (("job_id", job_id),)))
-            labelled = _with_pods(jobs, gpu_pods.get(gpu.identity.uuid, []))
+            labelled = _with_pods(jobs, gpu_pods.get(gpu.identity.uuid, []), self.pod_jobs)
             found.append(GpuJobs(gpu.identity, len(gpu.processes), tuple(labelled), tuple(memory)))
         problems = procfs.problems + (mapping.problems if mapping is not None else [])
         return Attribution(tuple(found), tuple(problems))
 
 
-def _with_pods(jobs: dict[tuple[tuple[str, str], ...], Job], pods: list[Holder]) -> list[dict[str, str]]:
+def _with_pods(jobs: dict[tuple[tuple[str, str], ...], Job], pods: list[Holder],
+               pod_jobs: PodJobs) -> list[dict[str, str]]:
     """Each job's labels, with the kubelet's namespace, pod and container names added where the join is
-    unambiguous.
+    unambiguous, and the training job a named pod belongs to.
 
     The kubelet names pods and their containers, cgroups give the pods' UIDs; the two meet on the GPU. With one
     Kubernetes job and one pod on a GPU they are the same pod, and its container is named where only one of its
@@ -194,4 +198,7 @@ def _with_pods(jobs: dict[tuple[tuple[str, str], ...], Job], pods: list[Holder])
     elif not kubernetes:
         result += [{"scheduler": "kubernetes", "namespace": namespace, "pod": pod, "container": container}
                    for namespace, pod, container in pods]
+    for labels in result:
+        if "pod" in labels and (job_id := pod_jobs.job_id(labels["namespace"], labels["pod"])):
+            labels["job_id"] = job_id
     return result
