@@ -98,6 +98,11 @@ class Config:
     job_hang_for: Duration = "10m"
     job_hang_lookback: Duration = "30m"  # How far back the page looks for the first node with a fault signal.
 
+    # Drift (alerts/drift.py): how long a node may differ from its job or its model's fleet before a ticket, and the
+    # share of its board's default power limit below which a GPU's limit counts as lowered.
+    drift_for: Duration = "15m"
+    power_limit_share: float = 0.99
+
     # Network and fabric.
     saturation_warning: float = 0.8  # Share of link speed.
     saturation_critical: float = 0.95  # With a training job on the node.

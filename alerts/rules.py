@@ -15,6 +15,7 @@ import yaml
 from gpufleet.alerts.capacity import capacity
 from gpufleet.alerts.config import Config, ConfigError
 from gpufleet.alerts.dcgm import dcgm_compat
+from gpufleet.alerts.drift import drift
 from gpufleet.alerts.exporter import collector_health, exporter_health
 from gpufleet.alerts.fabric import fabric, fabric_trends
 from gpufleet.alerts.gpu import gpu_failures, gpu_trends
@@ -38,7 +39,7 @@ def groups(config: Config) -> list[dict[str, Any]]:
     minute; capacity and reliability, which the reports read, every five."""
     return [shared(config), stragglers(config), jobs(config), gpu_failures(config), fabric(config),
             exporter_health(config), collector_health(config), gpu_trends(config), fabric_trends(config),
-            *capacity(config), reliability(config), pipeline(config)]
+            drift(config), *capacity(config), reliability(config), pipeline(config)]
 
 
 def recorded_by(rule_groups: list[dict[str, Any]]) -> dict[str, str]:

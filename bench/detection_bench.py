@@ -3,6 +3,7 @@
     python bench/detection_bench.py                 # every cause at 5, 10, 15 and 20 %, once per job size
     python bench/detection_bench.py --short         # what CI runs: two stragglers, one round
     python bench/detection_bench.py --healthy-hours 4.25 --jobs 4,4,8,8,16,32,4,4,8,8,16,16   # 523 node-hours
+    python bench/detection_bench.py --healthy-hours 4.25 --jobs 4,4,8,8,16,32,4,4,8,8,16,16 --scheduler mixed
 
 The sweep itself is `gpufleet.devtools.detection` (CI runs its short form in `tests/test_detection_bench.py`).
 `--cases` names (cause, slowdown) pairs instead of crossing `--causes` with `--slowdowns`. `--healthy-hours`
@@ -42,7 +43,7 @@ def sweep_from(args: argparse.Namespace) -> Sweep:
     sizes = [int(size) for size in args.jobs.split(",")]
     moving = {"seed": args.seed, "time_scale": args.time_scale, "interval": args.interval,
               "restarts_per_node_day": args.restarts_per_node_day, "missed_scrapes": args.missed_scrapes,
-              "uncabled": args.uncabled, "removals": args.removals}
+              "uncabled": args.uncabled, "removals": args.removals, "scheduler": args.scheduler}
     if args.short:
         return dataclasses.replace(short(), **moving)
     if args.healthy_hours:
@@ -92,6 +93,9 @@ def figures(outcome: Outcome) -> tuple[dict[str, results.Value], dict[str, resul
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", default="4,4,8,8,16,32", help="sizes of the fleet's jobs (default: %(default)s)")
+    parser.add_argument("--scheduler", choices=("slurm", "kubernetes", "mixed"), default="slurm",
+                        help="the jobs' scheduler: kubernetes jobs have no job id, and their nodes are compared by "
+                             "GPU model across jobs; mixed alternates the two (default: %(default)s)")
     parser.add_argument("--causes", default=",".join(Cause), help="straggler causes (default: all)")
     parser.add_argument("--slowdowns", default="0.05,0.1,0.15,0.2", help="slowdowns (default: %(default)s)")
     parser.add_argument("--seeds", type=int, default=1, help="times each case runs in each job size")

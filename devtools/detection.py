@@ -36,6 +36,7 @@ from gpufleet.devtools.net import http
 from gpufleet.devtools.programs import alertmanager, prometheus, prometheus_config, simulator
 from gpufleet.devtools.prom import query
 from gpufleet.devtools.waiting import HarnessError
+from gpufleet.exporter.gpu.simulated.host import random_uuid
 from gpufleet.simulator.faults import Cause
 
 # What names each cause in the alert's description, and the alerts of the cause itself, on the same node (a
@@ -67,13 +68,18 @@ class Tally:
     false: list[str] = field(default_factory=list)
 
 
-def layout(sizes: list[int], seed: int) -> tuple[int, list[dict[str, Any]]]:
+def layout(sizes: list[int], seed: int, scheduler: str = "slurm") -> tuple[int, list[dict[str, Any]]]:
+    """The fleet's jobs, one of each size, all of one scheduler or, `mixed`, Slurm and Kubernetes in turn.
+    Kubernetes jobs are pods the simulator cannot name (no kubelet answers it), so they have no job id and their
+    nodes are compared by GPU model across the different jobs."""
     rng = random.Random(f"layout:{seed}")
     jobs, first = [], 1
     for number, size in enumerate(sizes):
         nodes = [f"gpu-node-{i:04d}" for i in range(first, first + size)]
         first += size
-        jobs.append({"id": str(700000 + number), "scheduler": "slurm", "nodes": nodes,
+        kubernetes = scheduler == "kubernetes" or (scheduler == "mixed" and number % 2 == 1)
+        job_id = random_uuid(rng) if kubernetes else str(700000 + number)
+        jobs.append({"id": job_id, "scheduler": "kubernetes" if kubernetes else "slurm", "nodes": nodes,
                      "period": round(rng.uniform(4.3, 6.7), 2), "comm_fraction": round(rng.uniform(0.2, 0.35), 2)})
     return first - 1, jobs
 
@@ -224,6 +230,7 @@ class Sweep:
     healthy_minutes: float = 60.0  # Production minutes before the first round.
     interval: str = "2s"  # Collection and scrape interval, wall time.
     job_lifetime: float | None = None  # Production minutes a job lasts on average; None: jobs never end.
+    scheduler: str = "slurm"  # The jobs' scheduler: "kubernetes" for jobs without ids, or "mixed" (`layout`).
     restarts_per_node_day: float = 6.0
     missed_scrapes: float = 0.005
     # After the stragglers, a round of the first `kinds` end-to-end fault kinds (`incidents.KINDS`), each on a
@@ -321,7 +328,7 @@ def _inject(sweep: Sweep, jobs: list[dict[str, Any]], sim_url: str) -> list[Case
 def run(sweep: Sweep) -> Outcome:
     """Run the sweep in the real programs and judge every alert that fired."""
     scale = sweep.time_scale
-    nodes, jobs = layout(sweep.sizes, sweep.seed)
+    nodes, jobs = layout(sweep.sizes, sweep.seed, sweep.scheduler)
     config = Config().scaled(scale)
     with tempfile.TemporaryDirectory(prefix="detection-") as tmp:
         work = Path(tmp)

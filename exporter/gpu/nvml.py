@@ -127,6 +127,8 @@ class Nvml(Protocol):
     def nvmlDeviceGetMemoryInfo(self, handle: Handle, version: int, /) -> Memory: ...
     def nvmlDeviceGetPowerUsage(self, handle: Handle, /) -> int: ...  # milliwatts
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: Handle, /) -> int: ...  # milliwatts
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Handle, /) -> int: ...  # milliwatts
+    def nvmlDeviceGetPersistenceMode(self, handle: Handle, /) -> int: ...  # NVML_FEATURE_ENABLED or _DISABLED
     def nvmlDeviceGetTemperature(self, handle: Handle, sensor: int, /) -> int: ...  # °C
     def nvmlDeviceGetTemperatureThreshold(self, handle: Handle, threshold: int, /) -> int: ...  # °C
     def nvmlDeviceGetMarginTemperature(self, handle: Handle, /) -> int: ...  # °C

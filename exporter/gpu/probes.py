@@ -61,6 +61,10 @@ MEMORY_RESERVED = GpuMetric(
 MEMORY_TOTAL = GpuMetric("gpufleet_gpu_memory_total_bytes", "Framebuffer memory installed.")
 POWER = GpuMetric("gpufleet_gpu_power_watts", "Power draw of the board.")
 POWER_LIMIT = GpuMetric("gpufleet_gpu_power_limit_watts", "Power limit the driver enforces.")
+POWER_LIMIT_DEFAULT = GpuMetric("gpufleet_gpu_power_limit_default_watts",
+                                "Power limit the board ships with, before any nvidia-smi -pl.")
+PERSISTENCE_MODE = GpuMetric("gpufleet_gpu_persistence_mode_enabled",
+                             "1 when persistence mode is on: the driver keeps the GPU initialised with no client.")
 ENERGY = GpuMetric("gpufleet_gpu_energy_joules_total", "Energy consumed since the driver was loaded.", counter=True)
 TEMPERATURE = GpuMetric("gpufleet_gpu_temperature_celsius", "GPU core temperature.")
 MEMORY_TEMPERATURE = GpuMetric("gpufleet_gpu_memory_temperature_celsius", "HBM memory temperature.")
@@ -280,6 +284,10 @@ def _milliwatts(metric: GpuMetric, call: Call) -> Read:
     return read
 
 
+def _persistence_mode(nvml: Nvml, handle: Handle) -> list[Reading]:
+    return checked(PERSISTENCE_MODE, nvml.nvmlDeviceGetPersistenceMode(handle), 0, 1)
+
+
 def _temperature(nvml: Nvml, handle: Handle) -> list[Reading]:
     return checked(TEMPERATURE, nvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU), -50, 250)
 
@@ -363,6 +371,7 @@ PROBES: tuple[Probe, ...] = (  # Stateless, shared by every GPU; `utilization_pr
     Probe("nvmlDeviceGetPowerUsage", _milliwatts(POWER, lambda nvml, h: nvml.nvmlDeviceGetPowerUsage(h))),
     Probe("nvmlDeviceGetEnforcedPowerLimit",
           _milliwatts(POWER_LIMIT, lambda nvml, h: nvml.nvmlDeviceGetEnforcedPowerLimit(h))),
+    Probe("nvmlDeviceGetPersistenceMode", _persistence_mode, slow=True),  # An operator's setting: rarely changes.
     Probe("nvmlDeviceGetTemperature", _temperature),
     Probe("nvmlDeviceGetMarginTemperature", _margin, slow=True),
     Probe("nvmlDeviceGetClockInfo(SM)", _clock(CLOCK, _current_clock, "sm", pynvml.NVML_CLOCK_SM)),
@@ -378,6 +387,8 @@ PROBES: tuple[Probe, ...] = (  # Stateless, shared by every GPU; `utilization_pr
     # Board constants: read once per NVML session.
     Probe("nvmlDeviceGetMaxClockInfo(SM)", _clock(CLOCK_MAX, _max_clock, "sm", pynvml.NVML_CLOCK_SM), True),
     Probe("nvmlDeviceGetMaxClockInfo(MEM)", _clock(CLOCK_MAX, _max_clock, "memory", pynvml.NVML_CLOCK_MEM), True),
+    Probe("nvmlDeviceGetPowerManagementDefaultLimit",
+          _milliwatts(POWER_LIMIT_DEFAULT, lambda nvml, h: nvml.nvmlDeviceGetPowerManagementDefaultLimit(h)), True),
     Probe("nvmlDeviceGetMaxPcieLinkGeneration",
           _link(PCIE_MAX_GENERATION, lambda nvml, h: nvml.nvmlDeviceGetMaxPcieLinkGeneration(h)), True),
     Probe("nvmlDeviceGetMaxPcieLinkWidth",

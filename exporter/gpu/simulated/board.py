@@ -125,7 +125,9 @@ class SimulatedGpu:
     memory_total_bytes: int = 81559 * MIB
     memory_reserved_bytes: int = 0  # Set aside by the driver: a board of an older driver that cannot tell it lists
     # nvmlDeviceGetMemoryInfo_v2 in `unsupported`.
-    power_limit_watts: float = 700.0
+    power_limit_watts: float = 700.0  # What the driver enforces, which an operator may set below the default.
+    power_limit_default_watts: float | None = None  # None: the limit it enforces.
+    persistence_mode: int = pynvml.NVML_FEATURE_ENABLED
     idle_power_watts: float = 70.0
     sm_clock_max_hertz: float = 1980e6
     memory_clock_max_hertz: float = 2619e6

@@ -426,6 +426,14 @@ class SimulatedNvml:
         gpu = self._check(handle, "nvmlDeviceGetEnforcedPowerLimit")
         return round(gpu.power_limit_watts * 1000)
 
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: _Handle) -> int:
+        gpu = self._check(handle, "nvmlDeviceGetPowerManagementDefaultLimit")
+        default = gpu.power_limit_watts if gpu.power_limit_default_watts is None else gpu.power_limit_default_watts
+        return round(default * 1000)
+
+    def nvmlDeviceGetPersistenceMode(self, handle: _Handle) -> int:
+        return self._check(handle, "nvmlDeviceGetPersistenceMode").persistence_mode
+
     def nvmlDeviceGetTemperature(self, handle: _Handle, sensor: int) -> int:
         return round(self._telemetry(handle, "nvmlDeviceGetTemperature").temperature_celsius)
 
