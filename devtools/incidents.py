@@ -37,6 +37,10 @@ KINDS: tuple[tuple[dict[str, Any], bool], ...] = (
     ({"kind": "fabric_not_ready", "gpu": 6}, True),
     ({"kind": "fabric_degraded", "gpu": 2}, False),
     ({"kind": "job_hang"}, True),  # Pages once for the job the node runs, not for the node (`Injected.job`).
+    ({"kind": "power_capped", "gpu": 4}, False),
+    ({"kind": "ecc_disabled", "gpu": 5}, False),
+    ({"kind": "persistence_off", "gpu": 6}, False),
+    ({"kind": "driver_mismatch", "duration": "2s"}, False),  # A reboot of 16 production seconds, into the old driver.
 )
 
 
@@ -69,14 +73,14 @@ class Injected:
 
 
 def inject(sim_url: str, nodes: list[str], kinds: int, seconds: float, seed: int, now: float) -> list[Injected]:
-    """The first `kinds` kinds, each on a node drawn from `nodes`, lasting `seconds` (wall)."""
+    """The first `kinds` kinds, each on a node drawn from `nodes`, lasting `seconds` (wall) unless the kind says."""
     if kinds > len(nodes):
         raise HarnessError(f"{kinds} fault kinds need as many nodes; the fleet has {len(nodes)}")
     chosen = random.Random(f"incidents:{seed}").sample(nodes, kinds)
     round_ = [Injected(fault, pages, node) for (fault, pages), node in zip(KINDS[:kinds], chosen, strict=True)]
     for fault in round_:
         status, body = http("POST", f"{sim_url}/control/faults",
-                            {**fault.fault, "node": fault.node, "duration": seconds})
+                            {"duration": seconds, **fault.fault, "node": fault.node})
         if status != 201:
             raise HarnessError(f"the simulator refused {fault.fault}: {status} {body!r}")
         fault.start, fault.end = now, now + seconds

@@ -15,7 +15,7 @@ import pynvml
 from gpufleet.exporter.gpu.simulated.board import SimulatedGpu, nvlink_kib_for
 from gpufleet.exporter.gpu.simulated.host import random_uuid
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
-from gpufleet.simulator.faults import REBOOTS, XIDS, Cause, Fault
+from gpufleet.simulator.faults import OLDER_DRIVER, REBOOTS, XIDS, Cause, Fault
 from gpufleet.simulator.faults import FaultKind as Kind
 from gpufleet.simulator.node_state import NodeState
 from gpufleet.simulator.timeline import overlap
@@ -81,6 +81,7 @@ class FaultEffects:
             self.nvml.set_recovery_action(gpu, 1 if volatile or self._reset_xid_since(gpu, reset) else 0)
             board.pcie_replays = self.state.counted(Kind.PCIE_REPLAY_STORM, gpu)
             self._fabric(board, reset)
+            self._settings(board)
             down = {f.link: f for f in self.state.active(Kind.NVLINK_DOWN, gpu) if f.active(t) and f.link is not None}
             board.nvlinks_down = set(down)
             board.nvlink_stopped_kib = {link: nvlink_kib_for(self.workload.energy(board, f.start))
@@ -106,17 +107,34 @@ class FaultEffects:
         board.fabric_health_summary = (pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY if degraded
                                        else pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY)
 
+    def _settings(self, board: SimulatedGpu) -> None:
+        """What an operator set on the board, while the fault that set it lasts: ECC, persistence mode, a power
+        limit below the board's default."""
+        t = self.state.t
+        if ecc := self.state.active(Kind.ECC_DISABLED, board.index):
+            board.ecc_mode = board.ecc_pending_mode = 0 if any(f.active(t) for f in ecc) else 1
+        if persistence := self.state.active(Kind.PERSISTENCE_OFF, board.index):
+            off = any(f.active(t) for f in persistence)
+            board.persistence_mode = pynvml.NVML_FEATURE_DISABLED if off else pynvml.NVML_FEATURE_ENABLED
+        if board.power_limit_default_watts is None:
+            board.power_limit_default_watts = board.power_limit_watts
+        caps = [f.size for f in self.state.active(Kind.POWER_CAPPED, board.index) if f.active(t)]
+        board.power_limit_watts = board.power_limit_default_watts * min(caps, default=1.0)
+
     def _reset_xid_since(self, gpu: int, reset: float) -> bool:
         """Whether an XID that calls for a GPU reset has been raised on `gpu` since it was last reset."""
         return any(f.xid is not None and action_for(f.xid) is Action.RESET and reset < f.start <= self.state.t
                    for f in self.state.active(Kind.XID, gpu))
 
     def change_boards(self, reboots: Sequence[Fault]) -> list[SimulatedGpu]:
-        """What the reboots that ended did to the boards: a replaced one has a new identity (another UUID and
+        """What the reboots that ended did to the node: a replaced board has a new identity (another UUID and
         serial in the same slot, as a new board at the same PCI address shows); a removed one is gone from the
-        node, and NVML numbers the others without it. Returns the removed boards."""
+        node, and NVML numbers the others without it; a driver mismatch leaves the older driver loaded. Returns
+        the removed boards."""
         removed = []
         for fault in reboots:
+            if fault.kind is Kind.DRIVER_MISMATCH:
+                self.nvml.driver_version = OLDER_DRIVER
             board = next((b for b in self.boards if b.index == fault.gpu), None)
             if board is None:
                 continue

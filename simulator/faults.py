@@ -51,8 +51,13 @@ class FaultKind(StrEnum):
     SWITCH_DOWN = "switch_down"
     GPU_REMOVED = "gpu_removed"
     JOB_HANG = "job_hang"
+    DRIVER_MISMATCH = "driver_mismatch"
+    ECC_DISABLED = "ecc_disabled"
+    PERSISTENCE_OFF = "persistence_off"
+    POWER_CAPPED = "power_capped"
 
 
+OLDER_DRIVER = "570.124.06"  # What a driver_mismatch's node boots into, beside the simulated driver's 570.133.20.
 # The XID each kind raises on its GPU when it starts, from the catalog the alerts class them by.
 XIDS = {FaultKind.ECC_DBE: xid.DOUBLE_BIT_ECC, FaultKind.ROW_REMAP_FAILURE: xid.ROW_REMAP_FAILURE,
         FaultKind.GPU_LOST: xid.FALLEN_OFF_BUS}
@@ -96,16 +101,21 @@ KINDS: dict[FaultKind, tuple[tuple[str, ...], str]] = {
                                       "same PCI address, with none of the old board's errors"),
     FaultKind.GPU_REMOVED: (("gpu",), "the GPU is taken out of the node on purpose, during a reboot (60s): "
                                       "afterwards NVML and the PCI bus list one GPU fewer"),
+    FaultKind.DRIVER_MISMATCH: ((), f"the node is rebooted into an older driver ({OLDER_DRIVER}) than its peers': down "
+                                    "for the fault's duration (60s), then every GPU reports that driver for good"),
+    FaultKind.ECC_DISABLED: (("gpu",), "the GPU runs with ECC off, and will after its next reboot too"),
+    FaultKind.PERSISTENCE_OFF: (("gpu",), "the GPU's persistence mode is off"),
+    FaultKind.POWER_CAPPED: (("gpu",), "the GPU's power limit is set to `level` of its board's default (0.7)"),
     FaultKind.SWITCH_DOWN: (("leaf",), "a leaf switch goes down: its InfiniBand port (`port`, one rail) or every "
                                        "port of every node behind it (the `leaf` of --topology) goes down at once"),
 }
 # What an operator does to repair a node, rather than what breaks it: each takes a while (its duration, by
 # default this long), during which the GPU or the node is away.
 REPAIR_SECONDS = {FaultKind.GPU_RESET: 5.0, FaultKind.NODE_REBOOT: 60.0, FaultKind.GPU_REPLACE: 60.0,
-                  FaultKind.GPU_REMOVED: 60.0}
+                  FaultKind.GPU_REMOVED: 60.0, FaultKind.DRIVER_MISMATCH: 60.0}
 # Kinds that reboot the node, and those during which its exporter does not answer, after which a new
 # exporter process serves.
-REBOOTS = frozenset({FaultKind.NODE_REBOOT, FaultKind.GPU_REPLACE, FaultKind.GPU_REMOVED})
+REBOOTS = frozenset({FaultKind.NODE_REBOOT, FaultKind.GPU_REPLACE, FaultKind.GPU_REMOVED, FaultKind.DRIVER_MISMATCH})
 RESTARTS = frozenset({FaultKind.EXPORTER_RESTART, *REBOOTS})
 _INFINIBAND = frozenset({FaultKind.IB_CONGESTION, FaultKind.IB_LINK_DOWN, FaultKind.IB_LINK_FLAP,
                          FaultKind.IB_RATE_DEGRADED, FaultKind.SYMBOL_ERRORS, FaultKind.SWITCH_DOWN})
@@ -113,6 +123,7 @@ _INFINIBAND = frozenset({FaultKind.IB_CONGESTION, FaultKind.IB_LINK_DOWN, FaultK
 SIZES: dict[FaultKind, tuple[str, float, float]] = {
     FaultKind.STRAGGLER: ("slowdown", 0.4, 4.0),
     FaultKind.NIC_SATURATION: ("level", 0.97, 1.0),
+    FaultKind.POWER_CAPPED: ("level", 0.7, 1.0),
     FaultKind.PCIE_REPLAY_STORM: ("rate", 50.0, 1e6),
     FaultKind.NVLINK_CRC: ("rate", 200.0, 1e9),
     FaultKind.IB_CONGESTION: ("rate", 5e6, 1e9),

@@ -50,6 +50,11 @@ def spread(key: str) -> tuple[float, float]:
     return rng.uniform(-1.0, 1.0), rng.uniform(-1.0, 1.0)
 
 
+def _default_limit(board: SimulatedGpu) -> float:
+    """The board's default power limit, which a power_capped fault lowers the enforced one from."""
+    return board.power_limit_watts if board.power_limit_default_watts is None else board.power_limit_default_watts
+
+
 def _daily(t: float) -> float:
     """The machine room's daily cycle in [0, 1]: 0 at the coolest hour (04:00 on the simulated clock), 1 at
     the warmest (16:00)."""
@@ -151,19 +156,21 @@ class Workload:
         power_spread, clock_spread = self._spreads[board.index]
         power_share = max(0.05, levels.power * (1 + noise + 0.02 * power_spread))
         sm_share = levels.sm_clock * (1 + 0.01 * clock_spread + 0.005 * wave(0.7 * t, board.index) - 0.004 * _daily(t))
-        limit = board.power_limit_watts
+        limit, default = board.power_limit_watts, _default_limit(board)
         energy = self.energy(board, t)
+        for fault in self.state.active(Kind.POWER_CAPPED, board.index):
+            energy -= (1 - fault.size) * default * self.window_integral(fault, power)
         temperature = 28 + 48 * levels.power + 1.5 * wave(t, board.index) + 4 * _daily(t)
         if self.state.straggling(Cause.THERMAL):
             temperature = board.thresholds_celsius[pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN] + 1
         for fault in self.state.active(Kind.THERMAL_SLOWDOWN, board.index):
-            energy -= 0.2 * limit * self.window_integral(fault, power)
+            energy -= 0.2 * default * self.window_integral(fault, power)
             if fault.active(t):
                 power_share *= 0.8
                 sm_share *= 0.6
                 temperature = board.thresholds_celsius[pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN] + 2
         for fault in self.state.active(Kind.POWER_BRAKE, board.index):
-            energy -= 0.5 * limit * self.window_integral(fault, power)
+            energy -= 0.5 * default * self.window_integral(fault, power)
             if fault.active(t):
                 power_share *= 0.5
                 sm_share *= 0.5
@@ -219,8 +226,8 @@ class Workload:
         return fault is not None and (fault.gpu or 0) == gpu
 
     def energy(self, board: SimulatedGpu, t: float) -> float:
-        """Joules the board has drawn by `t`, before any fault's change to its power."""
-        return board.power_limit_watts * integral(self.segments(), power, t)
+        """Joules the board has drawn by `t` at its default power limit, before any fault's change to its power."""
+        return _default_limit(board) * integral(self.segments(), power, t)
 
     def window_integral(self, fault: Fault, rate: Callable[[Levels], float]) -> float:
         """The integral of `rate(phase)` over the part of `fault` that lies before now."""

@@ -24,6 +24,18 @@ from pathlib import Path
 
 import pytest
 import yaml
+from scenario import (
+    EXPECTED,
+    FAULTS_AT,
+    REBOOT_SECONDS,
+    REPAIR_AT,
+    REPAIRED,
+    RESTART_AT,
+    SCENARIO,
+    UNREPAIRED,
+    UNSCRAPED,
+    Expected,
+)
 
 from gpufleet import duration
 from gpufleet.alerts.config import Config
@@ -49,152 +61,10 @@ from layouts import SIXTEEN_NODES, SIXTEEN_NODES_TOPOLOGY, node, write
 TIME_SCALE = 8
 SHARDS = 3  # vmagents, each scraping its share of the fleet into the one VictoriaMetrics vmalert reads.
 ATTEMPTS = 5  # Starts of the sharded fleet until the large job spans every shard (one in eight misses one).
-FAULTS_AT = 60  # Simulated (and, at speed 1, wall-clock) seconds of healthy fleet first.
 LOOKBACK = f"{round(300 / TIME_SCALE)}s"  # vmalert's 5 minutes for a series that stopped, scaled like the windows.
-RESTART_AT = 95  # Simulated seconds: node 1's exporter restarts, its GPU 1 held at a reset.
-REPAIR_AT = 120  # The repairs start.
-SWITCH_AT = 150  # A leaf switch goes down, once the repairs are done, and is back before the drills.
-# A reboot of 20 seconds is 2.7 production minutes: shorter than NodeExporterDown's `for`, as a planned reboot.
-REBOOT_SECONDS = 20
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
-@dataclass(frozen=True)
-class Expected:
-    alertname: str
-    instance: str | None  # None: an alert about a whole cluster.
-    labels: tuple[tuple[str, str], ...] = ()
-    receiver: str | None = None  # None: fires in Prometheus but reaches nobody (info, or inhibited).
-    required: bool = True  # False: may fire on the way to the real alert (a flap starts with one link-down).
-
-    def matches(self, labels: dict[str, str]) -> bool:
-        return (labels.get("alertname") == self.alertname and labels.get("instance") == self.instance
-                and all(labels.get(k) == v for k, v in self.labels))
-
-
-def expect(alertname: str, number: int, receiver: str | None, required: bool = True, **labels: str) -> Expected:
-    return Expected(alertname, node(number), tuple(sorted(labels.items())), receiver, required)
-
-
-# The layout given to the simulator (layouts.SIXTEEN_NODES): slurm 944279 on nodes 1, 2, 3, 6, 8, 11, 13, 14;
-# a Kubernetes job on 4, 9, 12, 16; slurm 432958 on 10 and 15; nodes 5 and 7 idle.
-SCENARIO: list[tuple[dict, list[Expected]]] = [
-    # A GPU that needs something pages (or tickets) from the recovery action the exporter holds for it; the XID
-    # and ECC events themselves reach nobody.
-    ({"kind": "xid", "node": node(1), "gpu": 0, "xid": 79},
-     [expect("GpuNeedsReboot", 1, "pager", gpu="0"), expect("GpuXidCritical", 1, None, gpu="0", xid="79")]),
-    ({"kind": "ecc_dbe", "node": node(1), "gpu": 1},
-     [expect("GpuNeedsReset", 1, "pager", gpu="1"), expect("GpuEccUncorrectable", 1, None, gpu="1"),
-      expect("GpuXidCritical", 1, None, gpu="1", xid="48")]),
-    ({"kind": "xid", "node": node(2), "gpu": 4, "xid": 13},
-     [expect("GpuXidApplication", 2, None, gpu="4", xid="13")]),
-    ({"kind": "row_remap_pending", "node": node(2), "gpu": 2},
-     [expect("GpuRowRemapPending", 2, "ticket", gpu="2")]),
-    ({"kind": "pcie_replay_storm", "node": node(2), "gpu": 3},
-     [expect("GpuPcieReplaysHigh", 2, "ticket", gpu="3")]),
-    ({"kind": "row_remap_failure", "node": node(3), "gpu": 0},
-     [expect("GpuNeedsReplacement", 3, "ticket", gpu="0"), expect("GpuXidCritical", 3, None, gpu="0", xid="64")]),
-    ({"kind": "thermal_slowdown", "node": node(6), "gpu": 1},
-     [expect("GpuHardwareSlowdown", 6, "ticket", gpu="1", reason="hw_thermal_slowdown"),
-      expect("GpuThermalMarginLow", 6, "ticket", gpu="1"),
-      # One GPU of eight at 60 % clock brings the node's mean clock 5 % below its peers': about the edge.
-      expect("NodeStraggler", 6, "ticket", required=False)]),
-    ({"kind": "nvlink_down", "node": node(6), "gpu": 2, "link": 3},
-     [expect("GpuNvlinkDown", 6, "pager", gpu="2", link="3")]),
-    ({"kind": "power_brake", "node": node(8), "gpu": 0},
-     [expect("GpuHardwareSlowdown", 8, "ticket", gpu="0", reason="hw_power_brake_slowdown"),
-      expect("GpuHardwareSlowdown", 8, "ticket", gpu="0", reason="hw_slowdown"),
-      # One GPU at half clock and power: the node's mean 6 % below its peers', so it may straggle.
-      expect("NodeStraggler", 8, "ticket", required=False)]),
-    ({"kind": "nvlink_crc", "node": node(8), "gpu": 1, "link": 4},
-     [expect("GpuNvlinkCrcErrors", 8, "ticket", gpu="1", link="4")]),
-    # A GPU the NVSwitch fabric manager never finishes registering pages; a fabric at limited capacity tickets.
-    ({"kind": "fabric_not_ready", "node": node(10), "gpu": 6},
-     [expect("GpuFabricNotReady", 10, "pager", gpu="6")]),
-    ({"kind": "fabric_degraded", "node": node(14), "gpu": 2},
-     [expect("GpuFabricDegraded", 14, "ticket", gpu="2")]),
-    ({"kind": "nic_saturation", "node": node(11), "port": "mlx5_1/1", "direction": "tx"},
-     [expect("NicSaturatedTrainingJob", 11, "ticket", device="mlx5_1", direction="transmit", job_id="944279"),
-      # Not the plain ticket: it stands aside while the latest utilisation meets the job's ticket's condition.
-      # It may go pending where a dip of the 5-minute rate below 95% lets it, and must reach no one.
-      expect("NicSaturated", 11, None, required=False, device="mlx5_1", direction="transmit")]),
-    ({"kind": "ib_congestion", "node": node(13), "port": "mlx5_2/1"},
-     [expect("NicInfinibandCongested", 13, "ticket", device="mlx5_2"),
-      # Its port waits far more than its job's median node's: its collectives hold the job back.
-      expect("NodeStraggler", 13, "ticket", signal="infiniband_xmit_wait", job_id="944279")]),
-    ({"kind": "symbol_errors", "node": node(14), "port": "mlx5_3/1"},
-     [expect("NicInfinibandSymbolErrors", 14, "ticket", device="mlx5_3")]),
-    ({"kind": "straggler", "node": node(4)},
-     # The simulator's pods have no names (no kubelet answers), so no job id: the job's nodes are compared as busy
-     # nodes of one GPU model, on their SM clock.
-     [expect("NodeStraggler", 4, "ticket", signal="sm_clock", peers="model")]),
-    # Slurm job 432958 hangs: both its nodes spin in a collective (its straggler tests are the promtool tests').
-    ({"kind": "job_hang", "node": node(10)}, [Expected("JobHung", None, (("job_id", "432958"),), "pager")]),
-    ({"kind": "ib_link_down", "node": node(9), "port": "mlx5_4/1"},
-     [expect("NicInfinibandPortDown", 9, "pager", device="mlx5_4")]),  # No link-down ticket beside the page.
-    ({"kind": "ib_link_flap", "node": node(12), "port": "mlx5_5/1"},
-     [expect("NicInfinibandLinkFlapping", 12, "pager", device="mlx5_5"),
-      # The link-down warning waits for the link to stay up: it may go pending between downs, reaching no one.
-      expect("NicInfinibandLinkDowned", 12, None, required=False, device="mlx5_5"),
-      # Down half of the time, so "port down" may go pending; its 2m `for` outlasts each 10 s down.
-      expect("NicInfinibandPortDown", 12, None, required=False, device="mlx5_5")]),
-    ({"kind": "ib_rate_degraded", "node": node(16), "port": "mlx5_6/1"},
-     [expect("NicInfinibandRateDegraded", 16, "pager", device="mlx5_6")]),
-    ({"kind": "gpu_lost", "node": node(15), "gpu": 5},
-     # One page: the reboot the GPU needs, which holds back the lost GPU's own page.
-     [expect("GpuNeedsReboot", 15, "pager", gpu="5"), expect("GpuLost", 15, None, gpu="5"),
-      expect("GpuXidCritical", 15, None, gpu="5", xid="79"),
-      # The GPU collector fails while a board is lost; the page for the lost GPU holds back these tickets.
-      # The reboot 60 seconds later may end the failure before its 75-second `for`.
-      expect("NodeCollectorFailing", 15, None, required=False, collector="gpu"),
-      expect("NodeCollectorStale", 15, None, collector="gpu"),
-      # When the reboot brings the GPU back, the lost GPU's alert resolves at the scrape interval and the stale
-      # collector's ticket only at the next minute group: in between, nothing holds the ticket back, and it can
-      # reach the ticket queue for that moment.
-      expect("NodeCollectorStale", 15, "ticket", required=False, collector="gpu")]),
-    ({"kind": "exporter_down", "node": node(5)}, [expect("NodeExporterDown", 5, "pager")]),
-    # 24 production seconds between exporter processes on a busy node: "exporter down" may go pending, and
-    # nothing reaches anyone. (An XID raised while no exporter runs is lost, so it is a node with none.)
-    ({"kind": "exporter_restart", "node": node(11), "duration": "3s"},
-     [expect("NodeExporterDown", 11, None, required=False)]),
-    # Node 1's exporter restarts while its GPU 1 is held at a reset: the page must stay open through it.
-    ({"kind": "exporter_restart", "node": node(1), "start": f"{RESTART_AT}s", "duration": "3s"},
-     [expect("NodeExporterDown", 1, None, required=False)]),
-    # The repairs: each ends its GPU's page, and nothing else (node 1's GPU 0 still needs its reboot).
-    # Off the bus while it resets (40 production seconds): "lost" and the GPU collector's failure may go
-    # pending, and reach no one.
-    ({"kind": "gpu_reset", "node": node(1), "gpu": 1, "start": f"{REPAIR_AT}s"},
-     [expect("GpuLost", 1, None, required=False, gpu="1"),
-      expect("NodeCollectorFailing", 1, None, required=False, collector="gpu"),
-      expect("NodeCollectorStale", 1, None, required=False, collector="gpu")]),
-    ({"kind": "node_reboot", "node": node(15), "start": f"{REPAIR_AT}s", "duration": f"{REBOOT_SECONDS}s"},
-     [expect("NodeExporterDown", 15, None, required=False)]),
-    ({"kind": "gpu_replace", "node": node(3), "gpu": 0, "start": f"{REPAIR_AT}s", "duration": f"{REBOOT_SECONDS}s"},
-     [expect("NodeExporterDown", 3, None, required=False)]),
-    # A GPU taken out of an idle node on purpose, during a reboot: an inventory ticket, and no page.
-    ({"kind": "gpu_removed", "node": node(7), "gpu": 3, "start": f"{REPAIR_AT}s", "duration": f"{REBOOT_SECONDS}s"},
-     [expect("GpuCountDropped", 7, "ticket"), expect("NodeExporterDown", 7, None, required=False)]),
-    # The leaf switches of one rail go down for 30 seconds (four production minutes), taking that link of all
-    # sixteen nodes: one page naming the leaf and the rail, and none for the nodes, whose own alerts it holds
-    # back.
-    ({"kind": "switch_down", "leaf": "su1", "port": "mlx5_7/1", "start": f"{SWITCH_AT}s", "duration": "30s"},
-     [Expected("FabricLeafDown", None, (("device", "mlx5_7"), ("leaf", "su1")), "pager"),
-      *(expect("NicInfinibandPortDown", number, None, required=False, device="mlx5_7") for number in range(1, 17)),
-      # Beside node_exporter (test_node_exporter), node 5, whose gpufleet exporter is down, still shows its link
-      # going down and back, though not as down: gpufleet's word that the port was ever ACTIVE is gone. Its
-      # link-down ticket is held back by the node's NodeExporterDown page.
-      expect("NicInfinibandLinkDowned", 5, None, required=False, device="mlx5_7")]),
-]
-# Each repair, the alert it must end and when (simulated seconds): held until then, across the restart. A new
-# board ends its old UUID's series rather than setting it to 0, and VictoriaMetrics, without staleness markers,
-# keeps a vanished series for LOOKBACK: vmalert sees that one end so much later.
-REPAIRED = [(expect("GpuNeedsReset", 1, "pager", gpu="1"), REPAIR_AT + 5, False),
-            (expect("GpuNeedsReboot", 15, "pager", gpu="5"), REPAIR_AT + REBOOT_SECONDS, False),
-            (expect("GpuNeedsReplacement", 3, "ticket", gpu="0"), REPAIR_AT + REBOOT_SECONDS, True)]
-UNREPAIRED = expect("GpuNeedsReboot", 1, "pager", gpu="0")
-EXPECTED = [e for _, alerts in SCENARIO for e in alerts]
-# The drill at the end: a vmagent shard stopped takes its nodes out of vmalert's sight.
-UNSCRAPED = Expected("NodesUnscraped", None, (("cluster", "e2e"),), "pager")
 
 
 def test_the_scenario_covers_every_fault_kind():

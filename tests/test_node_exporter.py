@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from scenario import FAULTS_AT, SCENARIO
 from test_alerts_e2e import (
-    FAULTS_AT,
-    SCENARIO,
     TIME_SCALE,
     Engine,
     _alertmanager,

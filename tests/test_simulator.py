@@ -11,7 +11,7 @@ import itertools
 import pytest
 
 from gpufleet.exporter import node as exporter_node
-from gpufleet.simulator.faults import ScenarioError, load_scenario, parse_fault
+from gpufleet.simulator.faults import OLDER_DRIVER, ScenarioError, load_scenario, parse_fault
 from gpufleet.simulator.fleet import Fleet, collector_flags
 from gpufleet.simulator.layout import Job, LayoutError, load_layout
 
@@ -136,6 +136,15 @@ async def test_the_healthy_fleet_is_healthy(baseline):
       "gpufleet_gpu_energy_joules_total", "gpufleet_gpu_nvlink_transmit_bytes_total",
       "gpufleet_gpu_nvlink_receive_bytes_total", "gpufleet_gpu_clock_event_active",
       "gpufleet_gpu_violation_seconds_total", "gpufleet_hwmon_power_watts"}),
+    # With ECC off the GPU counts no ECC errors, and the exporter reports none rather than zero.
+    ({"kind": "ecc_disabled", "gpu": 2},
+     {"gpufleet_gpu_ecc_enabled", "gpufleet_gpu_ecc_pending_enabled", "gpufleet_gpu_ecc_errors_total"}),
+    ({"kind": "persistence_off", "gpu": 2}, {"gpufleet_gpu_persistence_mode_enabled"}),
+    # Its energy counter keeps counting from where it was: only its draw since the cap is lower.
+    ({"kind": "power_capped", "gpu": 2},
+     {"gpufleet_gpu_power_limit_watts", "gpufleet_gpu_power_watts", "gpufleet_gpu_energy_joules_total",
+      "gpufleet_gpu_nvlink_transmit_bytes_total", "gpufleet_gpu_nvlink_receive_bytes_total",
+      "gpufleet_hwmon_power_watts"}),
     ({"kind": "power_brake", "gpu": 2},
      {"gpufleet_gpu_clock_hertz", "gpufleet_gpu_power_watts", "gpufleet_gpu_energy_joules_total",
       "gpufleet_gpu_nvlink_transmit_bytes_total", "gpufleet_gpu_nvlink_receive_bytes_total",
@@ -177,6 +186,25 @@ async def test_a_straggler_slows_itself_and_its_peers_wait_while_other_nodes_see
         energy = {k for k in differences(baseline[member], faulted[member])
                   if k[0] == "gpufleet_gpu_energy_joules_total"}
         assert len(energy) == 8, member  # Every GPU of both job members draws differently from then on.
+
+
+async def test_a_driver_mismatch_reboots_the_node_into_the_older_driver_for_good():
+    fleet = make_fleet()
+    fleet.add([parse_fault({"node": "gpu-node-0003", "kind": "driver_mismatch", "start": 100, "duration": 30},
+                           "test", "t1", fleet.nodes, 8)])
+    fleet.start()
+    wall = itertools.count(0, 100).__next__
+
+    async def drivers(name: str, t: float) -> set[str]:
+        samples = parse(await fleet.nodes[name].scrape(t, wall))
+        return {dict(labels)["driver_version"] for (metric, labels) in samples if metric == "gpufleet_gpu_info"}
+
+    try:
+        assert await drivers("gpu-node-0003", 50.0) == {"570.133.20"}
+        assert await drivers("gpu-node-0003", NOW) == {OLDER_DRIVER}  # Long after its reboot ended.
+        assert await drivers("gpu-node-0004", NOW) == {"570.133.20"}
+    finally:
+        fleet.close()
 
 
 async def test_a_hung_job_spins_on_every_node_and_its_failing_node_raises_its_xid(baseline):
@@ -272,6 +300,7 @@ def test_counters_never_go_backwards_through_faults():
         {"node": "gpu-node-0001", "kind": "power_brake", "gpu": 0, "start": 80, "duration": 20},
         {"node": "gpu-node-0001", "kind": "thermal_slowdown", "gpu": 1, "start": 90, "duration": 20},
         {"node": "gpu-node-0001", "kind": "nvlink_down", "gpu": 2, "link": 0, "start": 95, "duration": 20},
+        {"node": "gpu-node-0001", "kind": "power_capped", "gpu": 3, "start": 100, "duration": 40},
     )])
     node = fleet.nodes["gpu-node-0001"]
     previous: dict[str, float] = {}
@@ -282,6 +311,7 @@ def test_counters_never_go_backwards_through_faults():
             readings = {
                 "energy0": node.workload.telemetry(node.boards[0], 0).energy_joules,
                 "energy1": node.workload.telemetry(node.boards[1], 0).energy_joules,
+                "energy3": node.workload.telemetry(node.boards[3], 0).energy_joules,
                 "ib0_tx": node.sysfs_files.ib_bytes("mlx5_0/1", "tx"),
                 "ib1_rx": node.sysfs_files.ib_bytes("mlx5_1/1", "rx"),
                 "downed": node.sysfs_files.ib_link_downed("mlx5_1/1"),
