@@ -103,6 +103,10 @@ class Config:
     drift_for: Duration = "15m"
     power_limit_share: float = 0.99
 
+    # Kernel log (alerts/kernel.py): this many messages of one event within the window is a ticket.
+    kernel_events_repeated: int = 3
+    kernel_events_window: Duration = "30m"
+
     # Network and fabric.
     saturation_warning: float = 0.8  # Share of link speed.
     saturation_critical: float = 0.95  # With a training job on the node.

@@ -20,6 +20,7 @@ from gpufleet.alerts.exporter import collector_health, exporter_health
 from gpufleet.alerts.fabric import fabric, fabric_trends
 from gpufleet.alerts.gpu import gpu_failures, gpu_trends
 from gpufleet.alerts.jobs import jobs
+from gpufleet.alerts.kernel import kernel
 from gpufleet.alerts.pipeline import pipeline
 from gpufleet.alerts.recording import shared
 from gpufleet.alerts.reliability import reliability
@@ -39,7 +40,7 @@ def groups(config: Config) -> list[dict[str, Any]]:
     minute; capacity and reliability, which the reports read, every five."""
     return [shared(config), stragglers(config), jobs(config), gpu_failures(config), fabric(config),
             exporter_health(config), collector_health(config), gpu_trends(config), fabric_trends(config),
-            drift(config), *capacity(config), reliability(config), pipeline(config)]
+            drift(config), kernel(config), *capacity(config), reliability(config), pipeline(config)]
 
 
 def recorded_by(rule_groups: list[dict[str, Any]]) -> dict[str, str]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from gpufleet import duration
 from gpufleet.alerts.config import Config
+from gpufleet.alerts.kernel import STALLS
 from gpufleet.alerts.recording import (
     JOB_XMIT_WAIT,
     NODE_SIGNAL,
@@ -62,12 +63,16 @@ def _causes(c: Config) -> list[dict[str, Any]]:
     # Its GPUs ran nothing for part of each step while its peers' spun: they waited on their host (data
     # loading, the CPU, storage) or on a slow PCIe link, which is named beside it where one is degraded.
     idle = f'min by ({c.by("instance")}) ({RELATIVE}{{signal="utilization"}}) < {c.straggler_relative:g}'
+    # Its host's processes stalled for seconds at a time: CPUs locked up, tasks or storage not answering.
+    stalls = c.metric("gpufleet_kernel_events_total", f'event=~"{"|".join(STALLS)}"')
+    kernel = f"max by ({c.by('instance')}) (increase({stalls}[{c.d(c.signal_window)}])) > 0"
     causes = {
         "thermal slowdown": event("hw_thermal_slowdown|sw_thermal_slowdown"),
         "power brake": event("hw_power_brake_slowdown"),
         "PCIe degraded": pcie,
         "NIC congestion": nic,
         "GPUs idle between steps": idle,
+        "host kernel stalls": kernel,
     }
     return [record(CAUSE, expr, cause=name) for name, expr in causes.items()]
 
@@ -98,7 +103,8 @@ def stragglers(c: Config) -> dict[str, Any]:
     cluster = c.cluster_label
     causes = (f'{{{{ with printf "{CAUSE}{{{cluster}=%q,instance=%q}}" $labels.{cluster} $labels.instance | query }}}}'
               '{{ range $i, $s := . | sortByLabel "cause" }}{{ if $i }}, {{ end }}{{ $s.Labels.cause }}{{ end }}'
-              "{{ else }}none of thermal slowdown, power brake, PCIe, NIC congestion or idle GPUs{{ end }}")
+              "{{ else }}none of thermal slowdown, power brake, PCIe, NIC congestion, idle GPUs or kernel stalls"
+              "{{ end }}")
     job = c.by("scheduler", "job_id")
     # Within a job the SM clock and utilisation are judged at 0.95: the clock barely moves between a step's
     # phases, and utilisation is the mean of the driver's samples over each scrape interval, so both are

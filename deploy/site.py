@@ -47,8 +47,9 @@ class Site:
     # runtime already does (a cluster without the GPU Operator, docs/deployment/kubernetes.md).
     runtime_class: str = "nvidia"
     exporter_args: list[str] = field(default_factory=list)  # More `gpufleet exporter` flags.
-    # XIDs from the kernel log as well (`--collector.gpu.xid-kmsg`): opening /dev/kmsg in a container takes a
-    # privileged one, as the device is in no runtime's default allow list; off, the exporter drops every capability.
+    # The kernel log, for the kernel collector's events and XIDs from it as well (`--collector.gpu.xid-kmsg`):
+    # opening /dev/kmsg in a container takes a privileged one, as the device is in no runtime's default allow list;
+    # off, the exporter drops every capability, and its kernel collector says once that it cannot read the log.
     kernel_log: bool = False
     scrape_interval: str = "15s"
     # Prometheus label -> the Kubernetes node label it is taken from: a node's place in the fabric, for the

@@ -41,6 +41,7 @@ KINDS: tuple[tuple[dict[str, Any], bool], ...] = (
     ({"kind": "ecc_disabled", "gpu": 5}, False),
     ({"kind": "persistence_off", "gpu": 6}, False),
     ({"kind": "driver_mismatch", "duration": "2s"}, False),  # A reboot of 16 production seconds, into the old driver.
+    ({"kind": "kernel_events", "event": "hung_task", "rate": 0.1}, False),
 )
 
 

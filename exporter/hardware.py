@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpufleet.exporter.gpu.nvml import Nvml
+from gpufleet.exporter.kernellog import KernelLog
 from gpufleet.exporter.state import PersistentState
 from gpufleet.exporter.tree import Tree
 
@@ -24,3 +25,5 @@ class Hardware:
     # What outlives a restart (`--path.state`): the disk for the exporter, memory for the simulator's nodes,
     # whose exporters restart within one process; nothing by default.
     state: PersistentState = field(default_factory=PersistentState)
+    # The kernel log (`--path.kmsg`), or none: the simulator gives each node one of its own.
+    kernel_log: KernelLog | None = None

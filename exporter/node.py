@@ -18,6 +18,7 @@ from gpufleet.exporter.collector import Collector, CollectorError
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.collector.hwmon import HwmonCollector
 from gpufleet.exporter.collector.infiniband import InfinibandCollector
+from gpufleet.exporter.collector.kernel import KernelCollector
 from gpufleet.exporter.collector.network import NetworkCollector
 from gpufleet.exporter.collector.thermal_zone import ThermalZoneCollector
 from gpufleet.exporter.gpu.nvml import Nvml
@@ -25,6 +26,7 @@ from gpufleet.exporter.gpu.session import GpuUnavailable, NvmlSession
 from gpufleet.exporter.gpu.simulated.host import simulated_gpus, simulated_procfs
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.hardware import Hardware
+from gpufleet.exporter.kernellog import DevKmsg
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.state import FileStore, PersistentState
 from gpufleet.exporter.tree import DiskTree
@@ -36,6 +38,7 @@ COLLECTORS: tuple[type[Collector], ...] = (
     InfinibandCollector,
     HwmonCollector,
     ThermalZoneCollector,
+    KernelCollector,
 )
 
 
@@ -45,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sysfs mount point (default: %(default)s)")
     parser.add_argument("--path.procfs", dest="procfs_root", default="/proc", metavar="PATH",
                         help="procfs mount point, where job attribution reads <pid>/cgroup (default: %(default)s)")
+    parser.add_argument("--path.kmsg", dest="kmsg_path", default="/dev/kmsg", metavar="PATH",
+                        help="the kernel log, which the kernel collector (and --collector.gpu.xid-kmsg) follow "
+                             "(default: %(default)s)")
     parser.add_argument(
         "--gpu.backend", dest="gpu_backend", choices=("auto", "nvml", "sim"), default="auto",
         help="auto: NVML where a driver is present, else report the GPU collector as failing; "
@@ -89,7 +95,8 @@ def hardware(args: argparse.Namespace) -> Hardware:
     if args.gpu_backend == "sim":
         gpus = simulated_gpus(args.sim_gpus, args.sim_seed)
         # Simulated processes get simulated cgroup files, so attribution runs its production path.
-        return Hardware(SimulatedNvml(gpus), sysfs, simulated_procfs(gpus), state=state)
+        return Hardware(SimulatedNvml(gpus), sysfs, simulated_procfs(gpus), state=state,
+                        kernel_log=DevKmsg(args.kmsg_path))
     library: Nvml = pynvml
     if args.gpu_backend == "nvml":
         session = NvmlSession(library)
@@ -99,7 +106,7 @@ def hardware(args: argparse.Namespace) -> Hardware:
             raise CollectorError(f"--gpu.backend=nvml needs a working NVML: {err}") from None
         finally:
             session.close()
-    return Hardware(library, sysfs, DiskTree(args.procfs_root), state=state)
+    return Hardware(library, sysfs, DiskTree(args.procfs_root), state=state, kernel_log=DevKmsg(args.kmsg_path))
 
 
 def build(args: argparse.Namespace, node: Hardware) -> list[ScheduledCollector]:

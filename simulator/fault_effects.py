@@ -17,6 +17,7 @@ from gpufleet.exporter.gpu.simulated.host import random_uuid
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.simulator.faults import OLDER_DRIVER, REBOOTS, XIDS, Cause, Fault
 from gpufleet.simulator.faults import FaultKind as Kind
+from gpufleet.simulator.kernel_log import SimulatedKernelLog
 from gpufleet.simulator.node_state import NodeState
 from gpufleet.simulator.timeline import overlap
 from gpufleet.simulator.workload import Workload
@@ -34,11 +35,13 @@ _DEGRADED_BANDWIDTH = (pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE
 class FaultEffects:
     """Sets one node's boards' health from its faults, and raises each fault's XID once."""
 
-    def __init__(self, state: NodeState, boards: list[SimulatedGpu], workload: Workload, nvml: SimulatedNvml) -> None:
+    def __init__(self, state: NodeState, boards: list[SimulatedGpu], workload: Workload, nvml: SimulatedNvml,
+                 kernel_log: SimulatedKernelLog) -> None:
         self.state = state
         self.boards = boards
         self.workload = workload
         self.nvml = nvml
+        self.kernel_log = kernel_log
 
     def apply(self) -> None:
         """Bring every board's health state to what the faults say at the node's time, and raise the XIDs that
@@ -93,6 +96,7 @@ class FaultEffects:
                     errors = int(fault.size * overlap(fault.start, fault.end, t))
                     board.nvlink_errors[key] = board.nvlink_errors.get(key, 0) + errors
         self._fire_events()
+        self._log_kernel_events()
 
     def _fabric(self, board: SimulatedGpu, repaired: float) -> None:
         """The board's NVSwitch fabric: registration stalled in progress, until a reset or reboot after the fault
@@ -106,6 +110,15 @@ class FaultEffects:
         board.fabric_health_mask = _DEGRADED_BANDWIDTH if degraded else 0
         board.fabric_health_summary = (pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY if degraded
                                        else pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY)
+
+    def _log_kernel_events(self) -> None:
+        """Each kernel_events fault's messages due by now, written once each."""
+        for fault in self.state.active(Kind.KERNEL_EVENTS):
+            due = int(fault.size * overlap(fault.start, fault.end, self.state.t))
+            written = self.state.kernel_messages.get(fault.id, 0)
+            if fault.event is not None and due > written:
+                self.kernel_log.write(fault.event, due - written)
+                self.state.kernel_messages[fault.id] = due
 
     def _settings(self, board: SimulatedGpu) -> None:
         """What an operator set on the board, while the fault that set it lasts: ECC, persistence mode, a power

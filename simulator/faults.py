@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from gpufleet import duration, xid
+from gpufleet.simulator.kernel_log import MESSAGES
 
 
 class FaultKind(StrEnum):
@@ -55,6 +56,7 @@ class FaultKind(StrEnum):
     ECC_DISABLED = "ecc_disabled"
     PERSISTENCE_OFF = "persistence_off"
     POWER_CAPPED = "power_capped"
+    KERNEL_EVENTS = "kernel_events"
 
 
 OLDER_DRIVER = "570.124.06"  # What a driver_mismatch's node boots into, beside the simulated driver's 570.133.20.
@@ -106,6 +108,8 @@ KINDS: dict[FaultKind, tuple[tuple[str, ...], str]] = {
     FaultKind.ECC_DISABLED: (("gpu",), "the GPU runs with ECC off, and will after its next reboot too"),
     FaultKind.PERSISTENCE_OFF: (("gpu",), "the GPU's persistence mode is off"),
     FaultKind.POWER_CAPPED: (("gpu",), "the GPU's power limit is set to `level` of its board's default (0.7)"),
+    FaultKind.KERNEL_EVENTS: (("event",), "the node's kernel logs an `event` ({', '.join(MESSAGES)}) `rate` times "
+                                          "a second (0.05)"),
     FaultKind.SWITCH_DOWN: (("leaf",), "a leaf switch goes down: its InfiniBand port (`port`, one rail) or every "
                                        "port of every node behind it (the `leaf` of --topology) goes down at once"),
 }
@@ -124,6 +128,7 @@ SIZES: dict[FaultKind, tuple[str, float, float]] = {
     FaultKind.STRAGGLER: ("slowdown", 0.4, 4.0),
     FaultKind.NIC_SATURATION: ("level", 0.97, 1.0),
     FaultKind.POWER_CAPPED: ("level", 0.7, 1.0),
+    FaultKind.KERNEL_EVENTS: ("rate", 0.05, 1e3),
     FaultKind.PCIE_REPLAY_STORM: ("rate", 50.0, 1e6),
     FaultKind.NVLINK_CRC: ("rate", 200.0, 1e9),
     FaultKind.IB_CONGESTION: ("rate", 5e6, 1e9),
@@ -151,7 +156,7 @@ class Cause(StrEnum):
 
 
 _FIELDS = {"kind", "node", "leaf", "gpu", "link", "port", "xid", "direction", "start", "duration", "id", "cause",
-           *(field for field, _, _ in SIZES.values())}
+           "event", *(field for field, _, _ in SIZES.values())}
 
 
 class ScenarioError(ValueError):
@@ -186,6 +191,7 @@ class Fault:
     rate: float | None = None
     period: float | None = None
     cause: Cause | None = None  # A straggler's; None is `clock`.
+    event: str | None = None  # A kernel_events fault's: what its kernel logs.
 
     def __post_init__(self) -> None:
         # A kind or cause given as text is checked here, so a misspelt one fails where it is written.
@@ -254,6 +260,10 @@ def parse_fault(raw: Any, what: str, fault_id: str, nodes: dict[str, Any], gpus_
         raise ScenarioError(f"{what}: direction must be tx or rx, not {direction!r}")
     if not saturation and direction is not None:
         raise ScenarioError(f"{what}: kind {kind} takes no direction")
+    event = raw.get("event")
+    if event is not None and (kind is not FaultKind.KERNEL_EVENTS or event not in MESSAGES):
+        raise ScenarioError(f"{what}: " + (f"event must be one of {', '.join(MESSAGES)}, not {event!r}"
+                                           if kind is FaultKind.KERNEL_EVENTS else f"kind {kind} takes no event"))
     if "xid" in raw and kind not in (FaultKind.XID, FaultKind.JOB_HANG):
         raise ScenarioError(f"{what}: kind {kind} takes no xid")
     sizes = _sizes(raw, what, kind)
@@ -278,6 +288,7 @@ def parse_fault(raw: Any, what: str, fault_id: str, nodes: dict[str, Any], gpus_
         xid=_integer(raw, "xid", what, 1, 1000),
         direction=direction,
         cause=None if cause is None else Cause(cause),
+        event=event,
         **sizes,
     )
 

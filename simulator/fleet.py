@@ -40,6 +40,7 @@ from gpufleet.simulator.churn import Churn
 from gpufleet.simulator.fault_effects import FaultEffects
 from gpufleet.simulator.faults import RESTARTS, Fault
 from gpufleet.simulator.faults import FaultKind as Kind
+from gpufleet.simulator.kernel_log import SimulatedKernelLog
 from gpufleet.simulator.layout import Job, draw
 from gpufleet.simulator.mirror import Mirror
 from gpufleet.simulator.node_state import NodeState
@@ -99,7 +100,8 @@ class Node:
                                        busy=self.workload.busy_for(gpu), activity=self.workload.activity_for(gpu))
                        for gpu in range(gpus)]
         self.nvml = SimulatedNvml(self.boards, clock=lambda: self.state.t)
-        self.effects = FaultEffects(self.state, self.boards, self.workload, self.nvml)
+        self.kernel_log = SimulatedKernelLog()
+        self.effects = FaultEffects(self.state, self.boards, self.workload, self.nvml, self.kernel_log)
         self.sysfs = MemoryTree()
         self.procfs = MemoryTree()
         self.procfs.set("stat", lambda: f"btime {self.state.boot_time()}\n")
@@ -110,7 +112,7 @@ class Node:
         self.store = MemoryStore()
         # The simulated driver wakes the XID watcher's event wait when unloaded (see close()): it can wait long.
         self.hardware = Hardware(self.nvml, self.sysfs, self.procfs, nvml_event_wait_ms=30_000,
-                                 state=PersistentState(self.store))
+                                 state=PersistentState(self.store), kernel_log=self.kernel_log)
         self.collectors = exporter_node.build(fleet.exporter_flags, self.hardware)
         self._last_tick = [-_FOREVER] * len(self.collectors)
         self.exposition = Exposition(self.collectors, fleet.process_metrics, self.hardware.state)

@@ -34,6 +34,7 @@ class NodeState:
     name: str
     t: float = 0.0  # The node's frozen clock, in simulated seconds since the fleet started.
     fired: set[str] = field(default_factory=set)  # Faults whose one-off events (XIDs, restarts) have happened.
+    kernel_messages: dict[str, int] = field(default_factory=dict)  # Fault id -> kernel messages it has written.
     started: float = field(default_factory=time.time)  # Unix time of the node's first boot, at its time 0.
 
     def active(self, kind: Kind, gpu: int | None = None, port: str | None = None,

@@ -89,6 +89,9 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
      # A Kubernetes job's node, compared with its model's busy nodes on its SM clock: its lower power is no straggler.
      [expect("GpuPowerLimitBelowDefault", 12, "ticket", gpu="3")]),
     ({"kind": "ecc_disabled", "node": node(2), "gpu": 6}, [expect("GpuEccDisabled", 2, "ticket", gpu="6")]),
+    # Soft lockups every 10 s (80 production seconds) from node 9's kernel: a ticket once three are logged.
+    ({"kind": "kernel_events", "node": node(9), "event": "soft_lockup", "rate": 0.1},
+     [expect("NodeKernelEventsRepeated", 9, "ticket", event="soft_lockup")]),
     ({"kind": "persistence_off", "node": node(13), "gpu": 5},
      [expect("GpuModeUnlikePeers", 13, "ticket", gpu="5", mode="persistence")]),
     ({"kind": "symbol_errors", "node": node(14), "port": "mlx5_3/1"},

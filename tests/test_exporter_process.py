@@ -4,6 +4,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -13,6 +14,7 @@ from gpufleet.devtools.paths import FIXTURE_SYSFS
 from gpufleet.devtools.processes import stop as stop_process
 from gpufleet.devtools.programs import binary
 from gpufleet.devtools.waiting import wait_for
+from gpufleet.exporter.node import COLLECTORS
 
 from helpers import named, nvml_present, parse, series
 
@@ -30,11 +32,19 @@ def get(url: str) -> bytes:
 
 
 @pytest.fixture
-def exporter():
+def kmsg(tmp_path):
+    """A kernel log that holds a message from before the exporter started, which it must not count."""
+    path = tmp_path / "kmsg"
+    path.write_text("4,101,5000000,-;watchdog: BUG: soft lockup - CPU#3 stuck for 23s! [python3:1]\n")
+    return path
+
+
+@pytest.fixture
+def exporter(kmsg):
     port = free_port()
     process = gpufleet("exporter", "--gpu.backend=sim", "--sim.gpus=8", f"--path.sysfs={FIXTURE_SYSFS}",
                        f"--web.listen-address=127.0.0.1:{port}", "--collector.gpu.interval=1s",
-                       "--collector.gpu.slow-interval=2s")
+                       "--collector.gpu.slow-interval=2s", f"--path.kmsg={kmsg}", "--collector.kernel.interval=1s")
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:
@@ -42,7 +52,7 @@ def exporter():
             success = named(parse(get(f"{url}/metrics")), "gpufleet_collector_success")
         except OSError:
             return False
-        return len(success) == 5 and set(success.values()) == {1}
+        return len(success) == len(COLLECTORS) and set(success.values()) == {1}
 
     try:
         wait_for(ready, 15, "every collector's first success", process)
@@ -55,7 +65,7 @@ def test_scrape_has_every_collector_and_exact_fixture_values(exporter):
     _, url = exporter
     samples = parse(get(f"{url}/metrics"))
     assert {dict(l)["collector"] for l in named(samples, "gpufleet_collector_success")} == {
-        "gpu", "network", "infiniband", "hwmon", "thermal_zone"}
+        "gpu", "network", "infiniband", "hwmon", "thermal_zone", "kernel"}
     assert samples[series("gpufleet_gpu_devices")] == 8
     assert len(named(samples, "gpufleet_gpu_info")) == 8
     for name in ("gpufleet_gpu_utilization_ratio", "gpufleet_gpu_power_watts", "gpufleet_gpu_energy_joules_total",
@@ -96,6 +106,50 @@ def test_energy_counter_keeps_rising_between_collections(exporter):
     second = wait_for(lambda: (now := energy()) != first and now, 10, "a later GPU collection")
     assert first.keys() == second.keys()
     assert all(second[gpu] > first[gpu] for gpu in first)
+
+
+def test_kernel_messages_written_after_the_start_are_counted_by_event(exporter, kmsg):
+    _, url = exporter
+    with kmsg.open("a") as log:
+        log.write("4,102,6000000,-;watchdog: BUG: soft lockup - CPU#3 stuck for 22s! [python3:48213]\n"
+                  " SUBSYSTEM=cpu\n"  # A continuation line of /dev/kmsg's: not a message.
+                  "3,103,6100000,-;Out of memory: Killed process 48213 (python3) total-vm:812kB\n"
+                  "6,104,6200000,-;nfs: server home not responding, still trying\n"
+                  "6,105,6300000,-;eth0: link up\n")
+
+    def events() -> dict[str, float] | None:
+        found = {dict(labels)["event"]: value
+                 for labels, value in named(parse(get(f"{url}/metrics")), "gpufleet_kernel_events_total").items()}
+        return found if found.get("storage_timeout") else None
+
+    assert wait_for(events, 10, "the kernel messages counted") == {
+        "soft_lockup": 1, "hung_task": 0, "storage_timeout": 1, "machine_check": 0, "oom_kill": 1}
+    assert parse(get(f"{url}/metrics"))[series("gpufleet_kernel_log_readable")] == 1
+
+
+def test_an_unreadable_kernel_log_is_said_once_and_fails_nothing(tmp_path):
+    port = free_port()
+    process = gpufleet("exporter", "--gpu.backend=sim", f"--path.sysfs={FIXTURE_SYSFS}",
+                       f"--web.listen-address=127.0.0.1:{port}", f"--path.kmsg={tmp_path / 'absent'}",
+                       "--collector.kernel.interval=200ms")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        samples = wait_for(lambda: _scraped(url, "gpufleet_kernel_log_readable"), 15, "the kernel collector")
+        assert samples[series("gpufleet_kernel_log_readable")] == 0
+        assert samples[series("gpufleet_collector_success", collector="kernel")] == 1
+        time.sleep(1)  # Several collections, each failing to open the log.
+    finally:
+        process.terminate()
+        output, _ = process.communicate(timeout=10)
+    assert output.count("kernel log unreadable: No such file or directory") == 1, output
+
+
+def _scraped(url: str, name: str) -> dict | None:
+    try:
+        samples = parse(get(f"{url}/metrics"))
+    except OSError:
+        return None
+    return samples if named(samples, name) else None
 
 
 def test_sigterm_stops_it_cleanly(exporter):

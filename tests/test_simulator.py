@@ -207,6 +207,14 @@ async def test_a_driver_mismatch_reboots_the_node_into_the_older_driver_for_good
         fleet.close()
 
 
+async def test_kernel_events_are_logged_at_their_rate_and_counted_by_event(baseline):
+    faulted = await with_faults({"node": "gpu-node-0003", "kind": "kernel_events", "event": "storage_timeout",
+                                 "rate": 0.1})
+    key = ("gpufleet_kernel_events_total", frozenset({("event", "storage_timeout")}))
+    assert changed(baseline, faulted) == {key}
+    assert faulted["gpu-node-0003"][key] == 20  # From 100 s to 300 s, one every 10 s.
+
+
 async def test_a_hung_job_spins_on_every_node_and_its_failing_node_raises_its_xid(baseline):
     """Every GPU of the job the fault's node runs waits in a collective: busy to NVML, SMs nearly still, the
     tensor pipes idle; only the named node raises the XID it failed with."""
@@ -344,6 +352,8 @@ def test_scenario_files_are_checked_with_clear_messages():
             ("faults: [{kind: straggler, node: gpu-node-0001, colour: red}]", "unknown field 'colour'"),
             ("faults: [{kind: straggler, node: gpu-node-0001, direction: tx}]", "takes no direction"),
             ("faults: [{kind: straggler, node: gpu-node-0001, xid: 79}]", "kind straggler takes no xid"),
+            ("faults: [{kind: kernel_events, node: gpu-node-0001, event: panic}]", "event must be one of soft_lockup"),
+            ("faults: [{kind: straggler, node: gpu-node-0001, event: oom_kill}]", "kind straggler takes no event"),
             ("faults: [oops", "not valid YAML"),
             ("nodes: 3", "unknown top-level key 'nodes'"),
         ):

@@ -172,8 +172,6 @@ class GpuCollector:
     def add_arguments(parser: argparse._ArgumentGroup) -> None:
         parser.add_argument("--collector.gpu.xid-kmsg", dest="gpu_xid_kmsg", action=argparse.BooleanOptionalAction,
                             default=False, help="also count XIDs from the kernel log (default: off)")
-        parser.add_argument("--path.kmsg", dest="kmsg_path", default="/dev/kmsg", metavar="PATH",
-                            help="kernel log to follow with --collector.gpu.xid-kmsg (default: %(default)s)")
         parser.add_argument("--job.mapping-dir", dest="job_mapping_dir", metavar="DIR",
                             help="dcgm-exporter style job mapping: one file per GPU index listing job ids")
         parser.add_argument("--job.pod-resources", dest="job_pod_resources", action=argparse.BooleanOptionalAction,

@@ -1,0 +1,28 @@
+"""Host kernel trouble the exporter counts in the kernel log (`exporter/collector/kernel.py`): a ticket when one
+kind of event repeats on a node. A single soft lockup or NFS timeout is noise on a busy node; several within
+half an hour are a node that stalls its jobs, which the straggler alert also names as a likely cause. The group
+runs every five minutes, as a ticket can wait that long."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpufleet.alerts.config import Config
+from gpufleet.alerts.drift import INTERVAL
+from gpufleet.alerts.rule import alert
+
+# Events that stall a node's processes for seconds: a likely cause of a straggler (`stragglers._causes`).
+STALLS = ("soft_lockup", "hung_task", "storage_timeout")
+
+
+def kernel(c: Config) -> dict[str, Any]:
+    # Rounded: increase() extrapolates to the window's edges, which can make 2 messages read 2.1.
+    repeated = (f"round(increase({c.metric('gpufleet_kernel_events_total')}[{c.d(c.kernel_events_window)}])) "
+                f">= {c.kernel_events_repeated}")
+    return {"name": "gpufleet-kernel", "interval": c.d(INTERVAL), "rules": [
+        alert(c, "NodeKernelEventsRepeated", repeated, "warning",
+              "A node's kernel logs the same trouble again and again: soft lockups, hung tasks, storage timeouts, "
+              "machine checks or OOM kills.",
+              f"{{{{ $labels.instance }}}} logged {{{{ $value }}}} {{{{ $labels.event }}}} messages in "
+              f"{c.kernel_events_window}."),
+    ]}

@@ -1,0 +1,40 @@
+"""A simulated node's kernel log: the messages its `kernel_events` faults wrote, which the node's kernel
+collector reads through the same interface as /dev/kmsg (`exporter.kernellog`)."""
+
+from __future__ import annotations
+
+# event -> a message the kernel writes for it (gpufleet's patterns, `exporter.collector.kernel.EVENTS`, class each).
+MESSAGES = {
+    "soft_lockup": "watchdog: BUG: soft lockup - CPU#12 stuck for 23s! [python3:48213]",
+    "hung_task": "INFO: task python3:48213 blocked for more than 122 seconds.",
+    "storage_timeout": "nfs: server nfs-home not responding, still trying",
+    "machine_check": "mce: [Hardware Error]: Machine check events logged",
+    "oom_kill": "Out of memory: Killed process 48213 (python3) total-vm:81234567kB, anon-rss:71234567kB",
+}
+
+
+class SimulatedKernelLog:
+    """The node's messages in order; each reader starts at the end, as on /dev/kmsg."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def write(self, event: str, count: int) -> None:
+        self.messages.extend([MESSAGES[event]] * count)
+
+    def reader(self) -> SimulatedKernelLogReader:
+        return SimulatedKernelLogReader(self)
+
+
+class SimulatedKernelLogReader:
+    def __init__(self, log: SimulatedKernelLog) -> None:
+        self._log = log
+        self._at: int | None = None
+
+    def read(self) -> list[str]:
+        start = len(self._log.messages) if self._at is None else self._at
+        self._at = len(self._log.messages)
+        return self._log.messages[start:self._at]
+
+    def close(self) -> None:
+        return None
