@@ -106,7 +106,7 @@ def jobs(c: Config) -> dict[str, Any]:
         alert(c, "JobHung",
               f"{spinning} / {activity} >= {c.job_hang_spinning_share:g} unless on ({job}) {working} "
               f"and on ({job}) {gpus} >= {c.job_hang_min_gpus}",
-              "critical", "A job's GPUs all wait and none works: it makes no progress and holds its nodes.",
+              "critical", "A job's GPUs wait in a collective and none works: it makes no progress and holds its nodes.",
               f"{{{{ $value | humanizePercentage }}}} of the GPUs of {{{{ $labels.scheduler }}}} job "
               f"{{{{ $labels.job_id }}}} are busy to NVML while their SMs and tensor pipes stand still, and none "
               f"works, for {c.job_hang_for}: a collective waits for a peer that will not come. {_nodes(c)}{first}",
