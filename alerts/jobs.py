@@ -63,16 +63,20 @@ def _activity(c: Config) -> dict[str, Any]:
 
 def _first_signal(c: Config) -> str:
     """A Go-template query for the job's node whose fault signal came first within `job_hang_lookback`: an XID
-    (its own time), a link that went down or an NVLink down (when the rules first saw it)."""
+    (its own time), a link that went down or an NVLink down (when the rules first saw it), each begun within it."""
     lookback, step = c.d(c.job_hang_lookback), c.d(TREND_INTERVAL)
     since = f"time() - {duration.parse(lookback):g}"
     xid = c.metric("gpufleet_gpu_xid_last_timestamp_seconds")
-    nvlink_down = f"{c.metric('gpufleet_gpu_nvlink_up')} == 0"
-    signals = (
-        f"max by ({c.by('instance', 'gpu', 'xid')}) ({xid}) > {since}",
-        f"min by ({c.by('instance', 'device', 'port')}) (min_over_time(timestamp({LINK_DOWNS})[{lookback}:{step}]))",
-        f"min by ({c.by('instance', 'gpu', 'link')}) (min_over_time(timestamp({nvlink_down})[{lookback}:{step}]))",
-    )
+    def began(selector: str, comparison: str, *labels: str) -> str:
+        """When `selector` `comparison` was first seen within the lookback, unless it already held when the
+        lookback began (a port down for an hour did not hang a job that ran until minutes ago)."""
+        by = c.by("instance", *labels)
+        return (f"(min by ({by}) (min_over_time(timestamp({selector}{comparison})[{lookback}:{step}])) "
+                f"unless on ({by}) {selector} offset {lookback}{comparison})")
+
+    signals = (f"max by ({c.by('instance', 'gpu', 'xid')}) ({xid}) > {since}", began(LINK_DOWNS, "", "device", "port"),
+               began(c.metric("gpufleet_gpu_nvlink_up"), " == 0", "gpu", "link"))
+
     cluster = c.cluster_label
     job = f"{NODE_JOBS}{{{cluster}=%q,scheduler=%q,job_id=%q}}"
     query = f"bottomk(1, ({' or '.join(signals)}) and on ({c.by('instance')}) {job})"

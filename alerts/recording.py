@@ -165,8 +165,10 @@ def congested(c: Config, ports: str = XMIT_WAIT) -> str:
 
 
 def _per_job(c: Config, node_level: str) -> str:
-    """A per-node expression repeated for each job that has GPUs on the node, carrying the job's labels."""
-    return f"{NODE_JOBS} * 0 + on ({c.by('instance')}) group_left {node_level}"
+    """A per-node expression repeated for each job that has GPUs on the node, carrying the job's labels: once per
+    node and job, however many of the job's pods (one per GPU, say) run there."""
+    jobs = f"group by ({c.by('instance', 'scheduler', 'job_id')}) ({NODE_JOBS})"
+    return f"{jobs} * 0 + on ({c.by('instance')}) group_left {node_level}"
 
 
 # Counter, link speed, the labels that name a port (besides the cluster), its class, and the direction.

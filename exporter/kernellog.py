@@ -15,7 +15,7 @@ import os
 import re
 from typing import Protocol
 
-_HEADER = re.compile(r"^\d+,\d+,\d+,[^;]*;")
+_HEADER = re.compile(r"^(\d+),\d+,\d+,[^;]*;")
 MAX_READS = 10_000  # Records or chunks read per collection: a flood of messages is read over several.
 
 
@@ -80,7 +80,8 @@ class KmsgReader:
             raise
         lines = (self._partial + b"".join(chunks)).split(b"\n")
         self._partial = lines.pop()
-        return [_message(line.decode("utf-8", errors="replace")) for line in lines if line and not line[:1].isspace()]
+        messages = (_message(line.decode("utf-8", errors="replace")) for line in lines if line[:1].strip())
+        return [message for message in messages if message is not None]
 
     def close(self) -> None:
         if self._fd is not None:
@@ -88,6 +89,10 @@ class KmsgReader:
             self._fd = None
 
 
-def _message(line: str) -> str:
-    """A record's message, without /dev/kmsg's header where it has one."""
-    return _HEADER.sub("", line, count=1)
+def _message(line: str) -> str | None:
+    """A record's message, without /dev/kmsg's header where it has one; None for a record a process wrote to
+    /dev/kmsg (a facility other than the kernel's, 0), which could pose as the kernel."""
+    header = _HEADER.match(line)
+    if header is None:
+        return line
+    return line[header.end():] if int(header.group(1)) >> 3 == 0 else None

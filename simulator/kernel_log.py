@@ -8,7 +8,7 @@ MESSAGES = {
     "soft_lockup": "watchdog: BUG: soft lockup - CPU#12 stuck for 23s! [python3:48213]",
     "hung_task": "INFO: task python3:48213 blocked for more than 122 seconds.",
     "storage_timeout": "nfs: server nfs-home not responding, still trying",
-    "machine_check": "mce: [Hardware Error]: Machine check events logged",
+    "machine_check": "mce: [Hardware Error]: CPU 3: Machine Check: 0 Bank 5: be00000000800400",
     "oom_kill": "Out of memory: Killed process 48213 (python3) total-vm:81234567kB, anon-rss:71234567kB",
 }
 

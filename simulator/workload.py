@@ -158,8 +158,14 @@ class Workload:
         sm_share = levels.sm_clock * (1 + 0.01 * clock_spread + 0.005 * wave(0.7 * t, board.index) - 0.004 * _daily(t))
         limit, default = board.power_limit_watts, _default_limit(board)
         energy = self.energy(board, t)
-        for fault in self.state.active(Kind.POWER_CAPPED, board.index):
-            energy -= (1 - fault.size) * default * self.window_integral(fault, power)
+        # A cap lowers what a slowdown left of the draw, not the draw again: over their overlap, it takes its share
+        # of what the slowdown did not take, so the counter never runs backwards.
+        slowdowns = [(f, 0.2) for f in self.state.active(Kind.THERMAL_SLOWDOWN, board.index)]
+        slowdowns += [(f, 0.5) for f in self.state.active(Kind.POWER_BRAKE, board.index)]
+        for cap in self.state.active(Kind.POWER_CAPPED, board.index):
+            energy -= (1 - cap.size) * default * self.window_integral(cap, power)
+            for slowdown, share in slowdowns:
+                energy += (1 - cap.size) * share * default * self._overlap_integral(cap, slowdown, power)
         temperature = 28 + 48 * levels.power + 1.5 * wave(t, board.index) + 4 * _daily(t)
         if self.state.straggling(Cause.THERMAL):
             temperature = board.thresholds_celsius[pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN] + 1
@@ -228,6 +234,14 @@ class Workload:
     def energy(self, board: SimulatedGpu, t: float) -> float:
         """Joules the board has drawn by `t` at its default power limit, before any fault's change to its power."""
         return _default_limit(board) * integral(self.segments(), power, t)
+
+    def _overlap_integral(self, one: Fault, other: Fault, rate: Callable[[Levels], float]) -> float:
+        """The integral of `rate(phase)` over the part of both faults that lies before now."""
+        start = max(one.start, other.start)
+        stop = min(self.state.t, *(f.end for f in (one, other) if f.end is not None))
+        if stop <= start:
+            return 0.0
+        return integral(self.segments(), rate, stop) - integral(self.segments(), rate, start)
 
     def window_integral(self, fault: Fault, rate: Callable[[Levels], float]) -> float:
         """The integral of `rate(phase)` over the part of `fault` that lies before now."""

@@ -115,7 +115,9 @@ def test_kernel_messages_written_after_the_start_are_counted_by_event(exporter, 
                   " SUBSYSTEM=cpu\n"  # A continuation line of /dev/kmsg's: not a message.
                   "3,103,6100000,-;Out of memory: Killed process 48213 (python3) total-vm:812kB\n"
                   "6,104,6200000,-;nfs: server home not responding, still trying\n"
-                  "6,105,6300000,-;eth0: link up\n")
+                  "6,105,6300000,-;eth0: link up\n"
+                  # Written by a process (facility user), not the kernel: not counted, whatever it says.
+                  "12,106,6400000,-;Out of memory: Killed process 1 (init)\n")
 
     def events() -> dict[str, float] | None:
         found = {dict(labels)["event"]: value

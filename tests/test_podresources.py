@@ -116,6 +116,8 @@ def test_pods_are_named_and_allocated_idle_gpus_are_shown(kubelet):
     ("bert-12-q9z4w", "ml-team/bert"),  # An Indexed Job's pod 12.
     ("resnet-worker-7", "ml-team/resnet"),  # Kubeflow's PyTorchJob (or MPIJob) worker.
     ("resnet-master-0", "ml-team/resnet"),
+    ("backup-29123456-x7k2p", None),  # A CronJob's run: its eight digits are a time stamp, not an index.
+    ("web-7c9f8d5b6d-x7k2p", None),  # A Deployment's replica.
     ("trainer-model", None),  # Ends in a five-letter word with vowels: no generated suffix.
     ("notebook-0", None),  # A StatefulSet's pod: no training operator's naming.
 ])

@@ -11,8 +11,10 @@ import itertools
 import pytest
 
 from gpufleet.exporter import node as exporter_node
+from gpufleet.exporter.collector.kernel import EVENTS, classify
 from gpufleet.simulator.faults import OLDER_DRIVER, ScenarioError, load_scenario, parse_fault
 from gpufleet.simulator.fleet import Fleet, collector_flags
+from gpufleet.simulator.kernel_log import MESSAGES
 from gpufleet.simulator.layout import Job, LayoutError, load_layout
 
 from fleets import value
@@ -207,6 +209,10 @@ async def test_a_driver_mismatch_reboots_the_node_into_the_older_driver_for_good
         fleet.close()
 
 
+def test_each_simulated_kernel_message_is_the_event_it_stands_for():
+    assert {event: classify(message) for event, message in MESSAGES.items()} == {event: event for event in EVENTS}
+
+
 async def test_kernel_events_are_logged_at_their_rate_and_counted_by_event(baseline):
     faulted = await with_faults({"node": "gpu-node-0003", "kind": "kernel_events", "event": "storage_timeout",
                                  "rate": 0.1})
@@ -309,6 +315,8 @@ def test_counters_never_go_backwards_through_faults():
         {"node": "gpu-node-0001", "kind": "thermal_slowdown", "gpu": 1, "start": 90, "duration": 20},
         {"node": "gpu-node-0001", "kind": "nvlink_down", "gpu": 2, "link": 0, "start": 95, "duration": 20},
         {"node": "gpu-node-0001", "kind": "power_capped", "gpu": 3, "start": 100, "duration": 40},
+        # A deep cap over a power brake on one GPU: both lower its draw, which still never goes negative.
+        {"node": "gpu-node-0001", "kind": "power_capped", "gpu": 0, "level": 0.2, "start": 85, "duration": 30},
     )])
     node = fleet.nodes["gpu-node-0001"]
     previous: dict[str, float] = {}

@@ -29,9 +29,13 @@ EVENTS = {
     "soft_lockup": re.compile(r"soft lockup - CPU#\d+ stuck for"),
     "hung_task": re.compile(r"INFO: task .+ blocked for more than \d+ seconds"),
     "storage_timeout": re.compile(r"nfs: server \S+ not responding|Lustre(?:Error)?: .*(?:timed out|was lost)"),
-    "machine_check": re.compile(r"[Mm]achine [Cc]heck (?:events logged|[Ee]xception)|\[Hardware Error\]: CPU \d+: "
-                                r"Machine Check"),
-    "oom_kill": re.compile(r"[Oo]ut of memory: Killed process"),
+    # One message per error: the kernel's own record of it, or EDAC's where EDAC takes the error, and never the
+    # "Machine check events logged" notice, which may follow either.
+    "machine_check": re.compile(r"\[Hardware Error\]: CPU \d+: Machine Check|Machine Check Exception|"
+                                r"EDAC \S+: \d+ [CU]E "),
+    # Once per kill, on every kernel: "Out of memory: Killed process", the memory cgroup's, and the separate
+    # "Killed process" line of kernels before 5.0.
+    "oom_kill": re.compile(r"Killed process \d+ \("),
 }
 
 

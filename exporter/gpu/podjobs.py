@@ -12,7 +12,8 @@ A node cannot ask the API server who owns a pod, but the training operators name
 The suffix is the five characters Kubernetes draws for generated names, from an alphabet without vowels or the
 digits 0, 1 and 3, so a name that merely ends in a five-letter word is not taken for one. A site whose pods are
 named otherwise gives its own pattern (`--job.pod-pattern`), tried first. The job id is `<namespace>/<job>`:
-two namespaces may run jobs of the same name.
+two namespaces may run jobs of the same name. A StatefulSet named like a role (`vllm-worker-0`) reads as a job
+too: its replicas do the same work, and are compared as one job's.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from __future__ import annotations
 import re
 
 _SUFFIX = "[bcdfghjklmnpqrstvwxz2456789]{5}"
+# Indices of at most five digits: a CronJob's pods carry an eight-digit time stamp where an Indexed Job's carry
+# its index, and a ReplicaSet's hash has nine or ten characters.
 OPERATOR_PATTERNS = (
-    rf"(?P<job>.+)-\d+-\d+-{_SUFFIX}",  # JobSet
-    rf"(?P<job>.+)-\d+-{_SUFFIX}",  # Indexed Job
-    r"(?P<job>.+)-(?:master|worker|launcher|chief|ps|evaluator)-\d+",  # Kubeflow, Volcano
+    rf"(?P<job>.+)-\d{{1,5}}-\d{{1,5}}-{_SUFFIX}",  # JobSet
+    rf"(?P<job>.+)-\d{{1,5}}-{_SUFFIX}",  # Indexed Job
+    r"(?P<job>.+)-(?:master|worker|launcher|chief|ps|evaluator)-\d{1,5}",  # Kubeflow, Volcano
 )
 
 

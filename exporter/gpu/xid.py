@@ -24,7 +24,6 @@ Events come from two sources, each in a thread of its own:
 from __future__ import annotations
 
 import ctypes
-import errno
 import logging
 import os
 import re
@@ -37,6 +36,7 @@ import pynvml
 
 from gpufleet.exporter.gpu.nvml import DRIVER_LOST, Backoff, EventSet, Handle, Nvml, as_text
 from gpufleet.exporter.gpu.probes import field_value
+from gpufleet.exporter.kernellog import KmsgReader
 
 log = logging.getLogger(__name__)
 
@@ -346,7 +346,8 @@ class NvmlXidWatcher:
 
 
 class KmsgXidReader:
-    """Follows the kernel log (`/dev/kmsg`, or any file that grows) for NVRM XID lines.
+    """Follows the kernel log (`/dev/kmsg`, or any file that grows) for NVRM XID lines, in a thread of its own so
+    that an XID is counted within a poll rather than at the next collection (`exporter.kernellog` reads it).
 
     It starts at the end of the log, so XIDs from before the exporter started are
     not counted again after every restart.
@@ -390,28 +391,17 @@ class KmsgXidReader:
             self._stop.wait(self._retry)
 
     def _follow(self) -> None:
-        fd = os.open(self._path, os.O_RDONLY | os.O_NONBLOCK)
+        reader = KmsgReader(self._path)
         try:
-            os.lseek(fd, 0, os.SEEK_END)
+            reader.read()  # Opens the log, at its end.
             self._opened.set()
-            partial = b""
             while not self._stop.is_set():
-                try:
-                    chunk = os.read(fd, 8192)
-                except BlockingIOError:
-                    chunk = b""
-                except OSError as err:
-                    if err.errno == errno.EPIPE:  # /dev/kmsg overwrote records we had not read: carry on.
-                        continue
-                    raise
-                if not chunk:
-                    self._stop.wait(self._poll)
-                    continue
-                lines = (partial + chunk).split(b"\n")
-                partial = lines.pop()
-                for line in lines:
-                    parsed = parse_xid_line(line.decode("utf-8", errors="replace"))
+                messages = reader.read()
+                for message in messages:
+                    parsed = parse_xid_line(message)
                     if parsed is not None:
                         self._ledger.record_kmsg(*parsed)
+                if not messages:
+                    self._stop.wait(self._poll)
         finally:
-            os.close(fd)
+            reader.close()
