@@ -165,7 +165,10 @@ def routing(workdir: Path, receiver: Receiver, time_scale: float = 1.0) -> Path:
     """The production routing, with the pager key written to a file here and receivers pointed here, and its
     timers (group_wait, group_interval, repeat_interval) divided by `time_scale`, as the rules' are."""
     config = yaml.safe_load(ROUTING.read_text())
-    for route in [config["route"], *config["route"].get("routes", [])]:
+    routes = [config["route"]]
+    while routes:
+        route = routes.pop()
+        routes += route.get("routes", [])
         for timer in ("group_wait", "group_interval", "repeat_interval"):
             if timer in route:
                 route[timer] = f"{max(1, round(duration.parse(route[timer]) * 1000 / time_scale))}ms"
