@@ -144,10 +144,10 @@ def explains(labels: dict[str, str], first: float, last: float, done: list[Case]
              round_: list[incidents.Injected], removed: set[str]) -> bool:
     """Whether a fault explains an alert episode: one on the alert's node that overlaps it, allowing the
     alert to resolve up to two signal windows (10 production minutes) after the fault's end. A fault of the
-    kinds round explains any alert on its node that began while it lasted; a GPU taken out on purpose, the
-    inventory ticket for its node."""
+    kinds round explains any alert of its own (`Injected.caused`) that began while it lasted; a GPU taken out
+    on purpose, the inventory ticket for its node."""
     grace = 600 / scale
-    if any(f.node == labels.get("instance") and f.start <= first <= f.end + grace for f in round_):
+    if any(f.caused(labels) and f.start <= first <= f.end + grace for f in round_):
         return True
     if labels.get("alertname") == "GpuCountDropped" and labels.get("instance") in removed:
         return True

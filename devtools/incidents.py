@@ -63,9 +63,12 @@ class Injected:
         return str(self.fault["kind"])
 
     def caused(self, alert: dict[str, str]) -> bool:
-        """Whether an alert (its labels) is this fault's: on its node, or its job's hang."""
+        """Whether an alert (its labels) is this fault's: on its node, its job's hang, or the mixed versions a
+        node with another driver makes in its job and its model's fleet."""
         if self.job and alert.get("alertname") == "JobHung":
             return alert.get("job_id") == self.job
+        if self.kind == "driver_mismatch" and alert.get("alertname") in ("JobVersionsMixed", "NodeVersionsMixed"):
+            return True
         return alert.get("instance") == self.node
 
     @property
