@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 
 from gpufleet.devtools import programs
+from gpufleet.exporter.node import COLLECTORS
 
 from helpers import parse
 
@@ -48,4 +49,4 @@ def test_two_hundred_concurrent_scrapers_are_each_answered_in_full(exporter):
     for body in {body for _, body in answers}:  # Each distinct body once: the exposition changes per collection.
         samples = parse(body)  # Whole: it parses, with every collector's success series in it.
         assert {dict(labels)["collector"] for name, labels in samples
-                if name == "gpufleet_collector_success"} == {"gpu", "network", "infiniband", "hwmon", "thermal_zone"}
+                if name == "gpufleet_collector_success"} == {collector.name for collector in COLLECTORS}
