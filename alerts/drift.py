@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.recording import NODE_JOBS
+from gpufleet.alerts.recording import GPU_KEY, NODE_JOBS
 from gpufleet.alerts.rule import GPU, alert, printf, record
 
 # Per node, one series per component, model and version it runs (labels `component`, `model`, `version`).
@@ -29,7 +29,6 @@ COMPONENTS = {
     "vbios": ("gpufleet_gpu_info", "vbios", "name"),
     "hca_firmware": ("gpufleet_infiniband_info", "firmware_version", "hca_type"),
 }
-_GPU_KEY = ("instance", "gpu", "uuid")
 # mode -> the series that says whether it is on.
 MODES = {"mig": "gpufleet_gpu_mig_enabled", "persistence": "gpufleet_gpu_persistence_mode_enabled"}
 
@@ -57,7 +56,7 @@ def _version_list(c: Config, *labels: str) -> str:
 
 def _mode_unlike_peers(c: Config, mode: str, metric: str) -> str:
     """GPUs whose `mode` differs from what most GPUs of their model in their cluster have."""
-    gpu = c.by(*_GPU_KEY)
+    gpu = c.by(*GPU_KEY)
     with_model = f"{c.metric(metric)} * on ({gpu}) group_left (name) {c.metric('gpufleet_gpu_info')}"
     most = f"avg by ({c.by('name')}) ({with_model}) > bool 0.5"
     return f'label_replace({with_model} != on ({c.by("name")}) group_left () ({most}), "mode", "{mode}", "", "")'

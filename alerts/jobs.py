@@ -23,13 +23,12 @@ from typing import Any
 from gpufleet import duration
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.fabric import LINK_DOWNS
-from gpufleet.alerts.recording import NODE_JOBS
+from gpufleet.alerts.recording import GPU_KEY, NODE_JOBS
 from gpufleet.alerts.rule import TREND_INTERVAL, alert, printf, record
 
 # Per job and node: how many of the job's GPUs with GPM were working, spinning or idle (label `activity`).
 ACTIVITY = "job_instance:gpufleet_gpu_activity:count"
 _ACTIVITIES = ("working", "idle", "spinning")  # count_values' 0, 1 and 2 (see `_activity`).
-_GPU_KEY = ("instance", "gpu", "uuid")
 _JOB = ("scheduler", "job_id")
 _SHOWN_NODES = 8  # A page lists this many of a job's nodes, then their number.
 # What each GPU did is judged over the last half minute of every minute's evaluation: a hang then counts from
@@ -44,7 +43,7 @@ def _activity(c: Config) -> dict[str, Any]:
 
     `max by` the GPU: a GPU in MIG mode reports GPM per instance, and any active instance is a GPU at work."""
     window = c.d(ACTIVITY_WINDOW)
-    gpu = c.by(*_GPU_KEY)
+    gpu = c.by(*GPU_KEY)
 
     def mean(metric: str) -> str:
         return f"max by ({gpu}) (avg_over_time({c.metric(metric)}[{window}]))"

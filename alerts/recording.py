@@ -63,7 +63,8 @@ NODE_IB_RATE = "instance:gpufleet_infiniband_rate_bytes_per_second:max"
 
 
 SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
-_GPU_KEY = ("instance", "gpu", "uuid")
+# The labels that name one GPU (besides the cluster), which per-GPU joins match on.
+GPU_KEY = ("instance", "gpu", "uuid")
 # Per-GPU straggler signals, lower is slower: clock and power fall on a node whose clocks are capped;
 # utilisation on one whose GPUs idle between steps (waiting on their host or a slow PCIe link) while its
 # peers spin, busy, waiting for it (recorded and named as a cause; `stragglers` says why it is not alerted on).
@@ -96,9 +97,9 @@ def node_signals(c: Config) -> list[dict[str, Any]]:
     named = c.metric("gpufleet_gpu_job_info", 'job_id!=""')
     jobs = f"last_over_time({named}[{window}])"
     info = f"last_over_time({c.metric('gpufleet_gpu_info')}[{window}])"
-    gpu = c.by(*_GPU_KEY)
+    gpu = c.by(*GPU_KEY)
     busy = f"avg_over_time({c.metric('gpufleet_gpu_utilization_ratio')}[{window}]) > {c.busy_utilization:g}"
-    rules = [record(BUSY_WITHOUT_JOB, f"group by ({c.by(*_GPU_KEY, 'name')}) "
+    rules = [record(BUSY_WITHOUT_JOB, f"group by ({c.by(*GPU_KEY, 'name')}) "
                                       f"(({info} unless on ({gpu}) {jobs}) and on ({gpu}) {busy})")]
     for signal, (metric, *matchers) in _GPU_SIGNALS.items():
         # Every sample since the last evaluation, not the latest: a training step moves between phases of
@@ -124,7 +125,7 @@ def node_signals(c: Config) -> list[dict[str, Any]]:
 def pcie_degraded(c: Config) -> dict[str, Any]:
     """The sparse degraded-PCIe series. It reads five per-GPU series, and a link's width and generation
     change only when it retrains, so it is recorded in the GPU trend group, with the alert that reads it."""
-    gpu = c.by(*_GPU_KEY)
+    gpu = c.by(*GPU_KEY)
     # An idle GPU lowers its PCIe generation to save power: only a busy GPU's lower generation counts.
     degraded = (f"({c.metric('gpufleet_gpu_pcie_link_width')} < {c.metric('gpufleet_gpu_pcie_link_max_width')})"
                 f" or (({c.metric('gpufleet_gpu_pcie_link_generation')} < "
