@@ -22,10 +22,13 @@ def listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def http(method: str, url: str, body: object = None, timeout: float = 5.0) -> tuple[int, bytes]:
-    """The status and body of one request (`body` sent as JSON); an HTTP error status is returned, not raised."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+def http(method: str, url: str, body: object = None, timeout: float = 5.0, headers: dict[str, str] | None = None,
+         raw: bytes | None = None) -> tuple[int, bytes]:
+    """The status and body of one request (`body` sent as JSON, or `raw` bytes as they are); an HTTP error status
+    is returned, not raised."""
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             status: int = response.status

@@ -196,3 +196,12 @@ def node_exporter(sysfs: Path, *flags: str, output: Output = "file") -> Iterator
             *flags]
     with serving(argv, port, "/metrics", "node_exporter start", 20, output=output) as server:
         yield server
+
+
+@contextlib.contextmanager
+def remediator(env: Mapping[str, str], *flags: str, output: Output = "file") -> Iterator[Server]:
+    """`gpufleet remediate` with `flags`, its Slurm clients pointed by `env` (`SLURM_CONF`), once it answers."""
+    port = free_port()
+    argv = gpufleet_command("remediate", f"--web.listen-address=127.0.0.1:{port}", "--interval=1s", *flags)
+    with serving(argv, port, "/healthz", "remediate start", 20, output=output, env=env) as server:
+        yield server

@@ -87,12 +87,12 @@ def _limit(max_requests: int) -> Middleware:
     return limit
 
 
-def _secure(watcher: WebConfigWatcher) -> Middleware:
-    """Basic auth and response headers from the current web configuration."""
+def secure(watcher: WebConfigWatcher) -> Middleware:
+    """Basic auth and response headers from the current web configuration (the remediator's too)."""
     credentials = Credentials()
 
     @web.middleware
-    async def secure(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         config = watcher.current
         if config.users:
             header = request.headers.get("Authorization", "")
@@ -104,7 +104,7 @@ def _secure(watcher: WebConfigWatcher) -> Middleware:
         response.headers.update(config.headers)
         return response
 
-    return secure
+    return guard
 
 
 def build_app(exposition: Exposition, web_config: WebConfigWatcher | None = None,
@@ -115,7 +115,7 @@ def build_app(exposition: Exposition, web_config: WebConfigWatcher | None = None
     if max_requests > 0:
         middlewares.append(_limit(max_requests))
     if web_config is not None:
-        middlewares.append(_secure(web_config))
+        middlewares.append(secure(web_config))
     app = web.Application(middlewares=middlewares)
     app[EXPOSITION_KEY] = exposition
     app.router.add_get("/metrics", metrics)

@@ -24,6 +24,7 @@ COMMANDS = {
     "dashboards": "gpufleet.dashboards.cli",
     "report": "gpufleet.report.cli",
     "deploy": "gpufleet.deploy.cli",
+    "remediate": "gpufleet.remediate.cli",
 }
 
 

@@ -1,0 +1,133 @@
+"""The Slurm controller, through the `scontrol` and `sinfo` commands a site already has and trusts.
+
+Every call has a timeout. A controller that does not answer (down, slow, munge refusing) raises
+`SlurmUnavailable`, which the caller retries; a node Slurm does not know raises `UnknownNode`, which no retry
+mends. Drains are written with a reason that starts with `REASON_PREFIX`: that is how gpufleet tells its own
+drains from an operator's, across its own restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+REASON_PREFIX = "gpufleet: "
+_UNKNOWN = ("invalid node name", "node not found", "unable to find node")
+
+
+class SlurmError(Exception):
+    """A Slurm call failed; the message has the command's own words."""
+
+
+class SlurmUnavailable(SlurmError):
+    """The controller did not answer in time, or refused the call: worth trying again later."""
+
+
+class UnknownNode(SlurmError):
+    """Slurm has no node of that name."""
+
+
+@dataclass(frozen=True)
+class Node:
+    """What a drain decision needs of a node: its state flags (`IDLE`, `DRAIN`, ...), its reason, its partitions."""
+
+    name: str
+    states: frozenset[str]
+    reason: str
+    partitions: tuple[str, ...]
+
+    @property
+    def drained(self) -> bool:
+        """Drained or draining: the scheduler places nothing new on it."""
+        return "DRAIN" in self.states
+
+    @property
+    def ours(self) -> bool:
+        """Drained by gpufleet, as the reason it wrote says."""
+        return self.drained and self.reason.startswith(REASON_PREFIX)
+
+
+def parse_nodes(text: str) -> dict[str, Node]:
+    """`scontrol show node -o` (one node per line of `Key=Value` words; a reason may hold spaces and comes
+    last but for its time and user)."""
+    nodes: dict[str, Node] = {}
+    for line in text.splitlines():
+        fields = _fields(line)
+        if "NodeName" not in fields:
+            continue
+        states = frozenset(part for part in fields.get("State", "").replace("*", "").split("+") if part)
+        partitions = tuple(p for p in fields.get("Partitions", "").split(",") if p)
+        nodes[fields["NodeName"]] = Node(fields["NodeName"], states, fields.get("Reason", ""), partitions)
+    return nodes
+
+
+def _fields(line: str) -> dict[str, str]:
+    """`Key=Value` words, where a value runs on (spaces and all) to the next word that is a `Key=`."""
+    fields: dict[str, str] = {}
+    key = None
+    for word in line.split(" "):
+        name, equals, value = word.partition("=")
+        if equals and name and name[0].isupper() and name.isalnum():
+            key = name
+            fields[key] = value
+            if key == "Reason":  # The last field: the rest of the line is the reason's, `=` or not.
+                fields[key] = line.split(" Reason=", 1)[-1].rstrip()
+                break
+        elif key is not None and word:
+            fields[key] += " " + word
+    if "Reason" in fields:  # `Reason=text [user@2026-11-26T22:39:41]`: the text alone.
+        text, _, stamp = fields["Reason"].rpartition(" [")
+        fields["Reason"] = text if text and stamp.endswith("]") else fields["Reason"]
+    return fields
+
+
+class Slurm:
+    """`scontrol` and `sinfo` with a timeout on every call; `SLURM_CONF` and munge come from the environment,
+    as for any Slurm client on the host."""
+
+    def __init__(self, scontrol: str = "scontrol", timeout: float = 20.0, env: dict[str, str] | None = None) -> None:
+        self.scontrol = scontrol
+        self.timeout = timeout
+        self.env = {**os.environ, **(env or {})}
+
+    async def _run(self, *args: str) -> str:
+        try:
+            process = await asyncio.create_subprocess_exec(
+                self.scontrol, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self.env)
+        except OSError as err:
+            raise SlurmUnavailable(f"cannot run {self.scontrol}: {err}") from None
+        try:
+            out, error = await asyncio.wait_for(process.communicate(), self.timeout)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise SlurmUnavailable(f"scontrol {args[0]} {args[1]}: no answer in {self.timeout:g}s") from None
+        if process.returncode != 0:
+            message = (error or out).decode(errors="replace").strip().replace("\n", "; ")
+            if any(words in message.lower() for words in _UNKNOWN):
+                raise UnknownNode(message)
+            raise SlurmUnavailable(f"scontrol {args[0]} {args[1]} exited {process.returncode}: {message}")
+        return out.decode(errors="replace")
+
+    async def nodes(self) -> dict[str, Node]:
+        return parse_nodes(await self._run("show", "node", "-o"))
+
+    async def node(self, name: str) -> Node:
+        nodes = parse_nodes(await self._run("show", "node", "-o", name))
+        if name not in nodes:
+            raise UnknownNode(f"Slurm has no node {name!r}")
+        return nodes[name]
+
+    async def drain(self, name: str, reason: str) -> None:
+        await self._run("update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}")
+
+    async def resume(self, name: str) -> None:
+        await self._run("update", f"NodeName={name}", "State=RESUME")
+
+    async def set_reason(self, name: str, reason: str) -> None:
+        """A drained node's reason, rewritten (the node stays drained)."""
+        await self._run("update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}")

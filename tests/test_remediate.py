@@ -1,0 +1,233 @@
+"""`gpufleet remediate` against a real Slurm (Debian's munged, slurmctld and slurmd on loopback): what it drains,
+resumes and refuses, seen in `sinfo` and on its /metrics."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+
+from gpufleet.devtools.net import http
+from gpufleet.devtools.programs import remediator
+from gpufleet.devtools.prom import own_metric
+from gpufleet.devtools.slurm import Slurm, slurm
+from gpufleet.devtools.waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+
+NODES = [f"gpu-node-{number:04d}" for number in range(1, 9)]
+RESET = "GPU 3 needs a reset (XID 79)"
+
+
+def alert(node: str, status: str = "firing", gpu: str = "3", starts: str = "2026-11-26T10:00:00.123456789Z",
+          name: str = "GpuNeedsReset", **labels: str) -> dict:
+    return {"status": status, "fingerprint": f"{name}-{node}-{gpu}", "startsAt": starts,
+            "endsAt": "0001-01-01T00:00:00Z",
+            "labels": {"alertname": name, "instance": f"{node}:19400", "gpu": gpu, "remediation": "drain",
+                       "severity": "critical", **labels},
+            "annotations": {"remediation_reason": f"GPU {gpu} needs a reset (XID 79)"}}
+
+
+def post(url: str, *alerts: dict, token: str | None = None, body: object = None) -> int:
+    payload = body if body is not None else {"version": "4", "status": "firing", "alerts": list(alerts)}
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    status, _ = http("POST", f"{url}/webhook", payload, headers=headers)
+    return status
+
+
+def value(url: str, name: str, **labels: str) -> float:
+    return own_metric(url, name, **labels)
+
+
+def ours(cluster: Slurm) -> dict[str, str]:
+    """The nodes drained with gpufleet's reason, and the reason."""
+    return {name: reason for name, (state, reason) in cluster.states().items() if reason.startswith("gpufleet: ")}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Slurm:
+    with slurm(tmp_path_factory.mktemp("slurm"), NODES, daemons=len(NODES)) as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def resumed(cluster):
+    """Every node back in service before each test."""
+    yield
+    for name, (state, _) in cluster.states().items():
+        if "drain" in state:  # UNDRAIN: a node whose slurmd never registered cannot RESUME.
+            cluster.run("scontrol", "update", f"NodeName={name}", "State=UNDRAIN")
+
+
+def test_a_gpu_needing_a_reset_drains_its_node_once_and_the_repair_and_check_resume_it(cluster, tmp_path):
+    audit = tmp_path / "audit.jsonl"
+    check = f"sh -c 'echo diag of {{node}}: pass; test ! -e {tmp_path}/fail'"
+    with remediator(cluster.env, "--no-dry-run", f"--check.command={check}", f"--audit.file={audit}") as r:
+        for _ in range(3):  # Alertmanager sends a group again at each group_interval.
+            assert post(r.url, alert(NODES[0])) == 200
+        wait_for(lambda: NODES[0] in ours(cluster), 10, "the drain")
+        assert ours(cluster) == {NODES[0]: f"gpufleet: {RESET}"}
+        assert cluster.states()[NODES[0]][0] == "drained"
+        time.sleep(2)  # Two more passes: nothing more to do while the alert fires.
+        assert value(r.url, "gpufleet_remediate_actions_total", action="drain", result="ok") == 1
+        assert value(r.url, "gpufleet_remediate_drained_nodes") == 1
+        assert post(r.url, alert(NODES[0], "resolved")) == 200
+        wait_for(lambda: cluster.states()[NODES[0]][0] == "idle", 10, "the resume")
+        assert value(r.url, "gpufleet_remediate_actions_total", action="resume", result="ok") == 1
+        assert value(r.url, "gpufleet_remediate_drained_nodes") == 0
+    entries = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert [(e["action"], e["result"]) for e in entries] == [
+        ("alert", "firing"), ("drain", "ok"), ("alert", "resolved"), ("check", "ok"), ("resume", "ok")]
+    assert entries[1]["alerts"] == {f"GpuNeedsReset-{NODES[0]}-3": RESET}
+    assert entries[0]["alert"]["labels"]["alertname"] == "GpuNeedsReset"
+    assert entries[3]["why"] == f"diag of {NODES[0]}: pass"
+
+
+def test_a_failed_check_keeps_the_node_drained_and_says_why(cluster, tmp_path):
+    (tmp_path / "fail").touch()
+    check = f"sh -c 'echo dcgmi diag: memory test failed; test ! -e {tmp_path}/fail'"
+    with remediator(cluster.env, "--no-dry-run", f"--check.command={check}") as r:
+        post(r.url, alert(NODES[1]))
+        wait_for(lambda: NODES[1] in ours(cluster), 10, "the drain")
+        post(r.url, alert(NODES[1], "resolved"))
+        wait_for(lambda: value(r.url, "gpufleet_remediate_check_failed", node=NODES[1]) == 1, 10, "the failed check")
+        assert ours(cluster) == {NODES[1]: "gpufleet: check failed after repair: check exited 1: dcgmi diag: "
+                                           "memory test failed"}
+        assert cluster.states()[NODES[1]][0] == "drained"
+        assert value(r.url, "gpufleet_remediate_actions_total", action="check", result="failed") == 1
+        # The operator mends it and resumes it: gpufleet lets it go.
+        cluster.run("scontrol", "update", f"NodeName={NODES[1]}", "State=RESUME")
+        wait_for(lambda: value(r.url, "gpufleet_remediate_check_failed", node=NODES[1]) == 0, 10, "the release")
+        assert cluster.states()[NODES[1]][0] == "idle"
+
+
+def test_an_operators_drain_is_never_undone(cluster, tmp_path):
+    operator = "ops: fan 2 replaced, burn-in (ticket 4411)"
+    cluster.run("scontrol", "update", f"NodeName={NODES[2]}", "State=DRAIN", f"Reason={operator}")
+    with remediator(cluster.env, "--no-dry-run", "--check.command=true") as r:
+        post(r.url, alert(NODES[2]), alert(NODES[3]))
+        wait_for(lambda: NODES[3] in ours(cluster), 10, "the drain of the other node")
+        wait_for(lambda: value(r.url, "gpufleet_remediate_actions_total", action="drain",
+                               result="operator_drained") == 1, 10, "the operator's drain seen")
+        # An operator takes over a node gpufleet drained, with a reason of their own.
+        cluster.run("scontrol", "update", f"NodeName={NODES[3]}", "State=DRAIN", f"Reason={operator}")
+        post(r.url, alert(NODES[2], "resolved"), alert(NODES[3], "resolved"))
+        time.sleep(3)
+        assert cluster.states()[NODES[2]] == ("drained", operator)
+        assert cluster.states()[NODES[3]] == ("drained", operator)
+        assert value(r.url, "gpufleet_remediate_actions_total", action="resume", result="ok") == 0
+
+
+def test_dry_run_by_default_counts_and_audits_but_changes_nothing(cluster, tmp_path):
+    audit = tmp_path / "audit.jsonl"
+    with remediator(cluster.env, f"--audit.file={audit}") as r:
+        post(r.url, alert(NODES[4]))
+        wait_for(lambda: value(r.url, "gpufleet_remediate_actions_total", action="drain", result="dry_run") == 1,
+                 10, "the dry-run drain")
+        post(r.url, alert(NODES[4], "resolved"))
+        wait_for(lambda: value(r.url, "gpufleet_remediate_actions_total", action="resume", result="dry_run") == 1,
+                 10, "the dry-run resume")
+        assert value(r.url, "gpufleet_remediate_dry_run") == 1
+    assert ours(cluster) == {} and cluster.states()[NODES[4]][0] != "drained"
+    assert [(e["action"], e["result"], e["dry_run"]) for e in map(json.loads, audit.read_text().splitlines())
+            if e["action"] != "alert"] == [("drain", "dry_run", True), ("resume", "dry_run", True)]
+
+
+def test_webhooks_out_of_order_drain_nothing_they_should_not(cluster):
+    with remediator(cluster.env, "--no-dry-run") as r:
+        # The resolve of an episode arrives before its firing: the firing is stale.
+        post(r.url, alert(NODES[5], "resolved"))
+        post(r.url, alert(NODES[5]))
+        # An older episode's firing after a newer one resolved: stale too.
+        post(r.url, alert(NODES[6], starts="2026-11-26T11:00:00Z"))
+        post(r.url, alert(NODES[6], "resolved", starts="2026-11-26T11:00:00Z"))
+        post(r.url, alert(NODES[6], starts="2026-11-26T10:00:00Z"))
+        time.sleep(3)
+        assert ours(cluster) == {}
+        assert value(r.url, "gpufleet_remediate_nodes", phase="drained") == 0
+
+
+@pytest.mark.parametrize(("body", "headers", "status", "result"), [
+    ("not json", None, 400, "malformed"),
+    ({"alerts": "x"}, None, 400, "malformed"),
+    ({"version": "4", "alerts": [{**alert(NODES[7]), "labels": {"alertname": "GpuTemperatureHigh",
+                                                                 "instance": NODES[7]}}]}, None, 422, "unknown_alert"),
+    ({"version": "4", "alerts": [alert("gpu-node-9999")]}, None, 422, "unknown_node"),
+    ({"version": "4", "alerts": [alert(NODES[7])]}, "Bearer wrong", 401, "unauthorized"),
+    ({"version": "4", "alerts": [alert(NODES[7])]}, None, 401, "unauthorized"),
+])
+def test_bad_input_is_refused_with_a_status_a_count_and_no_drain(cluster, tmp_path, body, headers, status, result):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    with remediator(cluster.env, "--no-dry-run", f"--web.token-file={token}") as r:
+        wait_for(lambda: value(r.url, "gpufleet_remediate_slurm_up") == 1, 10, "Slurm's node list")
+        authorised = {"Authorization": headers} if headers else {}
+        if headers is None and result != "unauthorized":
+            authorised = {"Authorization": "Bearer s3cret"}
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        answer, text = http("POST", f"{r.url}/webhook", raw=data, headers=authorised)
+        assert answer == status, text
+        assert value(r.url, "gpufleet_remediate_webhooks_total", result=result) == 1
+        time.sleep(2)
+        log = r.output()
+    assert ours(cluster) == {}
+    assert f"webhook refused ({result})" in log
+
+
+def test_a_hung_controller_is_retried_with_backoff_and_the_drain_is_not_lost(cluster):
+    with remediator(cluster.env, "--no-dry-run", "--slurm.timeout=1s", "--slurm.retry-max=2s") as r:
+        cluster.controller.send_signal(signal.SIGSTOP)
+        try:
+            post(r.url, alert(NODES[7]))
+            wait_for(lambda: value(r.url, "gpufleet_remediate_slurm_errors_total") >= 2, 20, "failed Slurm calls")
+            assert value(r.url, "gpufleet_remediate_slurm_up") == 0
+        finally:
+            cluster.controller.send_signal(signal.SIGCONT)
+        wait_for(lambda: NODES[7] in ours(cluster), 20, "the drain, once Slurm answers")
+        wait_for(lambda: value(r.url, "gpufleet_remediate_slurm_up") == 1, 10, "slurm_up")
+        assert value(r.url, "gpufleet_remediate_actions_total", action="drain", result="ok") == 1
+        assert "tried again in" in r.output()
+
+
+def test_a_restart_keeps_the_nodes_it_holds_and_a_corrupt_state_file_is_set_aside(cluster, tmp_path):
+    state = tmp_path / "state.json"
+    with remediator(cluster.env, "--no-dry-run", f"--state.file={state}") as r:
+        post(r.url, alert(NODES[0]))
+        wait_for(lambda: NODES[0] in ours(cluster), 10, "the drain")
+    with remediator(cluster.env, "--no-dry-run", f"--state.file={state}") as r:
+        assert value(r.url, "gpufleet_remediate_drained_nodes") == 1
+        post(r.url, alert(NODES[0], "resolved"))
+        wait_for(lambda: cluster.states()[NODES[0]][0] == "idle", 10, "the resume after the restart")
+    state.write_text("{not json")
+    with remediator(cluster.env, "--no-dry-run", f"--state.file={state}") as r:
+        post(r.url, alert(NODES[1]))
+        wait_for(lambda: NODES[1] in ours(cluster), 10, "a drain after a corrupt state file")
+        log = r.output()
+    assert f"state file {state} unreadable" in log and (tmp_path / "state.json.corrupt").read_text() == "{not json"
+
+
+@pytest.fixture(scope="module")
+def partition(tmp_path_factory) -> Slurm:
+    """A 64-node partition whose daemons have not registered: Slurm drains such nodes all the same."""
+    with slurm(tmp_path_factory.mktemp("slurm64"), [f"gpu-node-{n:04d}" for n in range(1, 65)], daemons=0) as s:
+        yield s
+
+
+def test_the_breaker_holds_twenty_faults_in_a_partition_to_its_limit(partition):
+    faulty = partition.nodes[::3][:20]
+    with remediator(partition.env, "--no-dry-run", "--breaker.max-nodes=5") as r:
+        wait_for(lambda: value(r.url, "gpufleet_remediate_slurm_up") == 1, 10, "Slurm's node list")
+        post(r.url, *(alert(node) for node in faulty))
+        wait_for(lambda: value(r.url, "gpufleet_remediate_breaker_open") == 1, 20, "the breaker")
+        time.sleep(3)  # Passes enough for every node wanted.
+        assert len(ours(partition)) == 5
+        assert value(r.url, "gpufleet_remediate_actions_total", action="drain", result="ok") == 5
+        assert value(r.url, "gpufleet_remediate_actions_total", action="drain", result="breaker") == 15
+        assert value(r.url, "gpufleet_remediate_nodes", phase="wanted") == 15
+        # An operator who has looked closes it: the next drains go up to the limit again.
+        status, _ = http("POST", f"{r.url}/-/breaker/close")
+        assert status == 200
+        wait_for(lambda: len(ours(partition)) == 10, 20, "five more drains")
+        wait_for(lambda: value(r.url, "gpufleet_remediate_breaker_open") == 1, 10, "the breaker again")
