@@ -51,6 +51,8 @@ class Config:
     exporter_job: str = "gpufleet"
     # The scrape job of Alertmanager's own metrics, whose failed notifications are alerted on.
     alertmanager_job: str = "alertmanager"
+    # The scrape job of `gpufleet remediate`, whose stopped drains and failed checks are alerted on.
+    remediate_job: str = "gpufleet-remediate"
     runbook_url: str = "https://github.com/gpufleet/gpufleet/blob/main/docs/runbooks.md#{anchor}"
     # The scrape job of node_exporter on the same nodes, for a site that keeps it: the network, InfiniBand,
     # hwmon and thermal readings are then node_exporter's series of this job (alerts/node_exporter.py), whose

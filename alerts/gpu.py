@@ -42,13 +42,21 @@ def _xid_event(c: Config, name: str, codes: tuple[int, ...], severity: str, summ
 
 def _needs(c: Config, name: str, action: Action, severity: str, summary: str, what: str) -> dict[str, Any]:
     """An alert for GPUs held at one recovery action: it fires while the exporter holds it, which is until the
-    action is seen done (a reset, a reboot, another board), however long that takes and across restarts."""
+    action is seen done (a reset, a reboot, another board), however long that takes and across restarts.
+
+    Each carries `remediation="drain"`, which routes it to `gpufleet remediate` too: the node is drained while
+    the alert fires, and resumed after it resolves. `remediation_reason` is the drain's reason in Slurm."""
     reason = printf(c.metric("gpufleet_gpu_recovery_action_reason", f'{c.cluster_label}="%s",instance="%s",uuid="%s"'),
                     f"$labels.{c.cluster_label}", "$labels.instance", "$labels.uuid")
-    return alert(c, name, f"{c.metric('gpufleet_gpu_recovery_action')} == {int(action)}", severity, summary,
+    rule = alert(c, name, f"{c.metric('gpufleet_gpu_recovery_action')} == {int(action)}", severity, summary,
                  f"{GPU} needs {what}{{{{ with {reason} | query }}}}{{{{ with first . }}}}: "
                  "{{ .Labels.reason }}, since {{ .Value | humanizeTimestamp }}{{ end }}{{ end }}. "
                  "The alert stays until the exporter sees it done.")
+    rule["labels"]["remediation"] = "drain"
+    rule["annotations"]["remediation_reason"] = (
+        f"GPU {{{{ $labels.gpu }}}} needs {what}{{{{ with {reason} | query }}}}{{{{ with first . }}}} "
+        "({{ .Labels.reason }}){{ end }}{{ end }}")
+    return rule
 
 
 def gpu_failures(c: Config) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from gpufleet.alerts.kernel import kernel
 from gpufleet.alerts.pipeline import pipeline
 from gpufleet.alerts.recording import shared
 from gpufleet.alerts.reliability import reliability
+from gpufleet.alerts.remediation import remediation
 from gpufleet.alerts.rule import TREND_INTERVAL
 from gpufleet.alerts.stragglers import stragglers
 
@@ -40,7 +41,8 @@ def groups(config: Config) -> list[dict[str, Any]]:
     minute; capacity and reliability, which the reports read, every five."""
     return [shared(config), stragglers(config), jobs(config), gpu_failures(config), fabric(config),
             exporter_health(config), collector_health(config), gpu_trends(config), fabric_trends(config),
-            drift(config), kernel(config), *capacity(config), reliability(config), pipeline(config)]
+            drift(config), kernel(config), *capacity(config), reliability(config), pipeline(config),
+            remediation(config)]
 
 
 def recorded_by(rule_groups: list[dict[str, Any]]) -> dict[str, str]:

@@ -56,7 +56,7 @@ def test_vmalerts_file_is_prometheus_rules_with_the_pagers_groups_asking_rules_a
     assert {g["name"]: g["concurrency"] for g in site if g["concurrency"] > 1} == {
         "gpufleet-gpu-failures": 8, "gpufleet-fabric": 7, "gpufleet-exporter": 2, "gpufleet-recording": 3,
         "gpufleet-stragglers": 3, "gpufleet-exporter-trends": 3, "gpufleet-gpu-trends": 3,
-        "gpufleet-fabric-trends": 3, "gpufleet-pipeline": 2, "gpufleet-jobs": 2}
+        "gpufleet-fabric-trends": 3, "gpufleet-pipeline": 2, "gpufleet-jobs": 2, "gpufleet-remediation": 3}
     # Time-scaled (the end-to-end test), the minute groups run every 8 s and keep their concurrency.
     scaled = yaml.safe_load(render(Config().scaled(8), "vmalert"))["groups"]
     assert {g["name"]: g["concurrency"] for g in scaled} == concurrency
@@ -125,10 +125,12 @@ def test_every_alert_carries_severity_summary_description_and_runbook():
     for rule in alerting_rules():
         assert rule["labels"]["severity"] in ({WATCHDOG_SEVERITY} if rule["alert"] == WATCHDOG else {
             "critical", "warning", "info"}), rule["alert"]
-        assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}, rule["alert"]
-        # A job's (`Job`); the pipeline's own: Alertmanager's, and the Watchdog, by the name heartbeat integrations
-        # know it by.
-        prefixes = ("Gpu", "Nic", "Node", "Fabric", "Job", "Alertmanager")
+        # What `gpufleet remediate` acts on carries the reason its drain gives Slurm.
+        remediation = {"remediation_reason"} if "remediation" in rule["labels"] else set()
+        assert set(rule["annotations"]) == {"summary", "description", "runbook_url", *remediation}, rule["alert"]
+        # A job's (`Job`); the pipeline's own: Alertmanager's, the remediator's, and the Watchdog, by the name
+        # heartbeat integrations know it by.
+        prefixes = ("Gpu", "Nic", "Node", "Fabric", "Job", "Alertmanager", "Remediation")
         assert rule["alert"].startswith(prefixes) or rule["alert"] == WATCHDOG
 
 
@@ -234,6 +236,15 @@ def test_severity_picks_the_receiver(labels, receiver):
 
 
 @pytest.mark.e2e
+def test_a_gpu_repair_goes_to_the_remediator_and_still_pages():
+    labels = ["severity=critical", "alertname=GpuNeedsReset", "remediation=drain"]
+    result = amtool("config", "routes", "test", f"--config.file={ROUTING}", *labels)
+    assert result.stdout.split() == ["remediate,pager"], result.stdout + result.stderr
+
+
+
+
+@pytest.mark.e2e
 def test_a_flapping_port_pages_as_a_flap_and_not_also_as_down(tmp_path):
     """A flapping link is down half the time, so "port down" can fire beside the flap's page (vmalert restarted
     during a flap restores its start from an earlier down): the flap holds it back at Alertmanager, for that
@@ -307,7 +318,7 @@ def test_a_site_changes_an_alerts_severity_labels_or_presence_without_editing_ge
     site = load_config_text("alerts:\n  GpuNeedsReplacement: {severity: info, labels: {team: hardware}}\n"
                             "  NicInfinibandRateDegraded: {disabled: true}\n")
     built = {r["alert"]: r for g in yaml.safe_load(render(site))["groups"] for r in g["rules"] if "alert" in r}
-    assert built["GpuNeedsReplacement"]["labels"] == {"severity": "info", "team": "hardware"}
+    assert built["GpuNeedsReplacement"]["labels"] == {"severity": "info", "team": "hardware", "remediation": "drain"}
     assert "NicInfinibandRateDegraded" not in built
     assert {name: rule for name, rule in built.items() if name != "GpuNeedsReplacement"} == {
         name: rule for name, rule in ((r["alert"], r) for r in alerting_rules())
