@@ -1,6 +1,6 @@
 # The gpufleet image: exporter, simulator and the alert/dashboard builders behind one `gpufleet` command.
 # NVML comes from the host's driver, mounted by the NVIDIA container toolkit; nothing CUDA is installed here.
-FROM python:3.11.10-slim-bookworm
+FROM python:3.11.10-slim-bookworm AS gpufleet
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 
@@ -14,6 +14,7 @@ COPY simulator ./simulator
 COPY alerts ./alerts
 COPY dashboards ./dashboards
 COPY report ./report
+COPY remediate ./remediate
 # `gpufleet deploy kubernetes` packages the routing compose's Alertmanager runs, through a link.
 COPY deploy ./deploy
 COPY compose/alertmanager/alertmanager.yml ./compose/alertmanager/alertmanager.yml
@@ -33,3 +34,16 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:19400/healthz', timeout=4)"]
 ENTRYPOINT ["gpufleet"]
 CMD ["exporter"]
+
+# `gpufleet remediate` drains and resumes nodes through the Slurm client and munge of Debian 12 (Slurm 22.05):
+# its controller's version, or one within two releases of it.
+FROM gpufleet AS remediate
+USER root
+RUN apt-get update && apt-get install -y --no-install-recommends slurm-client munge \
+    && rm -rf /var/lib/apt/lists/* \
+    && install -d -o gpufleet -g gpufleet /var/lib/gpufleet-remediate
+USER 10001:10001
+EXPOSE 19410
+HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:19410/healthz', timeout=4)"]
+CMD ["remediate"]

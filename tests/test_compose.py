@@ -9,6 +9,7 @@ names become loopback ports, and the simulator stands in for the fleet.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -29,7 +30,7 @@ from gpufleet.dashboards.cli import OUTPUT as DASHBOARDS
 from gpufleet.devtools.compose import AGENTS, COMPOSE, SERVICES, command_flags
 from gpufleet.devtools.net import free_port, http
 from gpufleet.devtools.paths import COMPOSE_DIR, ROOT
-from gpufleet.devtools.programs import binary, prometheus
+from gpufleet.devtools.programs import binary, prometheus, remediator
 from gpufleet.devtools.prom import query
 from gpufleet.devtools.waiting import wait_for
 
@@ -44,9 +45,15 @@ IMAGE = f"ghcr.io/gpufleet/gpufleet:{__version__}"
 COMMITTED_GROUPS = sorted(g["name"] for g in yaml.safe_load(RULES_FILE.read_text())["groups"])
 
 
+# What a Slurm client host has, for the remediator: not the repository's to provide.
+SLURM_HOST_PATHS = {"/etc/slurm", "/run/munge"}
+
+
 def test_every_mounted_file_exists_and_every_named_volume_is_declared():
     for service in SERVICES:
         for source, _ in mounts(service):
+            if service == "remediate" and source in SLURM_HOST_PATHS:
+                continue
             if source.startswith((".", "/")):
                 assert (COMPOSE_DIR / source).exists(), f"{service} mounts {source}, which does not exist"
             else:
@@ -64,7 +71,7 @@ def test_every_image_is_pinned_and_gpufleet_runs_one_image_everywhere():
 def test_the_image_is_slim_pinned_non_root_and_checks_its_health():
     lines = [line for line in (ROOT / "Dockerfile").read_text().splitlines() if line and not line.startswith("#")]
     instructions = [tuple(line.split(None, 1)) for line in lines if line[0].isupper()]
-    base = next(arg for op, arg in instructions if op == "FROM")
+    base = next(arg for op, arg in instructions if op == "FROM").removesuffix(" AS gpufleet")
     assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim-\w+", base), base
     user = [arg for op, arg in instructions if op == "USER"]
     assert user and not user[-1].startswith(("root", "0")), "the image must not run as root"
@@ -184,20 +191,24 @@ def test_the_systemd_unit_verifies(tmp_path):
 @pytest.mark.e2e
 def test_the_stack_scrapes_the_simulator_loads_its_rules_and_pages_on_a_fault(tmp_path):
     """Prometheus and Alertmanager from their compose configs, the simulator from its compose command line."""
-    with compose_alertmanager_and_simulator(tmp_path) as (am_url, sim_url, sim_volume):
+    with (compose_alertmanager_and_simulator(tmp_path) as (am_url, sim_url, sim_volume),
+          remediator(os.environ) as remediate):  # The `remediate` profile's, in dry run, with no Slurm to reach.
         port = free_port()
         config = host_config("prometheus", "/etc/prometheus/prometheus.yml", tmp_path / "prometheus.yml",
                              {"sim-targets": sim_volume}, {"alertmanager:9093": am_url.removeprefix("http://"),
-                                                           "localhost:9090": f"127.0.0.1:{port}"})
+                                                           "localhost:9090": f"127.0.0.1:{port}",
+                                                           "remediate:19410": remediate.url.removeprefix("http://")})
         with prometheus(config, tmp_path / "data", port) as prom:
             prom_url = prom.url
 
             def targets_up() -> list[dict] | None:
                 active = json.loads(http("GET", f"{prom_url}/api/v1/targets")[1])["data"]["activeTargets"]
-                return active if len(active) == 18 and all(t["health"] == "up" for t in active) else None
+                return active if len(active) == 19 and all(t["health"] == "up" for t in active) else None
 
             active = wait_for(targets_up, 60, "all targets up")
-            assert {t["labels"]["job"] for t in active} == {"gpufleet", "prometheus", "alertmanager"}
+            assert {t["labels"]["job"] for t in active} == {"gpufleet", "prometheus", "alertmanager",
+                                                            "gpufleet-remediate"}
+            assert query(prom_url, 'gpufleet_remediate_dry_run{job="gpufleet-remediate"} == 1')
             groups = json.loads(http("GET", f"{prom_url}/api/v1/rules")[1])["data"]["groups"]
             assert sorted(g["name"] for g in groups) == COMMITTED_GROUPS
             assert all(r["health"] != "err" for g in groups for r in g["rules"])
@@ -209,8 +220,13 @@ def test_the_stack_scrapes_the_simulator_loads_its_rules_and_pages_on_a_fault(tm
             started = time.monotonic()
             alert = wait_for(lambda: paged(am_url, "GpuNeedsReboot"), 120, "GpuNeedsReboot at Alertmanager")[0]
     assert alert["labels"]["instance"] == "gpu-node-0001" and alert["labels"]["cluster"] == "sim"
-    assert [r["name"] for r in alert["receivers"]] == ["pager"]
+    # The remediator's receiver too, which names no service until a site runs one: it sends nothing.
+    assert [r["name"] for r in alert["receivers"]] == ["remediate", "pager"]
     print(f"fault to Alertmanager: {time.monotonic() - started:.0f}s")
+
+
+# Profiles named beside one of the others (`--profile single --profile remediate`), each for one service.
+ADD_ONS = {"remediate": "remediate"}
 
 
 def profile_services(profile: str) -> set[str]:
@@ -219,8 +235,9 @@ def profile_services(profile: str) -> set[str]:
 
 
 def test_every_profile_runs_one_rule_evaluator_one_grafana_and_what_they_depend_on():
-    profiles = {p for service in SERVICES.values() for p in service.get("profiles", [])}
+    profiles = {p for service in SERVICES.values() for p in service.get("profiles", [])} - set(ADD_ONS)
     assert profiles == {"gpu", "sim", "single", "scale", "scale-sim"}
+    assert all(SERVICES[name]["profiles"] == [add_on] for add_on, name in ADD_ONS.items())
     for profile in sorted(profiles):
         running = profile_services(profile)
         assert len(running & {"prometheus", "vmalert"}) == 1, (profile, running)
