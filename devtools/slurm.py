@@ -14,7 +14,7 @@ import getpass
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,21 +107,28 @@ def slurm(workdir: Path, nodes: list[str], daemons: int = 2, partition: str = "g
                                           text=True, env=env))
 
     try:
-        launch("munged", "-F", "-f", f"--socket={socket}", f"--key-file={key}", f"--log-file={workdir / 'munged.log'}",
-               f"--pid-file={workdir / 'munge' / 'munged.pid'}", f"--seed-file={workdir / 'munge' / 'seed'}",
-               name="munged")
-        wait_for(socket.exists, 10, "munged's socket", processes[0])
-        launch("slurmctld", "-D", "-i", name="slurmctld")
-        cluster.controller = processes[1]
-        wait_for(lambda: "is UP" in cluster.run("scontrol", "ping", check=False), timeout, "slurmctld", processes[1])
-        for name in nodes[:daemons]:
-            launch("slurmd", "-D", "-N", name, name=f"slurmd-{name}")
-        wait_for(lambda: all(cluster.states().get(name, ("",))[0] == "idle" for name in nodes[:daemons]), timeout,
-                 "the slurmd nodes idle")
+        try:
+            _start(cluster, launch, processes, key, socket, daemons, timeout)
+        except HarnessError as err:
+            raise HarnessError(f"{err}\n{cluster.log()}") from None
         yield cluster
-    except HarnessError as err:
-        raise HarnessError(f"{err}\n{cluster.log()}") from None
     finally:
         for process in reversed(processes):
             process.send_signal(signal.SIGCONT)  # One a test stopped must be able to end.
             stop(process, 15)
+
+
+def _start(cluster: Slurm, launch: Callable[..., None], processes: list[subprocess.Popen[str]], key: Path,
+           socket: Path, daemons: int, timeout: float) -> None:
+    workdir, nodes = cluster.workdir, cluster.nodes
+    launch("munged", "-F", "-f", f"--socket={socket}", f"--key-file={key}", f"--log-file={workdir / 'munged.log'}",
+           f"--pid-file={workdir / 'munge' / 'munged.pid'}", f"--seed-file={workdir / 'munge' / 'seed'}",
+           name="munged")
+    wait_for(socket.exists, 10, "munged's socket", processes[0])
+    launch("slurmctld", "-D", "-i", name="slurmctld")
+    cluster.controller = processes[1]
+    wait_for(lambda: "is UP" in cluster.run("scontrol", "ping", check=False), timeout, "slurmctld", processes[1])
+    for name in nodes[:daemons]:
+        launch("slurmd", "-D", "-N", name, name=f"slurmd-{name}")
+    wait_for(lambda: all(cluster.states().get(name, ("",))[0] == "idle" for name in nodes[:daemons]), timeout,
+             "the slurmd nodes idle")

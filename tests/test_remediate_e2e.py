@@ -1,0 +1,103 @@
+"""Fault to page to drain to repair to resume, end to end: the simulator's fleet, a real Prometheus with the
+generated rules at time scale 8, Alertmanager with the production routing, `gpufleet remediate` acting, and
+Debian's Slurm holding the simulator's nodes."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import pytest
+import yaml
+
+from gpufleet.alerts.config import Config
+from gpufleet.alerts.rules import render
+from gpufleet.devtools.delivery import Receiver, routing
+from gpufleet.devtools.net import http
+from gpufleet.devtools.programs import alertmanager, prometheus, prometheus_config, remediator, simulator
+from gpufleet.devtools.prom import own_metric, query
+from gpufleet.devtools.slurm import slurm
+from gpufleet.devtools.waiting import wait_for
+
+from layouts import node
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+TIME_SCALE = 8
+NODES = [node(number) for number in range(1, 5)]
+OPERATOR = "ops: PSU swap scheduled (ticket 5120)"
+
+
+def _remediate_receiver(path, url: str, token) -> None:
+    """The production routing's `remediate` receiver named, as a site that runs the service names it."""
+    config = yaml.safe_load(path.read_text())
+    [receiver] = [r for r in config["receivers"] if r["name"] == "remediate"]
+    receiver["webhook_configs"] = [{"url": f"{url}/webhook", "send_resolved": True,
+                                    "http_config": {"authorization": {"credentials_file": str(token)}}}]
+    path.write_text(yaml.safe_dump(config))
+
+
+def _fault(sim_url: str, **fault) -> None:
+    status, body = http("POST", f"{sim_url}/control/faults", fault)
+    assert status == 201, body
+
+
+def _paged(receiver: Receiver, instance: str) -> float | None:
+    """When the pager first heard of GpuNeedsReboot on `instance` (monotonic seconds)."""
+    return next((page.at for page in receiver.pages if page.action == "trigger" and any(
+        a.get("alertname") == "GpuNeedsReboot" and a.get("instance") == instance for a in page.alerts)), None)
+
+
+def test_a_lost_gpu_drains_its_node_and_the_reboot_and_check_return_it(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("e2e-remediate-token\n")
+    check = f"sh -c 'echo checked {{node}}; test ! -e {tmp_path}/fail-{{node}}'"
+    (tmp_path / f"fail-{NODES[1]}").touch()  # Its check fails after the reboot.
+    rules = tmp_path / "rules.yml"
+    rules.write_text(render(Config().scaled(TIME_SCALE)))
+    receiver = Receiver()
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(slurm(tmp_path / "slurm", NODES, daemons=len(NODES)))
+        remediate = stack.enter_context(remediator(
+            # Three of the four nodes at once: past the default breaker of a tenth of a partition.
+            cluster.env, "--no-dry-run", "--breaker.max-share=0.75", f"--web.token-file={token}",
+            f"--check.command={check}",
+            f"--audit.file={tmp_path / 'audit.jsonl'}"))
+        config = routing(tmp_path, receiver, TIME_SCALE)
+        _remediate_receiver(config, remediate.url, token)
+        am = stack.enter_context(alertmanager(tmp_path / "am", config))
+        targets = tmp_path / "targets.json"
+        sim = stack.enter_context(simulator(targets, "--nodes=4", "--seed=0", "--collect-interval=1s",
+                                            "--cluster=e2e"))
+        port = int(remediate.url.rsplit(":", 1)[1])
+        prom = stack.enter_context(prometheus(prometheus_config(
+            tmp_path / "prometheus.yml", targets, "1s", rules, am.url, own={"gpufleet-remediate": port}),
+            tmp_path / "data"))
+        wait_for(lambda: len(query(prom.url, "up == 1")) == 5, 60, "the nodes and the remediator scraped")
+        cluster.run("scontrol", "update", f"NodeName={NODES[2]}", "State=DRAIN", f"Reason={OPERATOR}")
+        for name in NODES[:3]:
+            _fault(sim.url, kind="xid", node=name, gpu=0, xid=79)
+        # Each page drains its node within a production minute: 7.5 s here.
+        drained = {}
+        for name in NODES[:2]:
+            paged = wait_for(lambda name=name: _paged(receiver, name), 60, f"the page for {name}")
+            wait_for(lambda name=name: cluster.states()[name][0] in ("drained", "draining"), 30, f"{name} drained")
+            drained[name] = (time.monotonic() - paged) * TIME_SCALE
+            assert cluster.states()[name][1] == "gpufleet: GPU 0 needs its node rebooted (XID 79)"
+        wait_for(lambda: own_metric(remediate.url, "gpufleet_remediate_actions_total", action="drain",
+                                    result="operator_drained") == 1, 30, "the operator's drain seen")
+        for name in NODES[:3]:
+            _fault(sim.url, kind="node_reboot", node=name, duration="8s")
+        wait_for(lambda: cluster.states()[NODES[0]][0] == "idle", 90, "the repaired node resumed")
+        wait_for(lambda: any(path == "ticket" and labels["alertname"] == "RemediationCheckFailed"
+                             and labels["node"] == NODES[1] for path, labels in receiver.snapshot()), 90,
+                 "the failed check's ticket")
+        time.sleep(5)
+        states = cluster.states()
+        resolved = query(prom.url, 'ALERTS{alertname="GpuNeedsReboot"}')
+    print("page to drain, production seconds: " + ", ".join(f"{n} {s:.0f}" for n, s in drained.items()))
+    assert all(seconds <= 60 for seconds in drained.values()), drained
+    assert states[NODES[1]][0] == "drained" and states[NODES[1]][1].startswith(
+        "gpufleet: check failed after repair: check exited 1: checked " + NODES[1])
+    assert states[NODES[2]] == ("drained", OPERATOR)
+    assert states[NODES[3]][0] == "idle"
+    assert resolved == [], "GpuNeedsReboot still fires after the reboots"
