@@ -24,7 +24,7 @@ def exporter_health(c: Config) -> dict[str, Any]:
         alert(c, "NodeExporterDown", f"{up} == 0", "critical",
               "A gpufleet exporter cannot be scraped.",
               "Prometheus cannot scrape {{ $labels.instance }}: its GPUs, NICs and sensors are unobserved.",
-              for_="5m", held=False),
+              for_="5m", held=False, at_stake=True),
         # A scraper that dies leaves its targets with no `up` at all, not an `up` of 0: NodeExporterDown stays
         # quiet, and every held alert of those nodes resolves. Only the count of nodes that vanished says so.
         alert(c, "NodesUnscraped",

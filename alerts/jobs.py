@@ -25,6 +25,7 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.fabric import LINK_DOWNS
 from gpufleet.alerts.recording import GPU_KEY, NODE_JOBS
 from gpufleet.alerts.rule import TREND_INTERVAL, alert, printf, record
+from gpufleet.alerts.stake import job_gpus
 
 # Per job and node: how many of the job's GPUs with GPM were working, spinning or idle (label `activity`).
 ACTIVITY = "job_instance:gpufleet_gpu_activity:count"
@@ -105,6 +106,7 @@ def jobs(c: Config) -> dict[str, Any]:
              "{{ $s.Value | humanizeTimestamp }}.{{ end }}"
              "{{ else }}No node of the job showed an XID, a link down or an NVLink down before it.{{ end }}")
     return {"name": "gpufleet-jobs", "interval": c.d(TREND_INTERVAL), "rules": [
+        job_gpus(c),
         _activity(c),
         alert(c, "JobHung",
               f"{spinning} / {activity} >= {c.job_hang_spinning_share:g} unless on ({job}) {working} "

@@ -16,7 +16,8 @@ TREND_INTERVAL = "1m"
 
 
 def alert(config: Config, name: str, expr: str, severity: str, summary: str, description: str,
-          for_: str | None = None, held: bool = True, held_by: tuple[str, ...] = ()) -> dict[str, Any]:
+          for_: str | None = None, held: bool = True, held_by: tuple[str, ...] = (),
+          at_stake: bool | None = None) -> dict[str, Any]:
     """An alerting rule with the annotations every gpufleet alert carries; `for_` goes through the time scale.
 
     Every alert but the exporter's own reads a node's series, which go stale the moment its exporter stops
@@ -27,7 +28,12 @@ def alert(config: Config, name: str, expr: str, severity: str, summary: str, des
     would delay every real resolution as long. `held_by` names the scrape jobs whose series the alert needs
     (gpufleet's by default): beside node_exporter, a port alert that reads only node_exporter's series must
     resolve when node_exporter sees the port back, whether gpufleet's exporter answers or not.
+
+    `at_stake` adds the jobs on the alert's node or GPU (`alerts.stake`); by default every page about a node's
+    series has it.
     """
+    from gpufleet.alerts import stake  # It reads recording's series, whose module builds rules with this one.
+
     up = config.up(*held_by)
     rule: dict[str, Any] = {"alert": name, "expr": _held(config, name, expr, up) if held else expr}
     if for_:
@@ -38,6 +44,8 @@ def alert(config: Config, name: str, expr: str, severity: str, summary: str, des
                        f"{{{{ $labels.instance }}}} stopped "
                        f"answering, so the fault cannot be seen to end.{{{{ else }}}}{description}{{{{ end }}}}")
     rule["annotations"] = {"summary": summary, "description": description, "runbook_url": config.runbook(name)}
+    if at_stake if at_stake is not None else severity == "critical" and held:
+        rule["annotations"]["jobs_at_stake"] = stake.at_stake(config, TREND_INTERVAL)
     return rule
 
 

@@ -56,7 +56,7 @@ def test_vmalerts_file_is_prometheus_rules_with_the_pagers_groups_asking_rules_a
     assert {g["name"]: g["concurrency"] for g in site if g["concurrency"] > 1} == {
         "gpufleet-gpu-failures": 8, "gpufleet-fabric": 7, "gpufleet-exporter": 2, "gpufleet-recording": 3,
         "gpufleet-stragglers": 3, "gpufleet-exporter-trends": 3, "gpufleet-gpu-trends": 3,
-        "gpufleet-fabric-trends": 3, "gpufleet-pipeline": 2, "gpufleet-jobs": 2, "gpufleet-remediation": 3}
+        "gpufleet-fabric-trends": 3, "gpufleet-pipeline": 2, "gpufleet-jobs": 3, "gpufleet-remediation": 3}
     # Time-scaled (the end-to-end test), the minute groups run every 8 s and keep their concurrency.
     scaled = yaml.safe_load(render(Config().scaled(8), "vmalert"))["groups"]
     assert {g["name"]: g["concurrency"] for g in scaled} == concurrency
@@ -121,13 +121,22 @@ def alerting_rules() -> list[dict]:
     return [rule for group in yaml.safe_load(render())["groups"] for rule in group["rules"] if "alert" in rule]
 
 
+# A job's, a leaf switch's, the scrapers' and the alerting pipeline's own pages.
+PAGES_WITHOUT_A_NODE = {"JobHung", "FabricLeafDown", "NodesUnscraped", "AlertmanagerNotificationsFailed",
+                        "RemediationBreakerOpen"}
+
+
 def test_every_alert_carries_severity_summary_description_and_runbook():
     for rule in alerting_rules():
         assert rule["labels"]["severity"] in ({WATCHDOG_SEVERITY} if rule["alert"] == WATCHDOG else {
             "critical", "warning", "info"}), rule["alert"]
         # What `gpufleet remediate` acts on carries the reason its drain gives Slurm.
         remediation = {"remediation_reason"} if "remediation" in rule["labels"] else set()
-        assert set(rule["annotations"]) == {"summary", "description", "runbook_url", *remediation}, rule["alert"]
+        # Every page about a node or its GPUs names the jobs at stake.
+        paged = rule["labels"]["severity"] == "critical" and rule["alert"] not in PAGES_WITHOUT_A_NODE
+        stake = {"jobs_at_stake"} if paged else set()
+        assert set(rule["annotations"]) == {"summary", "description", "runbook_url", *remediation, *stake}, (
+            rule["alert"])
         # A job's (`Job`); the pipeline's own: Alertmanager's, the remediator's, and the Watchdog, by the name
         # heartbeat integrations know it by.
         prefixes = ("Gpu", "Nic", "Node", "Fabric", "Job", "Alertmanager", "Remediation")

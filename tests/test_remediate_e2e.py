@@ -5,6 +5,7 @@ Debian's Slurm holding the simulator's nodes."""
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 
 import pytest
@@ -85,6 +86,10 @@ def test_a_lost_gpu_drains_its_node_and_the_reboot_and_check_return_it(tmp_path)
             assert cluster.states()[name][1] == "gpufleet: GPU 0 needs its node rebooted (XID 79)"
         wait_for(lambda: own_metric(remediate.url, "gpufleet_remediate_actions_total", action="drain",
                                     result="operator_drained") == 1, 30, "the operator's drain seen")
+        # The page names the jobs at stake on the lost GPU, as the exporter attributed them; their GPU-hours once
+        # the jobs group has recorded a minute of them.
+        stake = wait_for(lambda: _stake(prom.url, NODES[0], "GPU-hours"), 30, "the GPU-hours at stake")
+        jobs = query(prom.url, f'gpufleet_gpu_job_info{{instance="{NODES[0]}",gpu="0",job_id!=""}}')
         for name in NODES[:3]:
             _fault(sim.url, kind="node_reboot", node=name, duration="8s")
         wait_for(lambda: cluster.states()[NODES[0]][0] == "idle", 90, "the repaired node resumed")
@@ -95,9 +100,23 @@ def test_a_lost_gpu_drains_its_node_and_the_reboot_and_check_return_it(tmp_path)
         states = cluster.states()
         resolved = query(prom.url, 'ALERTS{alertname="GpuNeedsReboot"}')
     print("page to drain, production seconds: " + ", ".join(f"{n} {s:.0f}" for n, s in drained.items()))
+    print(f"jobs at stake on {NODES[0]}: {stake}")
     assert all(seconds <= 60 for seconds in drained.values()), drained
     assert states[NODES[1]][0] == "drained" and states[NODES[1]][1].startswith(
         "gpufleet: check failed after repair: check exited 1: checked " + NODES[1])
     assert states[NODES[2]] == ("drained", OPERATOR)
     assert states[NODES[3]][0] == "idle"
     assert resolved == [], "GpuNeedsReboot still fires after the reboots"
+    assert jobs, "the simulator's node 1 runs no job on GPU 0"
+    job = jobs[0]["metric"]
+    assert stake.startswith(f"Jobs on this GPU in the last 10m: {job['scheduler']} job {job['job_id']}, "), stake
+    assert " GPU-hours in 30d" in stake, stake
+
+
+def _stake(prom_url: str, instance: str, showing: str) -> str | None:
+    """GpuNeedsReboot's jobs at stake on `instance`, once they show `showing`."""
+    status, body = http("GET", f"{prom_url}/api/v1/alerts")
+    assert status == 200, body
+    stake = next(a["annotations"]["jobs_at_stake"] for a in json.loads(body)["data"]["alerts"]
+                 if a["labels"]["alertname"] == "GpuNeedsReboot" and a["labels"]["instance"] == instance)
+    return stake if showing in stake else None
