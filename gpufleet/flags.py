@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 
 from gpufleet import duration as durations
 
@@ -27,6 +28,24 @@ def _count(text: str, least: int) -> int:
     if value < least:
         raise argparse.ArgumentTypeError(f"count {text!r} must be at least {least}")
     return value
+
+
+def number_in(what: str, low: float, high: float, low_included: bool = False,
+              high_included: bool = True) -> Callable[[str], float]:
+    """A flag type for a number between `low` and `high` (each bound in or out); errors name it `what`."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}") from None
+        if not ((low <= value) if low_included else (low < value)) or not (
+                (value <= high) if high_included else (value < high)):
+            raise argparse.ArgumentTypeError(
+                f"{what} {text!r} must be {'at least' if low_included else 'above'} {low:g} and "
+                f"{'at most' if high_included else 'below'} {high:g}")
+        return value
+
+    return parse
 
 
 def positive_int(text: str) -> int:

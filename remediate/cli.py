@@ -11,20 +11,10 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from gpufleet.flags import duration, listen_address, positive_int, regex
+from gpufleet.flags import duration, listen_address, number_in, positive_int, regex
 from gpufleet.logfmt import configure_logging
 
 log = logging.getLogger(__name__)
-
-
-def share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid share {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"share {text!r} must be above 0 and at most 1")
-    return value
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="log and count what it would do, change nothing in Slurm (default: on; --no-dry-run acts)")
     add("--breaker.max-nodes", dest="max_nodes", type=positive_int, default=4, metavar="N",
         help="drains in a sliding hour past which the breaker stops every drain (default: %(default)s)")
-    add("--breaker.max-share", dest="max_share", type=share, default=0.1, metavar="SHARE",
+    add("--breaker.max-share", dest="max_share", type=number_in("share", 0, 1), default=0.1, metavar="SHARE",
         help="share of a partition drained in a sliding hour past which the breaker opens (default: %(default)s)")
     add("--check.command", dest="check_command", metavar="COMMAND",
         help="run before resuming a node, {node} its name; a non-zero exit keeps it drained (default: none)")

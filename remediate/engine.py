@@ -108,9 +108,16 @@ class Remediator:
         elif record.phase in ("drained", "failed") and not self.settings.dry_run:
             node = await self.slurm.node(name)
             if not node.ours:  # An operator resumed it, or drained it again for a reason of their own.
-                self._audit("release", name, "operator", why=f"Slurm state {'+'.join(sorted(node.states))} "
-                                                              f"reason {node.reason!r}")
-                del self.state.nodes[name]
+                self._release(name, record, f"Slurm state {'+'.join(sorted(node.states))} reason {node.reason!r}")
+
+    def _release(self, name: str, record: NodeRecord, why: str) -> None:
+        """Let an operator's node go. The alerts that are firing are done with: their repeats must not drain it
+        again over the operator's decision; a new episode of them will."""
+        for fingerprint in record.alerts:
+            starts_at, _ = self.state.alerts.get(fingerprint, (0.0, False))
+            self.state.alerts[fingerprint] = (starts_at, True)
+        self._audit("release", name, "operator", why=why)
+        del self.state.nodes[name]
 
     async def _drain(self, name: str, record: NodeRecord) -> None:
         reason = REASON_PREFIX + sorted(record.alerts.values())[0]
@@ -177,8 +184,7 @@ class Remediator:
             return
         node = await self.slurm.node(name)
         if not node.ours:
-            self._audit("release", name, "operator", why=f"reason now {node.reason!r}: not gpufleet's to resume")
-            del self.state.nodes[name]
+            self._release(name, record, f"reason now {node.reason!r}: not gpufleet's to resume")
             return
         if self.check is not None:
             passed, output = await self.check.run(name)
@@ -215,7 +221,10 @@ class Remediator:
             if passes % 10 == 0:
                 await self.refresh()
             passes += 1
-            await self.step()
+            try:
+                await self.step()
+            except Exception:  # A fault of its own must not end the loop while the webhook still answers.
+                log.exception("remediation pass failed; the next one starts in %gs", interval)
             self.wake.clear()
             try:
                 await asyncio.wait_for(self.wake.wait(), interval)
@@ -235,5 +244,8 @@ class Remediator:
             entry["alert"] = {"labels": alert.labels, "starts_at": alert.starts_at, "fingerprint": alert.fingerprint}
         log.log(level, "%s %s: %s%s", action, node, result, f" ({why})" if why else "")
         if self.audit_path is not None:
-            with self.audit_path.open("a") as audit:
-                audit.write(json.dumps(entry, sort_keys=True) + "\n")
+            try:
+                with self.audit_path.open("a") as audit:
+                    audit.write(json.dumps(entry, sort_keys=True) + "\n")
+            except OSError as err:
+                log.error("audit file %s: %s; the entry is in this log only", self.audit_path, err)

@@ -14,7 +14,7 @@ from aiohttp import web
 from gpufleet import topology
 from gpufleet.alerts import node_exporter
 from gpufleet.exporter.server import serve_until_signalled
-from gpufleet.flags import duration, listen_address, positive_int
+from gpufleet.flags import duration, listen_address, number_in, positive_int
 from gpufleet.logfmt import configure_logging
 from gpufleet.simulator.faults import ScenarioError, load_scenario
 from gpufleet.simulator.fleet import Fleet, collector_flags, node_names
@@ -30,26 +30,6 @@ def _label(text: str) -> tuple[str, str]:
     if not sep or not name.isidentifier() or name.startswith("__"):
         raise argparse.ArgumentTypeError(f"invalid label {text!r} (use NAME=VALUE)")
     return name, value
-
-
-def _speed(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid speed {text!r}") from None
-    if not 0 < value <= 1000:
-        raise argparse.ArgumentTypeError(f"speed {text!r} must be above 0 and at most 1000")
-    return value
-
-
-def _share(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid share {text!r}") from None
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"share {text!r} must be at least 0 and below 1")
-    return value
 
 
 def _mig(text: str) -> tuple[str, int, list[str]]:
@@ -81,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--label", dest="labels", type=_label, action="append", default=[], metavar="NAME=VALUE",
                         help="another static label on every target (repeatable)")
     parser.add_argument("--seed", type=int, default=0, help="seed of identities, jobs and noise (default: %(default)s)")
-    parser.add_argument("--speed", type=_speed, default=1.0,
+    parser.add_argument("--speed", type=number_in("speed", 0, 1000), default=1.0,
                         help="simulated seconds per wall-clock second (default: %(default)s)")
     parser.add_argument("--scenario", metavar="FILE", help="YAML file of faults to inject")
     parser.add_argument("--fault-rates", dest="fault_rates", metavar="FILE",
@@ -104,7 +84,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--job-lifetime", dest="job_lifetime", type=duration, metavar="DURATION",
                         help="jobs end after this long on average, and new jobs, on most of the same nodes, take "
                              "their place after a short gap (default: jobs never end)")
-    parser.add_argument("--missed-scrapes", dest="missed_scrapes", type=_share, default=0.0, metavar="SHARE",
+    parser.add_argument("--missed-scrapes", dest="missed_scrapes", default=0.0, metavar="SHARE",
+                        type=number_in("share", 0, 1, low_included=True, high_included=False),
                         help="share of scrapes answered with an error, drawn from --seed (default: none)")
     parser.add_argument("--node-exporter-root", dest="node_exporter_root", type=Path, metavar="DIR",
                         help="write each node's sysfs and procfs to DIR/<node>/sys and DIR/<node>/proc for a "

@@ -111,8 +111,11 @@ def test_an_operators_drain_is_never_undone(cluster, tmp_path):
         wait_for(lambda: NODES[3] in ours(cluster), 10, "the drain of the other node")
         wait_for(lambda: value(r.url, "gpufleet_remediate_actions_total", action="drain",
                                result="operator_drained") == 1, 10, "the operator's drain seen")
-        # An operator takes over a node gpufleet drained, with a reason of their own.
+        # An operator takes over a node gpufleet drained, with a reason of their own; Alertmanager repeats the
+        # firing alerts, which must not take it back.
         cluster.run("scontrol", "update", f"NodeName={NODES[3]}", "State=DRAIN", f"Reason={operator}")
+        wait_for(lambda: value(r.url, "gpufleet_remediate_nodes", phase="drained") == 0, 10, "the release")
+        post(r.url, alert(NODES[2]), alert(NODES[3]))
         post(r.url, alert(NODES[2], "resolved"), alert(NODES[3], "resolved"))
         time.sleep(3)
         assert cluster.states()[NODES[2]] == ("drained", operator)
@@ -231,3 +234,16 @@ def test_the_breaker_holds_twenty_faults_in_a_partition_to_its_limit(partition):
         assert status == 200
         wait_for(lambda: len(ours(partition)) == 10, 20, "five more drains")
         wait_for(lambda: value(r.url, "gpufleet_remediate_breaker_open") == 1, 10, "the breaker again")
+
+
+def test_an_operator_who_resumes_a_node_is_not_overruled_by_the_alerts_repeats(cluster):
+    with remediator(cluster.env, "--no-dry-run", "--breaker.max-share=0.5") as r:  # Two drains of 8 nodes.
+        post(r.url, alert(NODES[4]))
+        wait_for(lambda: NODES[4] in ours(cluster), 10, "the drain")
+        cluster.run("scontrol", "update", f"NodeName={NODES[4]}", "State=RESUME")
+        wait_for(lambda: value(r.url, "gpufleet_remediate_nodes", phase="drained") == 0, 10, "the release")
+        post(r.url, alert(NODES[4]))  # Alertmanager's repeat of the same episode.
+        time.sleep(3)
+        assert cluster.states()[NODES[4]][0] == "idle"
+        post(r.url, alert(NODES[4], starts="2026-11-26T12:00:00Z"))  # The GPU fails again: a new episode.
+        wait_for(lambda: NODES[4] in ours(cluster), 10, "the drain of the new episode")

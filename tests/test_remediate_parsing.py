@@ -1,0 +1,57 @@
+"""What the remediator reads: `scontrol show node -o` lines and Alertmanager's webhook body, without a Slurm."""
+
+import re
+
+import pytest
+
+from gpufleet.remediate.slurm import parse_nodes
+from gpufleet.remediate.webhook import Refused, parse
+
+NODE = re.compile(r"^(?P<node>[^:]+)")
+
+
+def test_a_reason_keeps_its_spaces_and_equals_signs_and_loses_its_stamp():
+    line = ("NodeName=gpu-node-0007 Arch=x86_64 CoresPerSocket=1 State=MIXED+DRAIN Partitions=gpu,debug "
+            "BootTime=None Reason=ops: swap PSU, see ticket=4411 (rack B) [alice@2026-11-26T22:39:41]")
+    [node] = parse_nodes(line).values()
+    assert node.name == "gpu-node-0007" and node.partitions == ("gpu", "debug")
+    assert node.states == {"MIXED", "DRAIN"} and node.drained and not node.ours
+    assert node.reason == "ops: swap PSU, see ticket=4411 (rack B)"
+
+
+def test_gpufleets_own_drain_is_told_by_its_reason_and_a_non_responding_node_by_its_flag():
+    nodes = parse_nodes("NodeName=a State=IDLE*+DRAIN Reason=gpufleet: GPU 3 needs a reset (XID 79) [root@now]\n"
+                        "NodeName=b State=IDLE Partitions=gpu\n")
+    assert nodes["a"].ours and nodes["a"].states == {"IDLE", "DRAIN"}
+    assert not nodes["b"].drained and nodes["b"].reason == ""
+
+
+def alert(**changes):
+    return {"status": "firing", "fingerprint": "f1", "startsAt": "2026-11-26T10:00:00.123456789Z",
+            "labels": {"alertname": "GpuNeedsReset", "instance": "gpu-node-0001:19400", "gpu": "3",
+                       "remediation": "drain"},
+            "annotations": {"remediation_reason": "GPU 3 needs a reset\n (XID 79)"}, **changes}
+
+
+def test_an_alert_names_its_node_its_episode_and_its_reason():
+    [parsed] = parse({"version": "4", "alerts": [alert()]}, "instance", NODE)
+    assert parsed.node == "gpu-node-0001" and parsed.firing and parsed.fingerprint == "f1"
+    assert parsed.starts_at == pytest.approx(1795687200.123456)
+    assert parsed.reason == "GPU 3 needs a reset (XID 79)"
+
+
+@pytest.mark.parametrize(("body", "kind", "words"), [
+    ([], "malformed", "not an Alertmanager webhook"),
+    ({"version": "4", "alerts": [alert(status="pending")]}, "malformed", "status must be firing or resolved"),
+    ({"version": "4", "alerts": [alert(startsAt="yesterday")]}, "malformed", "is not an RFC 3339 time"),
+    ({"version": "4", "alerts": [alert(labels={"alertname": "X", "instance": "n"})]}, "unknown_alert",
+     "remediation label None"),
+    ({"version": "4", "alerts": [alert(labels={"alertname": "X", "remediation": "drain"})]}, "unknown_alert",
+     "no node in its 'instance' label"),
+    ({"version": "4", "alerts": [alert(), alert(fingerprint="")]}, "malformed",
+     "alert 1 (GpuNeedsReset): no fingerprint"),
+])
+def test_a_body_with_one_bad_alert_is_refused_whole(body, kind, words):
+    with pytest.raises(Refused) as refused:
+        parse(body, "instance", NODE)
+    assert refused.value.kind == kind and words in str(refused.value)
