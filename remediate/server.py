@@ -119,6 +119,8 @@ class RemediatorCollector(Collector):
                                 value=int(r.slurm_up))
         yield CounterMetricFamily(p + "slurm_errors", "Slurm calls that failed (each is tried again).",
                                   value=r.slurm_errors)
+        yield GaugeMetricFamily(p + "slurm_nodes", "Nodes in Slurm's last node list: a webhook for another is "
+                                "refused.", value=len(r.known))
         failed = GaugeMetricFamily(p + "check_failed", "1 for each node whose check failed after its repair: it "
                                    "stays drained.", labels=["node"])
         for name, record in sorted(state.nodes.items()):

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 
 import pytest
 
-from gpufleet.devtools.net import http
-from gpufleet.devtools.programs import remediator
+from gpufleet.devtools.net import get, http
+from gpufleet.devtools.programs import binary, remediator
 from gpufleet.devtools.prom import own_metric
 from gpufleet.devtools.slurm import Slurm, slurm
 from gpufleet.devtools.waiting import wait_for
@@ -161,22 +162,28 @@ def test_webhooks_out_of_order_drain_nothing_they_should_not(cluster):
     ({"version": "4", "alerts": [alert(NODES[7])]}, "Bearer wrong", 401, "unauthorized"),
     ({"version": "4", "alerts": [alert(NODES[7])]}, None, 401, "unauthorized"),
 ])
-def test_bad_input_is_refused_with_a_status_a_count_and_no_drain(cluster, tmp_path, body, headers, status, result):
-    token = tmp_path / "token"
+def test_bad_input_is_refused_with_a_status_a_count_and_no_drain(guarded, cluster, body, headers, status, result):
+    authorised = {"Authorization": headers} if headers else {}
+    if headers is None and result != "unauthorized":
+        authorised = {"Authorization": "Bearer s3cret"}
+    before = value(guarded.url, "gpufleet_remediate_webhooks_total", result=result)
+    data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+    answer, text = http("POST", f"{guarded.url}/webhook", raw=data, headers=authorised)
+    assert answer == status, text
+    assert value(guarded.url, "gpufleet_remediate_webhooks_total", result=result) == before + 1
+    time.sleep(1.5)  # A pass and more: what it would have drained, it would have by now.
+    assert ours(cluster) == {}
+    assert f"webhook refused ({result})" in guarded.output()
+
+
+@pytest.fixture(scope="module")
+def guarded(cluster, tmp_path_factory):
+    """A remediator that acts, behind a bearer token, once it has Slurm's node list."""
+    token = tmp_path_factory.mktemp("token") / "token"
     token.write_text("s3cret\n")
     with remediator(cluster.env, "--no-dry-run", f"--web.token-file={token}") as r:
-        wait_for(lambda: value(r.url, "gpufleet_remediate_slurm_up") == 1, 10, "Slurm's node list")
-        authorised = {"Authorization": headers} if headers else {}
-        if headers is None and result != "unauthorized":
-            authorised = {"Authorization": "Bearer s3cret"}
-        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-        answer, text = http("POST", f"{r.url}/webhook", raw=data, headers=authorised)
-        assert answer == status, text
-        assert value(r.url, "gpufleet_remediate_webhooks_total", result=result) == 1
-        time.sleep(2)
-        log = r.output()
-    assert ours(cluster) == {}
-    assert f"webhook refused ({result})" in log
+        wait_for(lambda: value(r.url, "gpufleet_remediate_slurm_nodes") == len(NODES), 10, "Slurm's node list")
+        yield r
 
 
 def test_a_hung_controller_is_retried_with_backoff_and_the_drain_is_not_lost(cluster):
@@ -221,7 +228,7 @@ def partition(tmp_path_factory) -> Slurm:
 def test_the_breaker_holds_twenty_faults_in_a_partition_to_its_limit(partition):
     faulty = partition.nodes[::3][:20]
     with remediator(partition.env, "--no-dry-run", "--breaker.max-nodes=5") as r:
-        wait_for(lambda: value(r.url, "gpufleet_remediate_slurm_up") == 1, 10, "Slurm's node list")
+        wait_for(lambda: value(r.url, "gpufleet_remediate_slurm_nodes") == 64, 10, "Slurm's node list")
         post(r.url, *(alert(node) for node in faulty))
         wait_for(lambda: value(r.url, "gpufleet_remediate_breaker_open") == 1, 20, "the breaker")
         time.sleep(3)  # Passes enough for every node wanted.
@@ -247,3 +254,12 @@ def test_an_operator_who_resumes_a_node_is_not_overruled_by_the_alerts_repeats(c
         assert cluster.states()[NODES[4]][0] == "idle"
         post(r.url, alert(NODES[4], starts="2026-11-26T12:00:00Z"))  # The GPU fails again: a new episode.
         wait_for(lambda: NODES[4] in ours(cluster), 10, "the drain of the new episode")
+
+
+def test_its_own_metrics_pass_promtool(guarded):
+    post(guarded.url, alert("gpu-node-9999"))  # A refusal at least, so that the counters have samples.
+    text = get(f"{guarded.url}/metrics").decode()
+    check = subprocess.run([binary("promtool"), "check", "metrics"], input=text, capture_output=True, text=True,
+                           timeout=30)
+    assert "gpufleet_remediate_webhooks_total" in text
+    assert check.returncode == 0 and check.stdout + check.stderr == "", check.stdout + check.stderr
