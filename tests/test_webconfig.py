@@ -239,3 +239,34 @@ async def test_beyond_max_requests_the_answer_is_503_at_once():
         assert (await client.get("/metrics")).status == 200
     finally:
         await client.close()
+
+
+@pytest.mark.e2e
+def test_the_remediators_webhook_takes_a_client_certificate_and_a_bearer_token(pki, tmp_path):
+    """`gpufleet remediate` reads the same web config: with client certificates required, a caller without one
+    is refused at the handshake; with one, a wrong token is refused (401), the right one reaches the webhook."""
+    config, token = tmp_path / "web.yml", tmp_path / "token"
+    write_config(config, pki, client_auth="RequireAndVerifyClientCert")
+    token.write_text("s3cret\n")
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "gpufleet", "remediate", f"--web.listen-address=127.0.0.1:{port}",
+                                f"--web.config.file={config}", f"--web.token-file={token}"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: listening(port), 20, "remediate start", process)
+
+        def post(context: ssl.SSLContext, secret: str) -> int:
+            request = urllib.request.Request(f"https://127.0.0.1:{port}/webhook", data=b"{}", method="POST",
+                                             headers={"Authorization": f"Bearer {secret}"})
+            try:
+                with urllib.request.urlopen(request, timeout=5, context=context) as response:
+                    return response.status
+            except urllib.error.HTTPError as err:
+                return err.code
+
+        with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionResetError)):
+            post(client_context(pki), "s3cret")
+        assert post(client_context(pki, certificate=True), "wrong") == 401
+        assert post(client_context(pki, certificate=True), "s3cret") == 400  # Through: `{}` is no webhook.
+    finally:
+        stop_process(process)
