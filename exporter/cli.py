@@ -24,7 +24,6 @@ DEFAULT_LISTEN_ADDRESS = ":19400"
 # A few Prometheus servers and agents keep a connection each; a hundred is room for them and for people.
 DEFAULT_MAX_CONNECTIONS = 100
 DEFAULT_READ_HEADER_TIMEOUT = 10.0  # A scraper sends its headers at once; Prometheus's scrape timeout is 10 s.
-WEB_CONFIG_CHECK_SECONDS = 2.0  # How often the web config and its certificates are checked for changes.
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +93,7 @@ async def serve(collectors: Sequence[ScheduledCollector], host: str | None, port
             collector.start()
         tasks = [c.run() for c in collectors]
         if web_config is not None:
-            tasks.append(_watch(web_config))
+            tasks.append(web_config.watch())
         return tasks
 
     await serve_until_signalled(
@@ -107,9 +106,3 @@ async def serve(collectors: Sequence[ScheduledCollector], host: str | None, port
         ssl_context=web_config.current.ssl_context if web_config else None,
         connections=connections,
     )
-
-
-async def _watch(web_config: WebConfigWatcher, interval: float = WEB_CONFIG_CHECK_SECONDS) -> None:
-    while True:
-        await asyncio.sleep(interval)
-        web_config.check()

@@ -20,6 +20,7 @@ the last good configuration, and the log says why.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -180,6 +181,8 @@ class Credentials:
 
 log = logging.getLogger(__name__)
 
+CHECK_SECONDS = 2.0  # How often the web config and its certificates are checked for changes.
+
 
 class WebConfigWatcher:
     """Holds the current web configuration and loads it again when the file or its certificates change.
@@ -203,6 +206,12 @@ class WebConfigWatcher:
             except OSError:
                 stamps.append(-1)
         return tuple(stamps)
+
+    async def watch(self, interval: float = CHECK_SECONDS) -> None:
+        """`check` every `interval` seconds, for as long as the server runs."""
+        while True:
+            await asyncio.sleep(interval)
+            self.check()
 
     def check(self) -> bool:
         """Load again if anything changed; True when a new configuration took effect."""

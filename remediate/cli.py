@@ -90,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
                                 StateFile(args.state_file), args.audit_file)
         webhooks = Webhooks(remediator, args.node_label, args.node_pattern, args.token_file)
 
-        def background() -> list[Coroutine[Any, Any, None]]:
-            return [remediator.run(args.interval)]
+        def background() -> list[Coroutine[Any, Any, None]]:  # Certificates rotate without a restart.
+            return [remediator.run(args.interval), *([web_config.watch()] if web_config else [])]
 
         await serve_until_signalled(
             build_app(webhooks, web_config), host, port, background=background, log=log,
