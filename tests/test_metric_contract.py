@@ -20,6 +20,9 @@ from gpufleet.devtools.nodes import bench_node, catalogue_exposition
 from gpufleet.devtools.paths import ROOT
 from gpufleet.devtools.reference.metrics import OPT_IN, families
 from gpufleet.exporter import node
+from gpufleet.remediate.engine import Remediator, Settings
+from gpufleet.remediate.server import RemediatorCollector, Webhooks
+from gpufleet.remediate.slurm import Slurm
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
 _NAME = re.compile(r"(?<![\w:$.])([a-zA-Z_][a-zA-Z0-9_]*:[a-zA-Z0-9_:]*[a-zA-Z0-9_]|gpufleet_[a-z0-9_]+)(?![\w(])")
@@ -39,7 +42,15 @@ def served() -> set[str]:
     for flag in OPT_IN:
         setattr(flags, flag, True)
     found = families(catalogue_exposition(flags)) | families(bench_node(flags))
-    return {name for family in found.values() for name in _series_names(family.name, family.kind)}
+    return {name for family in found.values() for name in _series_names(family.name, family.kind)} | _remediators()
+
+
+def _remediators() -> set[str]:
+    """What `gpufleet remediate` serves, which its own alerts read."""
+    remediator = Remediator(Slurm(), Settings())
+    collector = RemediatorCollector(remediator, Webhooks(remediator, "instance", re.compile("(?P<node>.+)"), None))
+    return {sample_name for family in collector.collect()
+            for sample_name in ({family.name, f"{family.name}_total"} if family.type == "counter" else {family.name})}
 
 
 def _series_names(name: str, kind: str) -> set[str]:

@@ -7,6 +7,9 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import yaml
@@ -15,9 +18,10 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.rules import render
 from gpufleet.devtools.delivery import Receiver, routing
 from gpufleet.devtools.net import http
+from gpufleet.devtools.processes import Server
 from gpufleet.devtools.programs import alertmanager, prometheus, prometheus_config, remediator, simulator
 from gpufleet.devtools.prom import own_metric, query
-from gpufleet.devtools.slurm import slurm
+from gpufleet.devtools.slurm import Slurm, slurm
 from gpufleet.devtools.waiting import wait_for
 
 from layouts import node
@@ -48,21 +52,29 @@ def _paged(receiver: Receiver, instance: str) -> float | None:
         a.get("alertname") == "GpuNeedsReboot" and a.get("instance") == instance for a in page.alerts)), None)
 
 
-def test_a_lost_gpu_drains_its_node_and_the_reboot_and_check_return_it(tmp_path):
+@dataclass
+class Stack:
+    cluster: Slurm
+    remediate: Server
+    sim_url: str
+    prom_url: str
+
+
+@contextlib.contextmanager
+def _stack(tmp_path: Path, receiver: Receiver) -> Iterator[Stack]:
+    """Slurm, the remediator acting behind a token (its check fails where a `fail-<node>` file is), Alertmanager
+    sending to `receiver` and to the remediator, the simulator, and Prometheus scraping the nodes and it."""
     token = tmp_path / "token"
     token.write_text("e2e-remediate-token\n")
     check = f"sh -c 'echo checked {{node}}; test ! -e {tmp_path}/fail-{{node}}'"
-    (tmp_path / f"fail-{NODES[1]}").touch()  # Its check fails after the reboot.
     rules = tmp_path / "rules.yml"
     rules.write_text(render(Config().scaled(TIME_SCALE)))
-    receiver = Receiver()
     with contextlib.ExitStack() as stack:
         cluster = stack.enter_context(slurm(tmp_path / "slurm", NODES, daemons=len(NODES)))
         remediate = stack.enter_context(remediator(
             # Three of the four nodes at once: past the default breaker of a tenth of a partition.
             cluster.env, "--no-dry-run", "--breaker.max-share=0.75", f"--web.token-file={token}",
-            f"--check.command={check}",
-            f"--audit.file={tmp_path / 'audit.jsonl'}"))
+            f"--check.command={check}", f"--audit.file={tmp_path / 'audit.jsonl'}"))
         config = routing(tmp_path, receiver, TIME_SCALE)
         _remediate_receiver(config, remediate.url, token)
         am = stack.enter_context(alertmanager(tmp_path / "am", config))
@@ -74,9 +86,17 @@ def test_a_lost_gpu_drains_its_node_and_the_reboot_and_check_return_it(tmp_path)
             tmp_path / "prometheus.yml", targets, "1s", rules, am.url, own={"gpufleet-remediate": port}),
             tmp_path / "data"))
         wait_for(lambda: len(query(prom.url, "up == 1")) == 5, 60, "the nodes and the remediator scraped")
+        yield Stack(cluster, remediate, sim.url, prom.url)
+
+
+def test_a_lost_gpu_drains_its_node_and_the_reboot_and_check_return_it(tmp_path):
+    (tmp_path / f"fail-{NODES[1]}").touch()  # Its check fails after the reboot.
+    receiver = Receiver()
+    with _stack(tmp_path, receiver) as running:
+        cluster, remediate, prom_url = running.cluster, running.remediate, running.prom_url
         cluster.run("scontrol", "update", f"NodeName={NODES[2]}", "State=DRAIN", f"Reason={OPERATOR}")
         for name in NODES[:3]:
-            _fault(sim.url, kind="xid", node=name, gpu=0, xid=79)
+            _fault(running.sim_url, kind="xid", node=name, gpu=0, xid=79)
         # Each page drains its node within a production minute: 7.5 s here.
         drained = {}
         for name in NODES[:2]:
@@ -88,17 +108,17 @@ def test_a_lost_gpu_drains_its_node_and_the_reboot_and_check_return_it(tmp_path)
                                     result="operator_drained") == 1, 30, "the operator's drain seen")
         # The page names the jobs at stake on the lost GPU, as the exporter attributed them; their GPU-hours once
         # the jobs group has recorded a minute of them.
-        stake = wait_for(lambda: _stake(prom.url, NODES[0], "GPU-hours"), 30, "the GPU-hours at stake")
-        jobs = query(prom.url, f'gpufleet_gpu_job_info{{instance="{NODES[0]}",gpu="0",job_id!=""}}')
+        stake = wait_for(lambda: _stake(prom_url, NODES[0], "GPU-hours"), 30, "the GPU-hours at stake")
+        jobs = query(prom_url, f'gpufleet_gpu_job_info{{instance="{NODES[0]}",gpu="0",job_id!=""}}')
         for name in NODES[:3]:
-            _fault(sim.url, kind="node_reboot", node=name, duration="8s")
+            _fault(running.sim_url, kind="node_reboot", node=name, duration="8s")
         wait_for(lambda: cluster.states()[NODES[0]][0] == "idle", 90, "the repaired node resumed")
         wait_for(lambda: any(path == "ticket" and labels["alertname"] == "RemediationCheckFailed"
                              and labels["node"] == NODES[1] for path, labels in receiver.snapshot()), 90,
                  "the failed check's ticket")
         time.sleep(5)
         states = cluster.states()
-        resolved = query(prom.url, 'ALERTS{alertname="GpuNeedsReboot"}')
+        resolved = query(prom_url, 'ALERTS{alertname="GpuNeedsReboot"}')
     print("page to drain, production seconds: " + ", ".join(f"{n} {s:.0f}" for n, s in drained.items()))
     print(f"jobs at stake on {NODES[0]}: {stake}")
     assert all(seconds <= 60 for seconds in drained.values()), drained
