@@ -3,9 +3,10 @@ run before gpufleet resumes a node: a command line in which `{node}` is the Slur
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shlex
+
+from gpufleet.remediate import command
 
 
 class Check:
@@ -19,19 +20,13 @@ class Check:
         """Whether the check passed, and what it said (its last line of output, or why it did not run)."""
         argv = [word.replace("{node}", node) for word in self.argv]
         try:
-            process = await asyncio.create_subprocess_exec(
-                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                env={**os.environ, "GPUFLEET_NODE": node}, start_new_session=True)
+            status, out, _ = await command.run(argv, self.timeout, {**os.environ, "GPUFLEET_NODE": node}, merged=True)
+        except TimeoutError:  # First: TimeoutError is an OSError.
+            return False, f"check timed out after {self.timeout:g}s"
         except OSError as err:
             return False, f"check did not start: {err}"
-        try:
-            out, _ = await asyncio.wait_for(process.communicate(), self.timeout)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-            return False, f"check timed out after {self.timeout:g}s"
-        lines = [line.strip() for line in out.decode(errors="replace").splitlines() if line.strip()]
+        lines = [line.strip() for line in out.splitlines() if line.strip()]
         said = lines[-1][:160] if lines else "no output"
-        if process.returncode != 0:
-            return False, f"check exited {process.returncode}: {said}"
+        if status != 0:
+            return False, f"check exited {status}: {said}"
         return True, said

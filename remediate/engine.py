@@ -87,7 +87,7 @@ class Remediator:
                 self.slurm_up = True
             except SlurmUnavailable as err:
                 self._later(name, record, err)
-            self.files.save(self.state)
+            self.files.save(self.state)  # After each node's action: a drain done is on disk before the next.
 
     def _later(self, name: str, record: NodeRecord, err: SlurmUnavailable) -> None:
         """The node's action again after a backoff that doubles with each failure."""
@@ -191,7 +191,7 @@ class Remediator:
             self._audit("check", name, "ok" if passed else "failed", why=output)
             if not passed:
                 record.phase, record.why = "failed", output
-                await self.slurm.set_reason(name, f"{REASON_PREFIX}check failed after repair: {output}"[:250])
+                await self.slurm.drain(name, f"{REASON_PREFIX}check failed after repair: {output}"[:250])
                 return
         await self.slurm.resume(name)
         del self.state.nodes[name]

@@ -8,12 +8,9 @@ drains from an operator's, across its own restarts.
 
 from __future__ import annotations
 
-import asyncio
-import logging
-import os
 from dataclasses import dataclass
 
-log = logging.getLogger(__name__)
+from gpufleet.remediate import command
 
 REASON_PREFIX = "gpufleet: "
 _UNKNOWN = ("invalid node name", "node not found", "unable to find node")
@@ -89,29 +86,23 @@ class Slurm:
     """`scontrol` and `sinfo` with a timeout on every call; `SLURM_CONF` and munge come from the environment,
     as for any Slurm client on the host."""
 
-    def __init__(self, scontrol: str = "scontrol", timeout: float = 20.0, env: dict[str, str] | None = None) -> None:
+    def __init__(self, scontrol: str = "scontrol", timeout: float = 20.0) -> None:
         self.scontrol = scontrol
         self.timeout = timeout
-        self.env = {**os.environ, **(env or {})}
 
     async def _run(self, *args: str) -> str:
         try:
-            process = await asyncio.create_subprocess_exec(
-                self.scontrol, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self.env)
+            status, out, error = await command.run([self.scontrol, *args], self.timeout)
+        except TimeoutError:  # First: TimeoutError is an OSError.
+            raise SlurmUnavailable(f"scontrol {args[0]} {args[1]}: no answer in {self.timeout:g}s") from None
         except OSError as err:
             raise SlurmUnavailable(f"cannot run {self.scontrol}: {err}") from None
-        try:
-            out, error = await asyncio.wait_for(process.communicate(), self.timeout)
-        except TimeoutError:
-            process.kill()
-            await process.wait()
-            raise SlurmUnavailable(f"scontrol {args[0]} {args[1]}: no answer in {self.timeout:g}s") from None
-        if process.returncode != 0:
-            message = (error or out).decode(errors="replace").strip().replace("\n", "; ")
+        if status != 0:
+            message = (error or out).strip().replace("\n", "; ")
             if any(words in message.lower() for words in _UNKNOWN):
                 raise UnknownNode(message)
-            raise SlurmUnavailable(f"scontrol {args[0]} {args[1]} exited {process.returncode}: {message}")
-        return out.decode(errors="replace")
+            raise SlurmUnavailable(f"scontrol {args[0]} {args[1]} exited {status}: {message}")
+        return out
 
     async def nodes(self) -> dict[str, Node]:
         return parse_nodes(await self._run("show", "node", "-o"))
@@ -123,11 +114,8 @@ class Slurm:
         return nodes[name]
 
     async def drain(self, name: str, reason: str) -> None:
+        """Drain the node; on a drained node, rewrite its reason (it stays drained)."""
         await self._run("update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}")
 
     async def resume(self, name: str) -> None:
         await self._run("update", f"NodeName={name}", "State=RESUME")
-
-    async def set_reason(self, name: str, reason: str) -> None:
-        """A drained node's reason, rewritten (the node stays drained)."""
-        await self._run("update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}")

@@ -1,9 +1,13 @@
 """What the remediator reads: `scontrol show node -o` lines and Alertmanager's webhook body, without a Slurm."""
 
+import asyncio
 import re
+import time
+from pathlib import Path
 
 import pytest
 
+from gpufleet.remediate.check import Check
 from gpufleet.remediate.slurm import parse_nodes
 from gpufleet.remediate.webhook import Refused, parse
 
@@ -55,3 +59,19 @@ def test_a_body_with_one_bad_alert_is_refused_whole(body, kind, words):
     with pytest.raises(Refused) as refused:
         parse(body, "instance", NODE)
     assert refused.value.kind == kind and words in str(refused.value)
+
+
+async def test_a_check_past_its_timeout_fails_and_leaves_nothing_it_started_running(tmp_path):
+    pid_file = tmp_path / "child"
+    check = Check(f"sh -c 'sleep 60 & echo $! > {pid_file}; wait'", timeout=0.5)
+    started = time.monotonic()
+    assert await check.run("gpu-node-0001") == (False, "check timed out after 0.5s")
+    # Not when the child's output pipe closes at its own end: a minute later, or never for a hung diagnostic.
+    assert time.monotonic() - started < 10
+    child = int(pid_file.read_text())
+    for _ in range(50):  # The kill is sent; the child's exit takes a moment to be reaped by init.
+        if not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split()[2]:
+            break
+        await asyncio.sleep(0.1)
+    else:
+        raise AssertionError(f"the check's child {child} still runs")
