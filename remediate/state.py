@@ -75,6 +75,7 @@ class StateFile:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
+        self._written = ""  # What the file holds: a pass that changed nothing writes nothing.
 
     def load(self) -> State:
         if self.path is None or not self.path.exists():
@@ -89,8 +90,10 @@ class StateFile:
             return State()
 
     def save(self, state: State) -> None:
-        if self.path is None:
+        text = json.dumps(state.to_json())
+        if self.path is None or text == self._written:
             return
         temporary = self.path.with_name(self.path.name + ".tmp")
-        temporary.write_text(json.dumps(state.to_json()))
+        temporary.write_text(text)
         os.replace(temporary, self.path)
+        self._written = text
