@@ -161,9 +161,9 @@ def alertmanager_alerts(am_url: str) -> list[dict[str, Any]]:
     return alerts
 
 
-def post_alerts(am_url: str, alerts: list[dict[str, str]], annotations: dict[str, str] | None = None) -> None:
+def post_alerts(am_url: str, alerts: list[dict[str, str]]) -> None:
     """Send firing alerts (each given by its labels) to Alertmanager, as an engine does at each evaluation."""
-    body = [{"labels": labels, "annotations": annotations or {}} for labels in alerts]
+    body = [{"labels": labels} for labels in alerts]
     status, answer = http("POST", f"{am_url}/api/v2/alerts", body)
     if status != 200:
         raise HarnessError(f"{am_url} refused the alerts: {status} {answer[:500]!r}")

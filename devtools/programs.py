@@ -32,14 +32,23 @@ PACKAGES = {
     "vmalert": "victoria-metrics",
     "prometheus-node-exporter": "prometheus-node-exporter",
     "chromium": "chromium",
+    "munged": "munge",
+    "mungekey": "munge",
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
+    "scontrol": "slurm-client",
+    "sinfo": "slurm-client",
+    "sbatch": "slurm-client",
 }
 
 
 def binary(name: str) -> str:
-    """The path of a program from Debian's packages, or a HarnessError naming the package to install."""
+    """The path of a program from Debian's packages, or a HarnessError naming the package to install. Daemons
+    (slurmctld, munged) are in /usr/sbin, which a user's PATH may leave out."""
+    import os
     import shutil
 
-    path = shutil.which(name)
+    path = shutil.which(name, path=os.pathsep.join((os.environ.get("PATH", ""), "/usr/sbin", "/sbin")))
     if path is None:
         raise HarnessError(f"{name} is missing: install Debian's {PACKAGES.get(name, name)} package (.ci/run does)")
     return path

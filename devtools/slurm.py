@@ -20,18 +20,8 @@ from pathlib import Path
 
 from gpufleet.devtools.net import free_port
 from gpufleet.devtools.processes import stop
+from gpufleet.devtools.programs import binary
 from gpufleet.devtools.waiting import HarnessError, wait_for
-
-PACKAGES = {"munged": "munge", "mungekey": "munge", "slurmctld": "slurmctld", "slurmd": "slurmd",
-            "scontrol": "slurm-client", "sinfo": "slurm-client", "sbatch": "slurm-client"}
-
-
-def _binary(name: str) -> str:
-    for folder in (*os.environ.get("PATH", "").split(os.pathsep), "/usr/sbin", "/sbin"):
-        path = Path(folder) / name
-        if path.is_file() and os.access(path, os.X_OK):
-            return str(path)
-    raise HarnessError(f"{name} is missing: install Debian's {PACKAGES[name]} package (.ci/run does)")
 
 
 @dataclass
@@ -46,7 +36,7 @@ class Slurm:
 
     def run(self, *argv: str, check: bool = True) -> str:
         """A Slurm client command (`scontrol`, `sinfo`, `sbatch`) against this controller; its output."""
-        result = subprocess.run([_binary(argv[0]), *argv[1:]], capture_output=True, text=True, env=self.env,
+        result = subprocess.run([binary(argv[0]), *argv[1:]], capture_output=True, text=True, env=self.env,
                                 timeout=30)
         if check and result.returncode != 0:
             raise HarnessError(f"{' '.join(argv)} exited {result.returncode}: {result.stderr.strip()}")
@@ -92,7 +82,7 @@ def slurm(workdir: Path, nodes: list[str], daemons: int = 2, partition: str = "g
     for name in nodes[:daemons]:
         (workdir / "spool" / name).mkdir(exist_ok=True)
     key, socket = workdir / "munge" / "munge.key", workdir / "munge" / "munge.socket"
-    subprocess.run([_binary("mungekey"), "--create", f"--keyfile={key}"], check=True, capture_output=True,
+    subprocess.run([binary("mungekey"), "--create", f"--keyfile={key}"], check=True, capture_output=True,
                    timeout=30)
     ports = {"ctld": free_port(), **{name: free_port() for name in nodes}}
     conf = workdir / "slurm.conf"
@@ -103,7 +93,7 @@ def slurm(workdir: Path, nodes: list[str], daemons: int = 2, partition: str = "g
 
     def launch(*argv: str, name: str) -> None:
         output = (workdir / f"{name}.out").open("w")
-        processes.append(subprocess.Popen([_binary(argv[0]), *argv[1:]], stdout=output, stderr=subprocess.STDOUT,
+        processes.append(subprocess.Popen([binary(argv[0]), *argv[1:]], stdout=output, stderr=subprocess.STDOUT,
                                           text=True, env=env))
 
     try:

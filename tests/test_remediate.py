@@ -38,10 +38,6 @@ def post(url: str, *alerts: dict, token: str | None = None, body: object = None)
     return status
 
 
-def value(url: str, name: str, **labels: str) -> float:
-    return own_metric(url, name, **labels)
-
-
 def ours(cluster: Slurm) -> dict[str, str]:
     """The nodes drained with gpufleet's reason, and the reason."""
     return {name: reason for name, (state, reason) in cluster.states().items() if reason.startswith("gpufleet: ")}
@@ -72,12 +68,12 @@ def test_a_gpu_needing_a_reset_drains_its_node_once_and_the_repair_and_check_res
         assert ours(cluster) == {NODES[0]: f"gpufleet: {RESET}"}
         assert cluster.states()[NODES[0]][0] == "drained"
         time.sleep(2)  # Two more passes: nothing more to do while the alert fires.
-        assert value(r.url, "gpufleet_remediate_actions_total", action="drain", result="ok") == 1
-        assert value(r.url, "gpufleet_remediate_drained_nodes") == 1
+        assert own_metric(r.url, "gpufleet_remediate_actions_total", action="drain", result="ok") == 1
+        assert own_metric(r.url, "gpufleet_remediate_drained_nodes") == 1
         assert post(r.url, alert(NODES[0], "resolved")) == 200
         wait_for(lambda: cluster.states()[NODES[0]][0] == "idle", 10, "the resume")
-        assert value(r.url, "gpufleet_remediate_actions_total", action="resume", result="ok") == 1
-        assert value(r.url, "gpufleet_remediate_drained_nodes") == 0
+        assert own_metric(r.url, "gpufleet_remediate_actions_total", action="resume", result="ok") == 1
+        assert own_metric(r.url, "gpufleet_remediate_drained_nodes") == 0
     entries = [json.loads(line) for line in audit.read_text().splitlines()]
     assert [(e["action"], e["result"]) for e in entries] == [
         ("alert", "firing"), ("drain", "ok"), ("alert", "resolved"), ("check", "ok"), ("resume", "ok")]
@@ -93,14 +89,15 @@ def test_a_failed_check_keeps_the_node_drained_and_says_why(cluster, tmp_path):
         post(r.url, alert(NODES[1]))
         wait_for(lambda: NODES[1] in ours(cluster), 10, "the drain")
         post(r.url, alert(NODES[1], "resolved"))
-        wait_for(lambda: value(r.url, "gpufleet_remediate_check_failed", node=NODES[1]) == 1, 10, "the failed check")
+        wait_for(lambda: own_metric(r.url, "gpufleet_remediate_check_failed", node=NODES[1]) == 1, 10,
+                 "the failed check")
         assert ours(cluster) == {NODES[1]: "gpufleet: check failed after repair: check exited 1: dcgmi diag: "
                                            "memory test failed"}
         assert cluster.states()[NODES[1]][0] == "drained"
-        assert value(r.url, "gpufleet_remediate_actions_total", action="check", result="failed") == 1
+        assert own_metric(r.url, "gpufleet_remediate_actions_total", action="check", result="failed") == 1
         # The operator mends it and resumes it: gpufleet lets it go.
         cluster.run("scontrol", "update", f"NodeName={NODES[1]}", "State=RESUME")
-        wait_for(lambda: value(r.url, "gpufleet_remediate_check_failed", node=NODES[1]) == 0, 10, "the release")
+        wait_for(lambda: own_metric(r.url, "gpufleet_remediate_check_failed", node=NODES[1]) == 0, 10, "the release")
         assert cluster.states()[NODES[1]][0] == "idle"
 
 
@@ -110,30 +107,30 @@ def test_an_operators_drain_is_never_undone(cluster, tmp_path):
     with remediator(cluster.env, "--no-dry-run", "--check.command=true") as r:
         post(r.url, alert(NODES[2]), alert(NODES[3]))
         wait_for(lambda: NODES[3] in ours(cluster), 10, "the drain of the other node")
-        wait_for(lambda: value(r.url, "gpufleet_remediate_actions_total", action="drain",
+        wait_for(lambda: own_metric(r.url, "gpufleet_remediate_actions_total", action="drain",
                                result="operator_drained") == 1, 10, "the operator's drain seen")
         # An operator takes over a node gpufleet drained, with a reason of their own; Alertmanager repeats the
         # firing alerts, which must not take it back.
         cluster.run("scontrol", "update", f"NodeName={NODES[3]}", "State=DRAIN", f"Reason={operator}")
-        wait_for(lambda: value(r.url, "gpufleet_remediate_nodes", phase="drained") == 0, 10, "the release")
+        wait_for(lambda: own_metric(r.url, "gpufleet_remediate_nodes", phase="drained") == 0, 10, "the release")
         post(r.url, alert(NODES[2]), alert(NODES[3]))
         post(r.url, alert(NODES[2], "resolved"), alert(NODES[3], "resolved"))
         time.sleep(3)
         assert cluster.states()[NODES[2]] == ("drained", operator)
         assert cluster.states()[NODES[3]] == ("drained", operator)
-        assert value(r.url, "gpufleet_remediate_actions_total", action="resume", result="ok") == 0
+        assert own_metric(r.url, "gpufleet_remediate_actions_total", action="resume", result="ok") == 0
 
 
 def test_dry_run_by_default_counts_and_audits_but_changes_nothing(cluster, tmp_path):
     audit = tmp_path / "audit.jsonl"
     with remediator(cluster.env, f"--audit.file={audit}") as r:
         post(r.url, alert(NODES[4]))
-        wait_for(lambda: value(r.url, "gpufleet_remediate_actions_total", action="drain", result="dry_run") == 1,
+        wait_for(lambda: own_metric(r.url, "gpufleet_remediate_actions_total", action="drain", result="dry_run") == 1,
                  10, "the dry-run drain")
         post(r.url, alert(NODES[4], "resolved"))
-        wait_for(lambda: value(r.url, "gpufleet_remediate_actions_total", action="resume", result="dry_run") == 1,
+        wait_for(lambda: own_metric(r.url, "gpufleet_remediate_actions_total", action="resume", result="dry_run") == 1,
                  10, "the dry-run resume")
-        assert value(r.url, "gpufleet_remediate_dry_run") == 1
+        assert own_metric(r.url, "gpufleet_remediate_dry_run") == 1
     assert ours(cluster) == {} and cluster.states()[NODES[4]][0] != "drained"
     assert [(e["action"], e["result"], e["dry_run"]) for e in map(json.loads, audit.read_text().splitlines())
             if e["action"] != "alert"] == [("drain", "dry_run", True), ("resume", "dry_run", True)]
@@ -150,7 +147,7 @@ def test_webhooks_out_of_order_drain_nothing_they_should_not(cluster):
         post(r.url, alert(NODES[6], starts="2026-11-26T10:00:00Z"))
         time.sleep(3)
         assert ours(cluster) == {}
-        assert value(r.url, "gpufleet_remediate_nodes", phase="drained") == 0
+        assert own_metric(r.url, "gpufleet_remediate_nodes", phase="drained") == 0
 
 
 @pytest.mark.parametrize(("body", "headers", "status", "result"), [
@@ -166,11 +163,11 @@ def test_bad_input_is_refused_with_a_status_a_count_and_no_drain(guarded, cluste
     authorised = {"Authorization": headers} if headers else {}
     if headers is None and result != "unauthorized":
         authorised = {"Authorization": "Bearer s3cret"}
-    before = value(guarded.url, "gpufleet_remediate_webhooks_total", result=result)
+    before = own_metric(guarded.url, "gpufleet_remediate_webhooks_total", result=result)
     data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
     answer, text = http("POST", f"{guarded.url}/webhook", raw=data, headers=authorised)
     assert answer == status, text
-    assert value(guarded.url, "gpufleet_remediate_webhooks_total", result=result) == before + 1
+    assert own_metric(guarded.url, "gpufleet_remediate_webhooks_total", result=result) == before + 1
     time.sleep(1.5)  # A pass and more: what it would have drained, it would have by now.
     assert ours(cluster) == {}
     assert f"webhook refused ({result})" in guarded.output()
@@ -182,7 +179,7 @@ def guarded(cluster, tmp_path_factory):
     token = tmp_path_factory.mktemp("token") / "token"
     token.write_text("s3cret\n")
     with remediator(cluster.env, "--no-dry-run", f"--web.token-file={token}") as r:
-        wait_for(lambda: value(r.url, "gpufleet_remediate_slurm_nodes") == len(NODES), 10, "Slurm's node list")
+        wait_for(lambda: own_metric(r.url, "gpufleet_remediate_slurm_nodes") == len(NODES), 10, "Slurm's node list")
         yield r
 
 
@@ -191,13 +188,13 @@ def test_a_hung_controller_is_retried_with_backoff_and_the_drain_is_not_lost(clu
         cluster.controller.send_signal(signal.SIGSTOP)
         try:
             post(r.url, alert(NODES[7]))
-            wait_for(lambda: value(r.url, "gpufleet_remediate_slurm_errors_total") >= 2, 20, "failed Slurm calls")
-            assert value(r.url, "gpufleet_remediate_slurm_up") == 0
+            wait_for(lambda: own_metric(r.url, "gpufleet_remediate_slurm_errors_total") >= 2, 20, "failed Slurm calls")
+            assert own_metric(r.url, "gpufleet_remediate_slurm_up") == 0
         finally:
             cluster.controller.send_signal(signal.SIGCONT)
         wait_for(lambda: NODES[7] in ours(cluster), 20, "the drain, once Slurm answers")
-        wait_for(lambda: value(r.url, "gpufleet_remediate_slurm_up") == 1, 10, "slurm_up")
-        assert value(r.url, "gpufleet_remediate_actions_total", action="drain", result="ok") == 1
+        wait_for(lambda: own_metric(r.url, "gpufleet_remediate_slurm_up") == 1, 10, "slurm_up")
+        assert own_metric(r.url, "gpufleet_remediate_actions_total", action="drain", result="ok") == 1
         assert "tried again in" in r.output()
 
 
@@ -207,7 +204,7 @@ def test_a_restart_keeps_the_nodes_it_holds_and_a_corrupt_state_file_is_set_asid
         post(r.url, alert(NODES[0]))
         wait_for(lambda: NODES[0] in ours(cluster), 10, "the drain")
     with remediator(cluster.env, "--no-dry-run", f"--state.file={state}") as r:
-        assert value(r.url, "gpufleet_remediate_drained_nodes") == 1
+        assert own_metric(r.url, "gpufleet_remediate_drained_nodes") == 1
         post(r.url, alert(NODES[0], "resolved"))
         wait_for(lambda: cluster.states()[NODES[0]][0] == "idle", 10, "the resume after the restart")
     state.write_text("{not json")
@@ -228,19 +225,19 @@ def partition(tmp_path_factory) -> Slurm:
 def test_the_breaker_holds_twenty_faults_in_a_partition_to_its_limit(partition):
     faulty = partition.nodes[::3][:20]
     with remediator(partition.env, "--no-dry-run", "--breaker.max-nodes=5") as r:
-        wait_for(lambda: value(r.url, "gpufleet_remediate_slurm_nodes") == 64, 10, "Slurm's node list")
+        wait_for(lambda: own_metric(r.url, "gpufleet_remediate_slurm_nodes") == 64, 10, "Slurm's node list")
         post(r.url, *(alert(node) for node in faulty))
-        wait_for(lambda: value(r.url, "gpufleet_remediate_breaker_open") == 1, 20, "the breaker")
+        wait_for(lambda: own_metric(r.url, "gpufleet_remediate_breaker_open") == 1, 20, "the breaker")
         time.sleep(3)  # Passes enough for every node wanted.
         assert len(ours(partition)) == 5
-        assert value(r.url, "gpufleet_remediate_actions_total", action="drain", result="ok") == 5
-        assert value(r.url, "gpufleet_remediate_actions_total", action="drain", result="breaker") == 15
-        assert value(r.url, "gpufleet_remediate_nodes", phase="wanted") == 15
+        assert own_metric(r.url, "gpufleet_remediate_actions_total", action="drain", result="ok") == 5
+        assert own_metric(r.url, "gpufleet_remediate_actions_total", action="drain", result="breaker") == 15
+        assert own_metric(r.url, "gpufleet_remediate_nodes", phase="wanted") == 15
         # An operator who has looked closes it: the next drains go up to the limit again.
         status, _ = http("POST", f"{r.url}/-/breaker/close")
         assert status == 200
         wait_for(lambda: len(ours(partition)) == 10, 20, "five more drains")
-        wait_for(lambda: value(r.url, "gpufleet_remediate_breaker_open") == 1, 10, "the breaker again")
+        wait_for(lambda: own_metric(r.url, "gpufleet_remediate_breaker_open") == 1, 10, "the breaker again")
 
 
 def test_an_operator_who_resumes_a_node_is_not_overruled_by_the_alerts_repeats(cluster):
@@ -248,7 +245,7 @@ def test_an_operator_who_resumes_a_node_is_not_overruled_by_the_alerts_repeats(c
         post(r.url, alert(NODES[4]))
         wait_for(lambda: NODES[4] in ours(cluster), 10, "the drain")
         cluster.run("scontrol", "update", f"NodeName={NODES[4]}", "State=RESUME")
-        wait_for(lambda: value(r.url, "gpufleet_remediate_nodes", phase="drained") == 0, 10, "the release")
+        wait_for(lambda: own_metric(r.url, "gpufleet_remediate_nodes", phase="drained") == 0, 10, "the release")
         post(r.url, alert(NODES[4]))  # Alertmanager's repeat of the same episode.
         time.sleep(3)
         assert cluster.states()[NODES[4]][0] == "idle"
