@@ -6,6 +6,11 @@ running, later ticks are skipped and counted instead of queued. A collection
 that outlives its timeout is reported as failed at once and its result, should
 it ever arrive, is thrown away. Each outcome replaces an immutable
 `CollectorState`, which the exposition reads without locks.
+
+Before its first collection, and while its collections fail or hang, a
+collector serves what it keeps itself (`Collector.held`): a GPU held at a reset
+stays held through a restart and a hung driver, where serving nothing would let
+the page resolve.
 """
 
 from __future__ import annotations
@@ -45,9 +50,9 @@ class ScheduledCollector:
         self.name = collector.name
         self.interval = interval
         self.timeout = timeout
-        self.state = CollectorState()
-        self._running: concurrent.futures.Future[tuple[Collection, bytes]] | None = None
         self._problems: tuple[str, ...] = ()
+        self.state = CollectorState(body=self._held(failed=False))
+        self._running: concurrent.futures.Future[tuple[Collection, bytes]] | None = None
 
     async def run(self) -> None:
         """Tick forever at a fixed rate; a tick that cannot start is skipped, never delayed."""
@@ -66,7 +71,8 @@ class ScheduledCollector:
     async def tick(self) -> None:
         if self._running is not None and not self._running.done():
             log.debug("collector=%s tick skipped: the previous collection is still running", self.name)
-            self._update(replace(self.state, skipped=self.state.skipped + 1))
+            # Still hung: what the collector keeps may have changed meanwhile (an XID read from the kernel log).
+            self._update(replace(self.state, skipped=self.state.skipped + 1, body=self._held(failed=True)))
             return
         started = time.perf_counter()
         self._running = self._start_collection()
@@ -91,6 +97,8 @@ class ScheduledCollector:
         started = time.perf_counter()
         try:
             collection, body = self._collect_and_render()
+        except TimeoutError as err:  # A simulated call that would have outlived the timeout.
+            self._failed(started, f"collection timed out: {err}")
         except Exception as err:  # noqa: BLE001 - as in tick().
             self._failed(started, f"collection failed: {err}")
         else:
@@ -139,10 +147,17 @@ class ScheduledCollector:
 
     def _failed(self, started: float, message: str) -> None:
         self._report((message,))
-        # A failed collection serves no values: stale numbers would look like live ones.
-        self._update(
-            replace(self.state, success=False, duration_seconds=time.perf_counter() - started, body=b"")
-        )
+        # A failed collection serves no values, stale numbers would look like live ones: only what the collector
+        # keeps itself.
+        self._update(replace(self.state, success=False, duration_seconds=time.perf_counter() - started,
+                             body=self._held(failed=True)))
+
+    def _held(self, failed: bool) -> bytes:
+        try:
+            return render(self.collector.held(failed).families)
+        except Exception:  # A broken collector's fallback must not take the exporter down: it is logged.
+            log.exception("collector=%s: what it holds cannot be served", self.name)
+            return b""
 
     def _report(self, problems: tuple[str, ...]) -> None:
         """Log problems when they change, not every tick, so a missing driver is one line, not thousands."""

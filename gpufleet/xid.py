@@ -14,9 +14,10 @@ from enum import IntEnum
 DOUBLE_BIT_ECC = 48
 ROW_REMAP_FAILURE = 64
 FALLEN_OFF_BUS = 79
+GSP_TIMEOUT = 119  # An RPC to the GPU System Processor timed out: the driver, and nvidia-smi, stop answering.
 
 # Codes after which the GPU must be reset or the node rebooted (page).
-RESET_OR_REBOOT = (DOUBLE_BIT_ECC, 62, ROW_REMAP_FAILURE, 74, FALLEN_OFF_BUS, 95, 109, 119, 120, 136, 140, 143,
+RESET_OR_REBOOT = (DOUBLE_BIT_ECC, 62, ROW_REMAP_FAILURE, 74, FALLEN_OFF_BUS, 95, 109, GSP_TIMEOUT, 120, 136, 140, 143,
                    *range(144, 151), 155, 156, 158)
 # Recorded by the driver, worth a ticket: row remap event, high single-bit rate, contained memory error.
 WATCH = (63, 92, 94)

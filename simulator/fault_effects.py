@@ -21,7 +21,7 @@ from gpufleet.simulator.kernel_log import SimulatedKernelLog
 from gpufleet.simulator.node_state import NodeState
 from gpufleet.simulator.timeline import overlap
 from gpufleet.simulator.workload import Workload
-from gpufleet.xid import Action, action_for
+from gpufleet.xid import GSP_TIMEOUT, Action, action_for
 
 # The repairs that reset a GPU (an operator's reset; a reboot or a new board reset it too), that reboot it, and
 # that put a new board in its slot.
@@ -56,7 +56,8 @@ class FaultEffects:
             # A repair ends what began before it: a reset clears the volatile ECC count and applies pending row
             # remaps; a reboot also brings a lost GPU back; a new board has none of the old one's errors.
             reset, rebooted, replaced = (self.state.repaired_at(kinds, gpu) for kinds in (_RESETS, REBOOTS, _NEW))
-            lost = any(f.active(t) and f.start > rebooted for f in self.state.active(Kind.GPU_LOST, gpu))
+            lost = (any(f.active(t) and f.start > rebooted for f in self.state.active(Kind.GPU_LOST, gpu))
+                    or any(f.active(t) for f in self.state.active(Kind.GPU_DEAD, gpu)))
             resetting = any(f.active(t) for f in self.state.active(Kind.GPU_RESET, gpu))
             board.errors = {"*": pynvml.NVML_ERROR_GPU_IS_LOST} if lost or resetting else {}
             events = 0
@@ -95,8 +96,18 @@ class FaultEffects:
                     key = (fault.link, "crc_flit")
                     errors = int(fault.size * overlap(fault.start, fault.end, t))
                     board.nvlink_errors[key] = board.nvlink_errors.get(key, 0) + errors
+        self.nvml.hung = self._hung()
         self._fire_events()
         self._log_kernel_events()
+
+    def _hung(self) -> bool:
+        """Whether a driver_hang holds the node's driver now: from its start until it ends, or until its GPU's reset
+        or the node's reboot begins (a reset, unlike the hang, takes the GPU off the bus for a moment)."""
+        t = self.state.t
+        faults = self.state.fleet.faults_for(self.state.name)
+        return any(hang.active(t) and not any(
+            repair.kind in _RESETS and repair.gpu in (None, hang.gpu or 0) and hang.start < repair.start <= t
+            for repair in faults) for hang in self.state.active(Kind.DRIVER_HANG))
 
     def _fabric(self, board: SimulatedGpu, repaired: float) -> None:
         """The board's NVSwitch fabric: registration stalled in progress, until a reset or reboot after the fault
@@ -167,3 +178,8 @@ class FaultEffects:
             if code is not None and fault.start <= self.state.t and fault.id not in self.state.fired:
                 self.state.fired.add(fault.id)
                 self.nvml.inject_xid(fault.gpu or 0, code)
+            elif fault.kind is Kind.DRIVER_HANG and fault.start <= self.state.t and fault.id not in self.state.fired:
+                self.state.fired.add(fault.id)  # A hung driver delivers no NVML event: the kernel log has it.
+                board = next((b for b in self.boards if b.index == (fault.gpu or 0)), None)
+                if board is not None:
+                    self.kernel_log.write_xid(board.pci_bus_id, GSP_TIMEOUT)

@@ -30,6 +30,7 @@ class FaultKind(StrEnum):
     ROW_REMAP_PENDING = "row_remap_pending"
     ROW_REMAP_FAILURE = "row_remap_failure"
     GPU_LOST = "gpu_lost"
+    GPU_DEAD = "gpu_dead"
     THERMAL_SLOWDOWN = "thermal_slowdown"
     POWER_BRAKE = "power_brake"
     PCIE_REPLAY_STORM = "pcie_replay_storm"
@@ -57,12 +58,13 @@ class FaultKind(StrEnum):
     PERSISTENCE_OFF = "persistence_off"
     POWER_CAPPED = "power_capped"
     KERNEL_EVENTS = "kernel_events"
+    DRIVER_HANG = "driver_hang"
 
 
 OLDER_DRIVER = "570.124.06"  # What a driver_mismatch's node boots into, beside the simulated driver's 570.133.20.
 # The XID each kind raises on its GPU when it starts, from the catalog the alerts class them by.
 XIDS = {FaultKind.ECC_DBE: xid.DOUBLE_BIT_ECC, FaultKind.ROW_REMAP_FAILURE: xid.ROW_REMAP_FAILURE,
-        FaultKind.GPU_LOST: xid.FALLEN_OFF_BUS}
+        FaultKind.GPU_LOST: xid.FALLEN_OFF_BUS, FaultKind.GPU_DEAD: xid.FALLEN_OFF_BUS}
 _XID_CLASSES = "; ".join(f"{name}: {', '.join(map(str, codes))}" for name, codes in xid.CLASSES.items())
 
 # kind -> the target fields it needs, and a one-line description for errors, the landing page and the docs.
@@ -72,6 +74,9 @@ KINDS: dict[FaultKind, tuple[tuple[str, ...], str]] = {
     FaultKind.ROW_REMAP_PENDING: (("gpu",), "a row remap waits for a GPU reset"),
     FaultKind.ROW_REMAP_FAILURE: (("gpu",), f"a row remap failed, XID {xid.ROW_REMAP_FAILURE}"),
     FaultKind.GPU_LOST: (("gpu",), f"the GPU falls off the bus: XID {xid.FALLEN_OFF_BUS}, then NVML reports it lost"),
+    FaultKind.GPU_DEAD: (("gpu",), f"the GPU falls off the bus for good: XID {xid.FALLEN_OFF_BUS}, then NVML reports "
+                                   "it lost through every reset and reboot until the fault ends (a board to reseat "
+                                   "or replace)"),
     FaultKind.THERMAL_SLOWDOWN: (("gpu",), "SW and HW thermal slowdown: hot, clocks down, thermal violation time"),
     FaultKind.POWER_BRAKE: (("gpu",), "HW power brake: clocks and power halved"),
     FaultKind.PCIE_REPLAY_STORM: (("gpu",), "PCIe replays at `rate` per second (50)"),
@@ -110,6 +115,9 @@ KINDS: dict[FaultKind, tuple[tuple[str, ...], str]] = {
     FaultKind.POWER_CAPPED: (("gpu",), "the GPU's power limit is set to `level` of its board's default (0.7)"),
     FaultKind.KERNEL_EVENTS: (("event",), "the node's kernel logs an `event` ({', '.join(MESSAGES)}) `rate` times "
                                           "a second (0.05)"),
+    FaultKind.DRIVER_HANG: ((), f"the node's GPU driver hangs: its `gpu` (0) logs XID {xid.GSP_TIMEOUT} (a GSP "
+                                "timeout) in the kernel log, and every NVML call blocks past the collector's timeout "
+                                "until the fault ends, that GPU is reset or the node reboots"),
     FaultKind.SWITCH_DOWN: (("leaf",), "a leaf switch goes down: its InfiniBand port (`port`, one rail) or every "
                                        "port of every node behind it (the `leaf` of --topology) goes down at once"),
 }

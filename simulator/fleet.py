@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import itertools
 import logging
 import math
@@ -113,7 +114,8 @@ class Node:
         # The simulated driver wakes the XID watcher's event wait when unloaded (see close()): it can wait long.
         self.hardware = Hardware(self.nvml, self.sysfs, self.procfs, nvml_event_wait_ms=30_000,
                                  state=PersistentState(self.store), kernel_log=self.kernel_log)
-        self.collectors = exporter_node.build(fleet.exporter_flags, self.hardware)
+        self.flags = fleet.exporter_flags  # The exporter's flags on this node: the fleet's, until a GPU is taken out.
+        self.collectors = exporter_node.build(self.flags, self.hardware)
         self._last_tick = [-_FOREVER] * len(self.collectors)
         self.exposition = Exposition(self.collectors, fleet.process_metrics, self.hardware.state)
         root = fleet.mirror_root
@@ -182,10 +184,14 @@ class Node:
         self.fired.update(f.id for f in ended)
         self.stop()  # Its driver reload wakes the old XID watcher, and empties the utilisation sample buffer.
         exporter_node.close(self.collectors)
-        for board in self.effects.change_boards(ended):
+        removed = self.effects.change_boards(ended)
+        for board in removed:
             self.sysfs_files.unplug(board)
+        if removed:  # Taken out on purpose, so declared as the operator would: the node's expected GPU count.
+            self.flags = copy.copy(self.flags)
+            self.flags.gpu_expected_count = len(self.boards)
         self.hardware = replace(self.hardware, state=PersistentState(self.store))
-        self.collectors = exporter_node.build(self.fleet.exporter_flags, self.hardware)
+        self.collectors = exporter_node.build(self.flags, self.hardware)
         self._last_tick = [-_FOREVER] * len(self.collectors)
         self.exposition = Exposition(self.collectors, self.fleet.process_metrics, self.hardware.state)
         self.start()

@@ -22,6 +22,13 @@ class SimulatedKernelLog:
     def write(self, event: str, count: int) -> None:
         self.messages.extend([MESSAGES[event]] * count)
 
+    def write_xid(self, pci_bus_id: str, code: int) -> None:
+        """An XID as the NVIDIA driver logs it, for the GPU at NVML's `pci_bus_id` (`00000000:18:00.0`)."""
+        domain, bus, device = pci_bus_id.split(".")[0].split(":")
+        self.messages.append(f"NVRM: Xid (PCI:{domain[-4:]}:{bus}:{device}): {code}, pid=48213, name=python3, "
+                             "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 "
+                             "(GSP_RM_CONTROL) (0x20800a4c 0x4).")
+
     def reader(self) -> SimulatedKernelLogReader:
         return SimulatedKernelLogReader(self)
 

@@ -209,7 +209,9 @@ def test_a_missing_library_is_a_clear_problem(nvml, collector):
     nvml.init_error = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
     collection, samples = collect(collector)
     assert collection.problems == ("NVML initialisation failed: NVML Shared Library Not Found",)
-    assert not [name for name, _ in samples if name != "gpufleet_gpu_xid_events_registered"]
+    assert samples[series("gpufleet_gpu_driver_up")] == 0
+    assert not [name for name, _ in samples if name not in ("gpufleet_gpu_xid_events_registered",
+                                                            "gpufleet_gpu_driver_up")]
 
 
 def test_no_gpus_is_a_failure_not_an_empty_success(clock):
@@ -228,7 +230,7 @@ def test_auto_backend_never_invents_gpus_without_a_driver():
         collector.close()
     assert collection.problems[0].startswith("NVML initialisation failed")
     assert not [name for name in dict(samples) if name[0].startswith("gpufleet_gpu_") and
-                name[0] != "gpufleet_gpu_xid_events_registered"]
+                name[0] not in ("gpufleet_gpu_xid_events_registered", "gpufleet_gpu_driver_up")]
 
 
 def test_training_load_moves_power_and_utilisation_together_and_energy_never_decreases():

@@ -1,5 +1,6 @@
 """The recovery action each GPU needs (`gpufleet_gpu_recovery_action`), raised by what the hardware reports and
-held until what fixes it is seen, across exporter restarts; asserted on what the GPU collector exports.
+held until what fixes it is seen, across exporter restarts, a driver that hangs and reboots that bring no GPU back;
+asserted on what the GPU collector exports.
 
 Two simulated boards behind the production session; XIDs enter the ledger as the NVML event watcher enters
 them; the node's boot time is procfs `stat`; the kept state is a real file in a temporary directory.
@@ -17,7 +18,8 @@ from gpufleet.devtools.nodes import UUID0, UUID1, FakeClock, two_boards
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.session import NvmlSession
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
-from gpufleet.exporter.gpu.xid import XidLedger
+from gpufleet.exporter.gpu.xid import KernelLogXids, XidLedger
+from gpufleet.exporter.kernellog import DevKmsg
 from gpufleet.exporter.state import FILE, FileStore, PersistentState
 from gpufleet.exporter.tree import MemoryTree
 from gpufleet.xid import Action
@@ -263,3 +265,86 @@ def test_a_state_directory_that_does_not_exist_yet_is_made(tmp_path, clock):
     node.actions()
     assert [s.value for s in node.state.families()[0].samples] == [1.0, 1.0]
     assert (tmp_path / "var" / "lib" / "gpufleet-exporter" / FILE).exists()
+
+
+def test_a_restarted_exporter_serves_the_held_actions_before_its_first_collection(node):
+    """A scrape in the first second after a start finds each held action, from the state file: the page of a GPU
+    that still needs its reset must not resolve because the exporter restarted."""
+    node.actions()
+    node.xid(1, 62)
+    assert node.actions()[UUID1] == RESET
+    node.start()
+    first = rendered(node.collector.held(failed=False))
+    assert named(first, "gpufleet_gpu_recovery_action") == {
+        frozenset({("gpu", "0"), ("uuid", UUID0)}): NONE, frozenset({("gpu", "1"), ("uuid", UUID1)}): RESET}
+    assert first[series("gpufleet_gpu_xid_errors_total", gpu="1", uuid=UUID1, xid="62")] == 1
+    assert "gpufleet_gpu_driver_up" not in {name for name, _ in first}  # Not yet asked: neither up nor down.
+    assert node.actions()[UUID1] == RESET  # And the first collection carries it on.
+
+
+def test_a_hung_driver_keeps_the_held_actions_and_its_xids_reach_them_from_the_kernel_log(node, tmp_path):
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text("")
+    node.collector.kernel_xids = KernelLogXids(DevKmsg(str(kmsg)), node.ledger)
+    node.collector.start()
+    node.actions()
+    node.xid(0, 62)
+    assert node.actions()[UUID0] == RESET
+    # NVML stops answering: every collection from now on times out, and the scheduler serves `held` instead.
+    hung = rendered(node.collector.held(failed=True))
+    assert hung[series("gpufleet_gpu_driver_up")] == 0
+    assert hung[series("gpufleet_gpu_recovery_action", gpu="0", uuid=UUID0)] == RESET
+    assert not named(hung, "gpufleet_gpu_up") and not named(hung, "gpufleet_gpu_power_watts")  # Nothing stale.
+    with kmsg.open("a") as log:  # The GSP timeout reaches the kernel log only: NVML delivers no event.
+        log.write("NVRM: Xid (PCI:0000:2a:00): 119, pid=4242, name=python3, Timeout after 6s of waiting for RPC "
+                  "response from GPU1 GSP! Expected function 76 (GSP_RM_CONTROL).\n")
+    node.collector.held(failed=True)
+    node.clock.now += 15  # Past the window in which an NVML event for the same XID would have counted it instead.
+    hung = rendered(node.collector.held(failed=True))
+    assert hung[series("gpufleet_gpu_xid_errors_total", gpu="1", uuid=UUID1, xid="119")] == 1
+    assert hung[series("gpufleet_gpu_recovery_action", gpu="1", uuid=UUID1)] == RESET
+    # The driver answers again without a reset: nothing was repaired, and both GPUs stay held.
+    samples = rendered(node.collector.collect())
+    assert samples[series("gpufleet_gpu_driver_up")] == 1
+    assert samples[series("gpufleet_gpu_xid_errors_total", gpu="1", uuid=UUID1, xid="119")] == 1
+    assert node.actions() == {UUID0: RESET, UUID1: RESET}
+
+
+@pytest.mark.parametrize("gone", ["listed but lost", "not listed"])
+def test_a_reboot_that_does_not_bring_the_gpu_back_repairs_nothing(node, gone):
+    node.actions()
+    node.xid(0, 79)
+    node.nvml.gpus[0].errors["*"] = LOST
+    assert node.actions()[UUID0] == REBOOT
+    board = node.nvml.gpus[0]
+    if gone == "not listed":  # Off the bus after the reboot: NVML enumerates one GPU fewer.
+        node.nvml.gpus.remove(board)
+        node.nvml.gpus[0].index = 0
+    node.boot(BOOT + 600)
+    node.start()  # The reboot's new exporter process, which only its state file tells what the node had.
+    samples = rendered(node.collector.collect())
+    assert samples[series("gpufleet_gpu_up", gpu="0", uuid=UUID0)] == 0
+    assert samples[series("gpufleet_gpu_recovery_action", gpu="0", uuid=UUID0)] == REBOOT
+    assert node.reasons()[UUID0] == "XID 79; still lost after a reboot"
+    node.start()  # Restarted again: still remembered, still held.
+    assert node.actions()[UUID0] == REBOOT
+    if gone == "not listed":
+        node.nvml.gpus.insert(0, board)
+        node.nvml.gpus[1].index = 1
+    board.errors.clear()
+    node.boot(BOOT + 1200)  # A reboot that brings it back is the repair.
+    node.start()
+    assert node.actions() == {UUID0: NONE, UUID1: NONE}
+
+
+def test_a_gpu_declared_taken_out_is_forgotten_and_one_not_declared_stays_lost(node, tmp_path):
+    node.actions()
+    node.nvml.gpus.pop()  # GPU 1 taken out during a reboot.
+    node.boot(BOOT + 600)
+    node.start()
+    assert rendered(node.collector.collect())[series("gpufleet_gpu_up", gpu="1", uuid=UUID1)] == 0
+    node.collector = GpuCollector(NvmlSession(node.nvml, clock=node.clock), procfs=node.procfs, xids=node.ledger,
+                                  state=PersistentState(FileStore(tmp_path)), expected_count=1)
+    samples = rendered(node.collector.collect())
+    assert named(samples, "gpufleet_gpu_up") == {frozenset({("gpu", "0"), ("uuid", UUID0)}): 1.0}
+    assert UUID1 not in json.dumps(json.loads((tmp_path / FILE).read_text())["sections"]["gpu"]["gpus"])

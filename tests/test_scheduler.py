@@ -89,8 +89,12 @@ async def test_a_hung_nvml_call_never_delays_a_scrape_and_fails_only_its_collect
         return samples if success(samples, "gpu") == 0 else None
 
     samples = await eventually(gpu_failed)
-    # No stale GPU values while failing; the network collector carries on.
-    assert not [name for name, _ in samples if name.startswith("gpufleet_gpu_")]
+    # No stale GPU values while failing: only what the exporter keeps itself (each GPU's recovery action, none
+    # here), and that the driver did not answer. The network collector carries on.
+    assert {name for name, _ in samples if name.startswith("gpufleet_gpu_")} == {
+        "gpufleet_gpu_recovery_action", "gpufleet_gpu_xid_events_registered", "gpufleet_gpu_driver_up"}
+    assert samples[series("gpufleet_gpu_driver_up")] == 0
+    assert set(named(samples, "gpufleet_gpu_recovery_action").values()) == {0}
     assert success(samples, "network") == 1
     assert samples[series("gpufleet_network_up", device="eno1")] == 1
 
@@ -122,6 +126,9 @@ async def test_a_collector_that_raises_is_reported_and_the_exporter_keeps_servin
         def collect(self):
             raise RuntimeError("unexpected failure inside the collector")
 
+        def held(self, failed):
+            return Collection(())
+
         def close(self):
             return None
 
@@ -148,6 +155,9 @@ async def test_cancelling_a_tick_as_its_collection_completes_stops_the_collector
         def collect(self):
             self.entered.set()
             self.go.wait(5)
+            return Collection(())
+
+        def held(self, failed):
             return Collection(())
 
         def close(self):

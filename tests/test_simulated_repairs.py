@@ -121,3 +121,45 @@ async def test_a_storage_hca_is_of_another_model_and_known_at_its_own_rate():
     assert value(samples, "gpufleet_infiniband_rate_capability_bytes_per_second", device="mlx5_8") == 25e9
     assert value(samples, "gpufleet_infiniband_rate_capability_bytes_per_second", device="mlx5_0") == 50e9
     assert value(samples, "gpufleet_infiniband_info", device="mlx5_8", hca_type="MT4123") == 1
+
+
+async def test_a_hung_driver_serves_only_the_held_actions_until_the_reboot_that_ends_it(probe_of):
+    probe = probe_of({"kind": "ecc_dbe", "node": SLOW, "gpu": 1, "start": 10},
+                     {"kind": "driver_hang", "node": SLOW, "start": 20},
+                     {"kind": "node_reboot", "node": SLOW, "start": 100})
+    await probe.at(SLOW, 0)
+    assert actions(await probe.at(SLOW, 15))["1"] == Action.RESET
+    hung = await probe.at(SLOW, 50)
+    assert value(hung, "gpufleet_gpu_driver_up") == 0
+    assert value(hung, "gpufleet_collector_success", collector="gpu") == 0
+    assert actions(hung)["1"] == Action.RESET  # Held through the hang, not dropped with the readings.
+    assert not [name for name, _ in hung if name in ("gpufleet_gpu_up", "gpufleet_gpu_power_watts")]
+    node = probe.fleet.nodes[SLOW]
+    assert any("Xid (PCI:" in message and ": 119," in message for message in node.kernel_log.messages)
+    back = await probe.at(SLOW, 200)
+    assert value(back, "gpufleet_gpu_driver_up") == 1
+    assert set(actions(back).values()) == {Action.NONE}
+
+
+async def test_a_reset_of_its_gpu_ends_a_hung_driver_and_is_seen(probe_of):
+    probe = probe_of({"kind": "driver_hang", "node": SLOW, "gpu": 2, "start": 20},
+                     {"kind": "gpu_reset", "node": SLOW, "gpu": 2, "start": 100})
+    await probe.at(SLOW, 0)
+    assert value(await probe.at(SLOW, 50), "gpufleet_gpu_driver_up") == 0
+    during = await probe.at(SLOW, 102)  # The driver answers again; the GPU is off the bus while it resets.
+    assert value(during, "gpufleet_gpu_driver_up") == 1 and value(during, "gpufleet_gpu_up", gpu="2") == 0
+    after = await probe.at(SLOW, 110)
+    assert value(after, "gpufleet_gpu_up", gpu="2") == 1 and set(actions(after).values()) == {Action.NONE}
+
+
+async def test_a_gpu_that_a_reboot_does_not_bring_back_stays_lost_and_held(probe_of):
+    probe = probe_of({"kind": "gpu_dead", "node": SLOW, "gpu": 5, "start": 10, "duration": 250},
+                     {"kind": "node_reboot", "node": SLOW, "start": 100},
+                     {"kind": "node_reboot", "node": SLOW, "start": 300})
+    await probe.at(SLOW, 0)
+    await held(probe, 50, "5", Action.REBOOT)
+    rebooted = await probe.at(SLOW, 200)  # A new exporter process, which only its state tells of GPU 5.
+    assert value(rebooted, "gpufleet_gpu_up", gpu="5") == 0
+    assert actions(rebooted)["5"] == Action.REBOOT
+    reseated = await probe.at(SLOW, 400)  # The board reseated, and the node rebooted again.
+    assert value(reseated, "gpufleet_gpu_up", gpu="5") == 1 and set(actions(reseated).values()) == {Action.NONE}

@@ -11,7 +11,8 @@ import pynvml
 
 from gpufleet.devtools.nodes import UUID0, UUID1, FakeClock, two_boards
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
-from gpufleet.exporter.gpu.xid import KmsgXidReader, NvmlXidWatcher, XidLedger, parse_xid_line, pci_key
+from gpufleet.exporter.gpu.xid import KernelLogXids, NvmlXidWatcher, XidLedger, parse_xid_line, pci_key
+from gpufleet.exporter.kernellog import DevKmsg
 
 from helpers import eventually
 
@@ -103,59 +104,45 @@ def test_an_xid_on_a_gpu_nvml_never_listed_is_not_counted(caplog):
     assert "PCI 0000:db:00, a GPU NVML never listed" in caplog.text
 
 
-async def test_the_reader_follows_a_growing_log_from_its_end(tmp_path):
+def test_the_reader_follows_a_growing_log_from_its_end(tmp_path):
     log = tmp_path / "kmsg"
     log.write_text(FIXTURE_LOG.read_text())  # History from before the exporter started: not counted.
     ledger = XidLedger(dedup_window=0.0)
     ledger.register_gpu(0, "GPU-a", "00000000:18:00.0")
     ledger.register_gpu(2, "GPU-c", "00000000:3A:00.0")
-    reader = KmsgXidReader(str(log), ledger, poll_seconds=0.02)
+    reader = KernelLogXids(DevKmsg(str(log)), ledger)
     reader.start()
     try:
-        assert await asyncio.to_thread(reader.wait_opened, 5)
         with log.open("a") as handle:
             handle.write("4,3001,1600000000,-;NVRM: Xid (PCI:0000:3a:00): 94, pid=9, Contained ECC error.\n")
             handle.write("4,3002,1600000001,-;NVRM: Xid (PCI:0000:3a:00): 94, pid=9, Contained ECC error.\n")
             handle.write("4,3003,1600000002,-;NVRM: Xid (PCI:0000:18:00): 4")  # Written in two parts.
             handle.flush()
-
-            async def first_part_read():  # The XID 94s were read, and with them the half line after them.
-                return counts(ledger) == {(2, 94): 2}
-
-            await eventually(first_part_read, timeout=5)
+            reader.poll()  # The XID 94s, and the half line after them, which waits for its end.
+            assert counts(ledger) == {(2, 94): 2}
             handle.write("3, pid=9, Uncontained ECC error.\n")
-
-        async def all_seen():
-            return counts(ledger) == {(2, 94): 2, (0, 43): 1}
-
-        await eventually(all_seen, timeout=5)
+        reader.poll()
+        assert counts(ledger) == {(2, 94): 2, (0, 43): 1}
     finally:
-        reader.stop()
+        reader.close()
 
 
-async def test_the_reader_survives_a_missing_log_and_picks_it_up_later(tmp_path, caplog):
+def test_the_reader_survives_a_missing_log_and_picks_it_up_later(tmp_path, caplog):
     log = tmp_path / "kmsg"
     ledger = XidLedger(dedup_window=0.0)
     ledger.register_gpu(0, "GPU-a", "00000000:18:00.0")
-    reader = KmsgXidReader(str(log), ledger, poll_seconds=0.02, retry_seconds=0.05)
+    reader = KernelLogXids(DevKmsg(str(log)), ledger)
     caplog.set_level(logging.WARNING, logger="gpufleet.exporter.gpu.xid")
     reader.start()
-    try:
-        async def missing_reported():  # The reader has looked for the log and not found it.
-            return "kernel log kmsg unreadable" in caplog.text
-
-        await eventually(missing_reported, timeout=5)
-        log.write_text("")
-        assert await asyncio.to_thread(reader.wait_opened, 5)
-        with log.open("a") as handle:
-            handle.write("NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus.\n")
-
-        async def seen():
-            return counts(ledger) == {(0, 79): 1}
-
-        await eventually(seen, timeout=5)
-    finally:
-        reader.stop()
+    reader.poll()
+    assert caplog.text.count("kernel log unreadable for XIDs") == 1  # Said once, however often it is tried.
+    log.write_text("")
+    reader.poll()  # Opened, at its end.
+    with log.open("a") as handle:
+        handle.write("NVRM: Xid (PCI:0000:18:00): 79, pid=1, GPU has fallen off the bus.\n")
+    reader.poll()
+    assert counts(ledger) == {(0, 79): 1}
+    reader.close()
 
 
 @contextlib.asynccontextmanager

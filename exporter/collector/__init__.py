@@ -3,7 +3,9 @@
 A collector has a `name`, a `default_interval` in seconds and a blocking
 `collect()` that reads the hardware and returns a `Collection`. The scheduler
 runs `collect()` in a worker thread on the collector's own interval; collectors
-never see the event loop, the HTTP server, or each other. Collectors with
+never see the event loop, the HTTP server, or each other. `held()` is what a
+collector serves without a collection of its own (before its first, and after
+one that failed or timed out): what it keeps itself, never a stale reading. Collectors with
 background work (the GPU collector's XID watchers) start it in `start()` and end
 it in two steps, `stop()` then `close()`, so that a node, or a simulated fleet
 of them, asks all of them to stop before it waits for any.
@@ -67,6 +69,11 @@ class Collector(Protocol):
         """Start background work (event watchers); called once, before the first collection."""
 
     def collect(self) -> Collection: ...
+
+    def held(self, failed: bool) -> Collection:
+        """What to serve without a collection: before the first (`failed` False), and after one that raised or
+        outlived its timeout (`failed` True), in the event loop's thread while that one may still be running.
+        Only what the collector itself keeps (a GPU's held recovery action), never the hardware's last values."""
 
     def stop(self) -> None:
         """Ask background work to end, without waiting for it."""
@@ -143,6 +150,9 @@ class SysfsCollector:
 
     def read(self, sysfs: SysfsReader, families: FamilySet) -> None:
         raise NotImplementedError
+
+    def held(self, failed: bool) -> Collection:
+        return Collection(())
 
     def close(self) -> None:
         return None

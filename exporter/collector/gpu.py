@@ -6,9 +6,14 @@ errors are handled, lives in `exporter.gpu`. Which NVML library sits behind the
 session is the node's hardware (`exporter.node`), not the collector's choice.
 
 When NVML fails as a whole, the collection still serves what does not depend
-on it: `gpufleet_gpu_up` 0 for every GPU seen before, the XID counts (the XID
-that took the driver down is the one an operator needs), and the GPUs on the
-PCI bus.
+on it: `gpufleet_gpu_up` 0 for every GPU the node has had, the XID counts (the
+XID that took the driver down is the one an operator needs), and the GPUs on
+the PCI bus. When NVML hangs, and the collection times out or fails, or before
+the first collection after a start, the exporter serves what it keeps itself
+(`held`): each GPU's held recovery action and the XID counts, with
+`gpufleet_gpu_driver_up` 0 once a collection failed. A page for a GPU that
+still needs its reset therefore never resolves because the driver stopped
+answering or the exporter restarted.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import threading
 from collections.abc import Sequence
 from typing import ClassVar, Protocol
 
@@ -25,18 +31,19 @@ from prometheus_client.samples import Sample
 from gpufleet.exporter.collector import Collection, CollectorError, FamilySet
 from gpufleet.exporter.gpu.actions import ActionBook
 from gpufleet.exporter.gpu.gpm import metric_set
+from gpufleet.exporter.gpu.inventory import Inventory
 from gpufleet.exporter.gpu.jobs import Attribution, JobAttribution
 from gpufleet.exporter.gpu.nvlink import NvlinkSummary
 from gpufleet.exporter.gpu.podjobs import PodJobs, PodPatternError, compile_pattern
 from gpufleet.exporter.gpu.podresources import PodResourcesClient
 from gpufleet.exporter.gpu.probes import GpuMetric
 from gpufleet.exporter.gpu.session import GpuIdentity, GpuUnavailable, NodeSample, NvmlSession
-from gpufleet.exporter.gpu.xid import KmsgXidReader, NvmlXidWatcher, XidLedger
+from gpufleet.exporter.gpu.xid import KernelLogXids, NvmlXidWatcher, XidLedger
 from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.state import PersistentState
 from gpufleet.exporter.sysfs import SysfsReader
 from gpufleet.exporter.tree import DiskTree, Tree
-from gpufleet.flags import duration
+from gpufleet.flags import duration, positive_int
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +101,8 @@ def add_sample(families: FamilySet, sample: NodeSample) -> None:
         _identity_series(families, identity, False, sample.driver_version, sample.cuda_version)
 
 
-def add_xids(families: FamilySet, ledger: XidLedger) -> None:
+def add_xids(families: FamilySet, ledger: XidLedger, registered: bool = True) -> None:
+    """The XID counts, and with `registered` whether NVML's XID events are registered."""
     labels = ("gpu", "uuid", "xid")
     for count in ledger.snapshot():
         values = [str(count.gpu), count.uuid, str(count.xid)]
@@ -102,10 +110,25 @@ def add_xids(families: FamilySet, ledger: XidLedger) -> None:
                          labels).add_metric(values, count.count)
         families.gauge("gpufleet_gpu_xid_last_timestamp_seconds", "Unix time of the latest event of this XID.",
                        labels).add_metric(values, count.last_timestamp)
-    families.gauge("gpufleet_gpu_xid_events_registered",
-                   "1 while NVML XID events are registered for at least one GPU.", ()).add_metric(
-        [], 1.0 if ledger.watching else 0.0
-    )
+    if registered:
+        families.gauge("gpufleet_gpu_xid_events_registered",
+                       "1 while NVML XID events are registered for at least one GPU.", ()).add_metric(
+            [], 1.0 if ledger.watching else 0.0
+        )
+
+
+def add_preview(families: FamilySet, kept: dict[str, object], inventory: Inventory) -> None:
+    """What a previous process kept, as it kept it, for the scrapes before this one's first collection: the held
+    actions of the GPUs the node had, whose pages a restart must not resolve, and their XID counts."""
+    gpus = list(inventory.gpus.values())
+    ledger, book = XidLedger(), ActionBook()
+    xids, actions = kept.get("xids", []), kept.get("actions", {})
+    _, carried = ledger.restore(xids if isinstance(xids, list) else [], {g.uuid: g.index for g in gpus})
+    book.restore(actions if isinstance(actions, dict) else {}, {g.pci_bus_id: g.uuid for g in gpus}, carried)
+    book.know(gpus)
+    add_xids(families, ledger, registered=False)
+    for family in book.families():
+        families.add(family)
 
 
 def add_pci_devices(families: FamilySet, sysfs: SysfsReader) -> None:
@@ -154,8 +177,9 @@ class GpuCollector:
 
     def __init__(self, session: NvmlSession, *, sysfs: Tree | None = None, procfs: Tree | None = None,
                  jobs: JobAttribution | None = None, xids: XidLedger | None = None,
-                 xid_sources: Sequence[XidSource] = (), nvlink_per_link: bool = False,
-                 state: PersistentState | None = None) -> None:
+                 xid_sources: Sequence[XidSource] = (), kernel_xids: KernelLogXids | None = None,
+                 nvlink_per_link: bool = False, state: PersistentState | None = None,
+                 expected_count: int | None = None) -> None:
         self.session = session
         self.nvlinks = NvlinkSummary(nvlink_per_link)
         self.sysfs = sysfs
@@ -163,15 +187,32 @@ class GpuCollector:
         self.jobs = jobs
         self.xids = xids if xids is not None else XidLedger()
         self.xid_sources = tuple(xid_sources)
+        self.kernel_xids = kernel_xids
         self.actions = ActionBook()
         self.state = state or PersistentState()
-        # What a previous process kept, applied once this one has seen which GPUs the node has.
+        # What a previous process kept, applied once this one has seen which GPUs the node has; served as it is
+        # until then (`held`).
         self._kept: dict[str, object] | None = self.state.section(self.name)
+        self.inventory = Inventory(self._kept.get("gpus"), expected_count)
+        if self.inventory.ignored:
+            self.state.ignored(self.inventory.ignored)
+        # Whether NVML answered the last collection; None before the first.
+        self._answered: bool | None = None
+        # The collection's worker thread and the event loop's `held` share the action book, the ledger and the
+        # kernel log reader: never held across an NVML call, which may hang.
+        self._lock = threading.Lock()
 
     @staticmethod
     def add_arguments(parser: argparse._ArgumentGroup) -> None:
         parser.add_argument("--collector.gpu.xid-kmsg", dest="gpu_xid_kmsg", action=argparse.BooleanOptionalAction,
-                            default=False, help="also count XIDs from the kernel log (default: off)")
+                            default=True, help="also count XIDs from the kernel log (--path.kmsg) where it is "
+                                               "readable, each once with NVML's events: the XIDs of a driver that "
+                                               "hangs reach only the kernel log (default: on)")
+        parser.add_argument("--collector.gpu.expected-count", dest="gpu_expected_count", type=positive_int,
+                            metavar="N", help="the GPUs this node should have: a GPU it had that NVML no longer "
+                                              "lists is reported lost, also after a restart or a reboot, until it "
+                                              "answers again or this many GPUs answer without it, which declares it "
+                                              "taken out on purpose (default: every GPU the node has had)")
         parser.add_argument("--job.mapping-dir", dest="job_mapping_dir", metavar="DIR",
                             help="dcgm-exporter style job mapping: one file per GPU index listing job ids")
         parser.add_argument("--job.pod-resources", dest="job_pod_resources", action=argparse.BooleanOptionalAction,
@@ -217,8 +258,9 @@ class GpuCollector:
             raise CollectorError(str(err)) from None
         ledger = XidLedger()
         sources: list[XidSource] = [NvmlXidWatcher(hardware.nvml, ledger, wait_ms=hardware.nvml_event_wait_ms)]
-        if args.gpu_xid_kmsg:
-            sources.append(KmsgXidReader(args.kmsg_path, ledger))
+        kernel_xids = None
+        if args.gpu_xid_kmsg and hardware.kernel_log is not None:
+            kernel_xids = KernelLogXids(hardware.kernel_log, ledger)
         pod_resources = None
         if args.job_pod_resources:
             try:
@@ -231,11 +273,15 @@ class GpuCollector:
         gpm = metric_set(args.gpu_gpm_detail) if args.gpu_gpm else ()
         session = NvmlSession(hardware.nvml, gpm=gpm, slow_every=slow_every(args))
         return cls(session, sysfs=hardware.sysfs, procfs=hardware.procfs, jobs=jobs, xids=ledger, xid_sources=sources,
-                   nvlink_per_link=args.gpu_nvlink_per_link, state=hardware.state)
+                   kernel_xids=kernel_xids, nvlink_per_link=args.gpu_nvlink_per_link, state=hardware.state,
+                   expected_count=args.gpu_expected_count)
 
     def start(self) -> None:
         for source in self.xid_sources:
             source.start()
+        if self.kernel_xids is not None:
+            with self._lock:
+                self.kernel_xids.start()
 
     def stop(self) -> None:
         for source in self.xid_sources:
@@ -244,6 +290,9 @@ class GpuCollector:
     def collect(self) -> Collection:
         families = FamilySet()
         problems: list[str] = []
+        with self._lock:
+            if self.kernel_xids is not None:
+                self.kernel_xids.poll()
         # Taken before the sample, so that each verdict is older than what the sample reads and is acted on first;
         # one announced while NVML answers for no GPU is moot, since the GPU's return settles what it asked for.
         verdicts = self.xids.take_verdicts()
@@ -251,43 +300,94 @@ class GpuCollector:
             sample = self.session.sample()
         except GpuUnavailable as err:
             problems.append(str(err))
-            for identity in self.session.known_gpus():
-                _identity_series(families, identity, False, self.session.driver_version, self.session.cuda_version)
-            self.actions.absent()
+            self._unavailable(families)
         else:
             sample = dataclasses.replace(sample, gpus=tuple(
                 dataclasses.replace(gpu, readings=tuple(self.nvlinks.apply(gpu.identity.uuid, gpu.readings)))
                 for gpu in sample.gpus))
+            with self._lock:
+                sample = self._observe(sample, verdicts)
+                self._answered = True
             add_sample(families, sample)
             problems.extend(sample.problems)
             if self.jobs is not None:
                 attribution = self.jobs.attribute(sample.gpus)
                 add_jobs(families, attribution)
                 problems.extend(attribution.problems)
-            for gpu in sample.gpus:  # Lets kernel-log XIDs be matched to GPUs even if NVML events are off.
-                self.xids.register_gpu(gpu.identity.index, gpu.identity.uuid, gpu.identity.pci_bus_id)
-            self._restore(sample)
-            for change in self.actions.observe(sample.gpus, sample.lost, self.xids.snapshot(), self._boot_time(),
-                                               verdicts):
-                log.info("%s", change)
-        self._add_kept(families)
+        with self._lock:
+            self._add_kept(families)
         if self.sysfs is not None:
             sysfs = SysfsReader(self.sysfs)
             add_pci_devices(families, sysfs)
             problems.extend(sysfs.problems)
         return families.collection(problems)
 
+    def held(self, failed: bool) -> Collection:
+        """Before the first collection, what a previous process kept; after one that failed or timed out (NVML
+        hung), the held actions, raised further by the XIDs the kernel log still tells, and the XID counts, with
+        `gpufleet_gpu_driver_up` 0. Runs in the event loop's thread, perhaps while that collection still waits."""
+        families = FamilySet()
+        with self._lock:
+            if failed:
+                self._answered = False
+                if self.kernel_xids is not None:
+                    self.kernel_xids.poll()
+                if self._kept is None:
+                    for change in self.actions.raise_from_xids(self.xids.snapshot(), self._boot_time()):
+                        log.info("%s", change)
+            if self._kept is not None:
+                add_preview(families, self._kept, self.inventory)
+                self._add_driver(families)
+            else:
+                self._add_kept(families)
+        return families.collection()
+
+    def _unavailable(self, families: FamilySet) -> None:
+        """NVML as a whole cannot be used: every GPU the node has had is lost, and keeps its held action."""
+        with self._lock:
+            self._answered = False
+            for identity in {**self.inventory.gpus,
+                             **{g.pci_bus_id: g for g in self.session.known_gpus()}}.values():
+                _identity_series(families, identity, False, self.session.driver_version, self.session.cuda_version)
+            self.actions.absent()
+
+    def _observe(self, sample: NodeSample, verdicts: dict[str, list[int]]) -> NodeSample:
+        """Take one sample's GPUs into the inventory and the action book; returns it with the GPUs the node had
+        that NVML no longer lists added to its lost ones."""
+        for gpu in sample.gpus:  # Lets kernel-log XIDs be matched to GPUs even if NVML events are off.
+            self.xids.register_gpu(gpu.identity.index, gpu.identity.uuid, gpu.identity.pci_bus_id)
+        for identity in self.inventory.settle(gpu.identity for gpu in sample.gpus):
+            log.info("GPU %d (%s) at %s is no longer expected: %d GPUs answer, as declared", identity.index,
+                     identity.uuid, identity.pci_bus_id, self.inventory.expected or 0)
+            self.actions.forget(identity.pci_bus_id)
+        missing = self.inventory.missing([*(gpu.identity for gpu in sample.gpus), *sample.lost])
+        sample = dataclasses.replace(sample, lost=(*sample.lost, *missing))
+        self._restore(sample)
+        for change in self.actions.observe(sample.gpus, sample.lost, self.xids.snapshot(), self._boot_time(),
+                                           verdicts):
+            log.info("%s", change)
+        return sample
+
+    def _add_driver(self, families: FamilySet) -> None:
+        if self._answered is not None:
+            families.gauge("gpufleet_gpu_driver_up", "1 when NVML answered the last GPU collection; 0 when it is "
+                           "unavailable, or the collection failed or timed out (a hung driver).", ()).add_metric(
+                [], 1.0 if self._answered else 0.0)
+
     def _add_kept(self, families: FamilySet) -> None:
         """The XID counts and the held recovery actions, exported and kept for the next process."""
         add_xids(families, self.xids)
         for family in self.actions.families():
             families.add(family)
+        self._add_driver(families)
         if self._kept is None:  # Not before the kept state is carried over, which it would overwrite.
-            self.state.update(self.name, {"xids": self.xids.kept(), "actions": self.actions.kept()})
+            self.state.update(self.name, {"xids": self.xids.kept(), "actions": self.actions.kept(),
+                                          "gpus": self.inventory.kept()})
 
     def _restore(self, sample: NodeSample) -> None:
         """Carry over what a previous process kept, once: the XID counts and held actions of the GPUs this
-        node has now. Entries for others (replaced boards, or a file from another host) are dropped."""
+        node has now, or had and still misses. Entries for others (replaced boards, GPUs declared taken out, or a
+        file from another host) are dropped."""
         if self._kept is None:
             return
         kept, self._kept = self._kept, None
@@ -318,6 +418,9 @@ class GpuCollector:
     def close(self) -> None:
         for source in self.xid_sources:
             source.stop()
+        if self.kernel_xids is not None:
+            with self._lock:
+                self.kernel_xids.close()
         self.session.close()
         if self.jobs is not None and self.jobs.pod_resources is not None:
             self.jobs.pod_resources.close()

@@ -75,6 +75,9 @@ class KernelCollector:
                        ()).add_metric([], 1.0 if readable else 0.0)
         return families.collection()
 
+    def held(self, failed: bool) -> Collection:
+        return Collection(())
+
     def _read(self) -> bool:
         if self._reader is None:
             return False

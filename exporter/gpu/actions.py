@@ -15,8 +15,13 @@ whose value is the action) is raised by what the hardware reports and lowered on
   lowers.
 
 Whatever raised it, DRAIN and RESET also end when the GPU leaves NVML and comes back (a reset takes it off
-the bus for a moment), and DRAIN, RESET and REBOOT when the node's boot time changes (a reboot). REPLACE ends
-only with another board. The larger action covers the smaller: a GPU held at REBOOT needs no separate reset.
+the bus for a moment), and DRAIN, RESET and REBOOT when the node's boot time changes (a reboot) and the GPU
+answers after it: a reboot that does not bring the GPU back fixed nothing, and its hold carries on from the new
+boot. REPLACE ends only with another board. The larger action covers the smaller: a GPU held at REBOOT needs no
+separate reset.
+
+While NVML does not answer at all (a hung driver), XIDs still arrive from the kernel log and raise actions for the
+GPUs seen before (`raise_from_xids`).
 """
 
 from __future__ import annotations
@@ -138,6 +143,25 @@ class ActionBook:
             changes += self._raise(identity, _Health(), new_xids.get(identity.uuid, ()), boot)
         return changes
 
+    def raise_from_xids(self, xids: Sequence[XidCount], boot: float | None) -> list[str]:
+        """Raise the actions of the XIDs counted since the last observation, for GPUs seen before that NVML cannot
+        be asked about now (a hung driver, whose XIDs only the kernel log still tells)."""
+        by_uuid = {identity.uuid: identity for identity in self._identities.values()}
+        changes: list[str] = []
+        for uuid, codes in self._new_xids(xids).items():
+            if uuid in by_uuid:
+                changes += self._raise(by_uuid[uuid], _Health(), codes, boot)
+        return changes
+
+    def know(self, identities: Sequence[GpuIdentity]) -> None:
+        """Report these GPUs from now on (an inventory kept by a previous process), before any is observed."""
+        self._identities.update((identity.pci_bus_id, identity) for identity in identities)
+
+    def forget(self, pci: str) -> None:
+        """The slot's GPU was taken out on purpose: nothing is held for it, and it is no longer reported."""
+        for book in (self.held, self._seen, self._identities):
+            book.pop(pci, None)
+
     def absent(self) -> None:
         """NVML answers for no GPU at all: each GPU counts as having left, for when it comes back."""
         self._seen = {pci: _Seen(seen.uuid, False, None, None) for pci, seen in self._seen.items()}
@@ -173,9 +197,15 @@ class ActionBook:
         if held is None:
             return []
         why = None
+        rebooted = boot is not None and held.boot is not None and boot != held.boot
         if held.uuid != identity.uuid:
             why = f"another board ({identity.uuid}) sits at {pci}"
-        elif boot is not None and held.boot is not None and boot != held.boot and held.action in _SETTLED_BY_REBOOT:
+        elif rebooted and not present and held.action in _SETTLED_BY_REBOOT:
+            held.boot = boot  # The next reboot that brings it back is the repair.
+            held.reason = f"{held.reason.split('; ')[0]}; still lost after a reboot"
+            return [f"GPU {identity.index} ({identity.uuid}) still needs {held.action.name.lower()}: the node "
+                    "rebooted and the GPU did not come back"]
+        elif rebooted and held.action in _SETTLED_BY_REBOOT:
             why = "the node rebooted"
         elif held.action in _SETTLED_BY_RESET and present and before is not None:
             if not before.present:

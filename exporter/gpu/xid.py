@@ -4,9 +4,9 @@ dcgm-exporter exports the last XID code as a gauge, so a repeated XID is
 invisible. Here every event increments `gpufleet_gpu_xid_errors_total`, so two
 identical XIDs count twice.
 
-Events come from two sources, each in a thread of its own:
+Events come from two sources:
 
-* `NvmlXidWatcher` registers every GPU for critical XID events and waits on
+* `NvmlXidWatcher`, in a thread of its own, registers every GPU for critical XID events and waits on
   the event set with a bounded wait. After a driver loss it re-registers with
   backoff. The counts live in the `XidLedger`, not in the NVML session, so
   they survive failed collections and driver reloads. Where the driver
@@ -15,17 +15,17 @@ Events come from two sources, each in a thread of its own:
   for the next collection, so one the driver gives and takes back between
   two collections is acted on, unless it was taken back before the watcher
   read it.
-* `KmsgXidReader` (optional) follows the kernel log for `NVRM: Xid` lines. This
-  catches the XID that took NVML down with it. A kernel-log XID is counted
-  only if NVML did not report the same GPU and code within the de-duplication
-  window; it is held back for that long before it counts.
+* `KernelLogXids` (on by default, where the log is readable) reads the kernel
+  log for `NVRM: Xid` lines at each GPU collection, and while a collection
+  hangs. This catches the XID that took NVML down with it. A kernel-log XID is
+  counted only if NVML did not report the same GPU and code within the
+  de-duplication window; it is held back for that long before it counts.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import re
 import threading
 import time
@@ -36,7 +36,7 @@ import pynvml
 
 from gpufleet.exporter.gpu.nvml import DRIVER_LOST, Backoff, EventSet, Handle, Nvml, as_text
 from gpufleet.exporter.gpu.probes import field_value
-from gpufleet.exporter.kernellog import KmsgReader
+from gpufleet.exporter.kernellog import KernelLog
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ class NvmlXidWatcher:
         while not self._stop.is_set():
             try:
                 self._watch()
-            except pynvml.NVMLError as err:
+            except (pynvml.NVMLError, TimeoutError) as err:  # TimeoutError: a simulated call that hangs.
                 self._ledger.watching = False
                 if self._stop.is_set():
                     return  # Shutting down: the error is how the wait was ended, not news.
@@ -345,63 +345,43 @@ class NvmlXidWatcher:
         return gpus
 
 
-class KmsgXidReader:
-    """Follows the kernel log (`/dev/kmsg`, or any file that grows) for NVRM XID lines, in a thread of its own so
-    that an XID is counted within a poll rather than at the next collection (`exporter.kernellog` reads it).
+class KernelLogXids:
+    """XIDs from the kernel log (`Hardware.kernel_log`: /dev/kmsg, or the simulator's), read by the GPU collector at
+    each collection and, while a collection hangs in NVML, at each of its ticks (`GpuCollector.held`): a driver
+    that hangs delivers no NVML event, and its XID 119 or 120 reaches only the kernel log. No thread of its own:
+    a simulated fleet of a thousand nodes would need a thousand.
 
-    It starts at the end of the log, so XIDs from before the exporter started are
-    not counted again after every restart.
+    It starts at the end of the log, so XIDs from before the exporter started are not counted again after every
+    restart. A log it cannot read (no CAP_SYSLOG, no /dev/kmsg in a container) is said once in the exporter's log
+    and in the kernel collector's `gpufleet_kernel_log_readable`, and tried again at each read.
     """
 
-    def __init__(self, path: str, ledger: XidLedger, *, poll_seconds: float = 0.5, retry_seconds: float = 10.0) -> None:
-        self._path = path
+    def __init__(self, kernel_log: KernelLog, ledger: XidLedger) -> None:
+        self._reader = kernel_log.reader()
         self._ledger = ledger
-        self._poll = poll_seconds
-        self._retry = retry_seconds
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="xid-kmsg", daemon=True)
-        self._opened = threading.Event()  # Set once the log is open and positioned at its end.
+        self._unreadable = ""  # Why the log could not be read, as last logged.
 
     def start(self) -> None:
-        self._thread.start()
+        self.poll()  # Positions the reader at the end of the log.
 
-    def wait_opened(self, timeout: float) -> bool:
-        return self._opened.wait(timeout)
-
-    def request_stop(self) -> None:
-        """Ask the thread to end; it does within one poll."""
-        self._stop.set()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self.request_stop()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        reported = ""
-        while not self._stop.is_set():
-            try:
-                self._follow()
-            except OSError as err:
-                reason = err.strerror or str(err)
-                if reason != reported:  # The path is the operator's own flag, so naming its file is safe.
-                    log.warning("kernel log %s unreadable: %s; retrying every %gs",
-                                os.path.basename(self._path), reason, self._retry)
-                    reported = reason
-            self._stop.wait(self._retry)
-
-    def _follow(self) -> None:
-        reader = KmsgReader(self._path)
+    def poll(self) -> None:
+        """Count the XID lines logged since the last poll (through the ledger's de-duplication)."""
         try:
-            reader.read()  # Opens the log, at its end.
-            self._opened.set()
-            while not self._stop.is_set():
-                messages = reader.read()
-                for message in messages:
-                    parsed = parse_xid_line(message)
-                    if parsed is not None:
-                        self._ledger.record_kmsg(*parsed)
-                if not messages:
-                    self._stop.wait(self._poll)
-        finally:
-            reader.close()
+            messages = self._reader.read()
+        except OSError as err:
+            reason = err.strerror or str(err)
+            if reason != self._unreadable:
+                log.warning("kernel log unreadable for XIDs: %s; only NVML's events are counted until it can be "
+                            "read", reason)
+                self._unreadable = reason
+            return
+        if self._unreadable:
+            log.info("kernel log readable again for XIDs")
+            self._unreadable = ""
+        for message in messages:
+            parsed = parse_xid_line(message)
+            if parsed is not None:
+                self._ledger.record_kmsg(*parsed)
+
+    def close(self) -> None:
+        self._reader.close()

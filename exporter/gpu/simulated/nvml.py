@@ -203,6 +203,10 @@ class SimulatedNvml:
         self.driver_version = driver_version
         self.cuda_version = cuda_version
         self.init_error: int | None = None  # An NVML error code nvmlInit fails with, to simulate a missing driver.
+        # A hung driver: every call would block past any collector's timeout. The simulator, which collects its
+        # nodes in one thread, cannot wait for that: each call raises TimeoutError at once, as the scheduler would
+        # have given up on it. XID events are not delivered meanwhile.
+        self.hung = False
         self._loaded_at = clock()
         self._initialised = 0
         self._generation = 0  # Bumped by a driver reload: event sets from before it stop working.
@@ -215,6 +219,7 @@ class SimulatedNvml:
     # Library lifecycle -------------------------------------------------------------------------
 
     def nvmlInit(self) -> None:
+        self._answer()
         if self.init_error is not None:
             raise _error(self.init_error)
         with self._lock:
@@ -252,6 +257,8 @@ class SimulatedNvml:
             self._raise_event(index, pynvml.nvmlEventTypeGpuRecoveryAction, 0)
 
     def _raise_event(self, index: int, event_type: int, data: int) -> None:
+        if self.hung:
+            return
         with self._lock:
             event_sets = [e for e in self._event_sets if e.handles.get(index, (None, 0))[1] & event_type
                           and e.generation == self._generation]
@@ -304,7 +311,12 @@ class SimulatedNvml:
             if event_set in self._event_sets:
                 self._event_sets.remove(event_set)
 
+    def _answer(self) -> None:
+        if self.hung:
+            raise TimeoutError("the simulated NVIDIA driver hangs: the call never returns")
+
     def _system(self) -> None:
+        self._answer()
         if not self._initialised:
             raise _error(pynvml.NVML_ERROR_UNINITIALIZED)
 
