@@ -136,6 +136,16 @@ class Config:
     leaf_label: str = "leaf"
     leaf_down_share: float = 0.5
     leaf_down_nodes: int = 2
+    # A rack whose nodes go dark together (its power or its top-of-rack switch): at least this share of the
+    # nodes of one rack (the label `rack_label`, from the site's topology), and this many, unscraped or down at
+    # once are one incident naming the rack.
+    rack_label: str = "rack"
+    rack_down_share: float = 0.5
+    rack_down_nodes: int = 2
+    # A node that stopped being a scrape target stays expected this long: its held pages and NodesUnscraped stay
+    # open meanwhile (a lost scrape shard, a target gone from discovery). Nodes retired on purpose sooner are
+    # forgotten by deleting their `instance:gpufleet_up:last_seen` series (docs/runbooks.md#nodesunscraped).
+    node_forget_after: Duration = "7d"
 
     # vmalert only: how many rules of a pager group (one that runs at the evaluation interval) it asks at once,
     # its group field `concurrency`, capped at the group's size: one after another, a group waits for each of
@@ -160,6 +170,13 @@ class Config:
     def by(self, *labels: str) -> str:
         """A grouping that keeps clusters apart: `cluster, instance` for `by("instance")`."""
         return ", ".join((self.cluster_label, *labels))
+
+    def node(self, *labels: str) -> str:
+        """The grouping of an aggregation that an alert about a node comes from: `by("instance")` and the node's
+        place (leaf, rack), which the scrape puts on its series where the site has a topology. Every alert of a
+        node then has the same group key at Alertmanager, and a rack or leaf alert can hold its nodes' back.
+        Joins (`on`) match on `by("instance")` alone: not every series carries the place."""
+        return self.by("instance", self.leaf_label, self.rack_label, *labels)
 
     def metric(self, name: str, *matchers: str) -> str:
         """`name{selector,matchers}`, leaving out what is empty; node_exporter's series where it has this one
@@ -269,7 +286,7 @@ def _check(path: str | Path, key: str, kind: object, value: object) -> None:
             duration.parse(value)
         except duration.DurationError as err:
             raise ConfigError(f"{path}: {key}: {err}") from None
-    if key in ("cluster_label", "leaf_label") and not _LABEL.fullmatch(str(value)):
+    if key in ("cluster_label", "leaf_label", "rack_label") and not _LABEL.fullmatch(str(value)):
         raise ConfigError(f"{path}: {key} {value!r} is not a Prometheus label name")
     if key in ("vmalert_concurrency", "vmalert_trend_concurrency") and isinstance(value, int) and value < 1:
         raise ConfigError(f"{path}: {key} must be 1 or more, not {value!r}")

@@ -6,19 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.recording import EXPORTERS_SEEN, SEEN_WINDOW
+from gpufleet.alerts.recording import NODES_SEEN
 from gpufleet.alerts.rule import TREND_INTERVAL, alert
 
-# The share of a cluster's nodes, seen within the first tier's window (SEEN_WINDOW), that may vanish from the
-# scrape at once before it pages: more than one node in twenty (and at least two), as a lost scrape shard, a
-# partition or a broken service discovery would take; fewer is a node or two decommissioned.
+# The share of a cluster's expected nodes (NODES_SEEN) that may vanish from the scrape at once before it pages:
+# more than one node in twenty (and at least two), as a lost scrape shard, a partition or a broken service
+# discovery would take; fewer is a node or two decommissioned.
 UNSCRAPED_SHARE = 0.05
 
 
 def exporter_health(c: Config) -> dict[str, Any]:
     """The pages for nodes gone dark, at the scrape interval: every other alert of such a node is blind."""
     up = c.up()
-    seen = EXPORTERS_SEEN
+    seen = NODES_SEEN
     unscraped = f"count by ({c.cluster_label}) ({seen} unless on ({c.by('instance')}) {up})"
     rules = [
         alert(c, "NodeExporterDown", f"{up} == 0", "critical",
@@ -26,17 +26,36 @@ def exporter_health(c: Config) -> dict[str, Any]:
               "Prometheus cannot scrape {{ $labels.instance }}: its GPUs, NICs and sensors are unobserved.",
               for_="5m", held=False, at_stake=True),
         # A scraper that dies leaves its targets with no `up` at all, not an `up` of 0: NodeExporterDown stays
-        # quiet, and every held alert of those nodes resolves. Only the count of nodes that vanished says so.
+        # quiet. The held alerts of those nodes stay (`rule.alert`); only the count of nodes that vanished says
+        # why, for as long as they stay expected and unscraped.
         alert(c, "NodesUnscraped",
               f"{unscraped} / count by ({c.cluster_label}) ({seen}) > {UNSCRAPED_SHARE} "
               f"and on ({c.cluster_label}) {unscraped} >= 2", "critical",
               "A share of the fleet's nodes is no longer scraped.",
-              f"{{{{ $value | humanizePercentage }}}} of the nodes of {{{{ $labels.{c.cluster_label} }}}} that were "
-              f"scraped within {SEEN_WINDOW} have no `up` at all: a scrape shard, its network or service "
-              "discovery lost them. No alert can fire for them, and theirs resolved without a repair.",
+              f"{{{{ $value | humanizePercentage }}}} of the expected nodes of {{{{ $labels.{c.cluster_label} }}}} "
+              "have no `up` at all: a scrape shard, its network or service discovery lost them. No new alert can "
+              "fire for them; those that fired are held until they are seen again. Nodes retired on purpose are "
+              f"forgotten after {c.node_forget_after}, or at once as the runbook says.",
               for_="5m", held=False),
     ]
-    return {"name": "gpufleet-exporter", "rules": rules}
+    return {"name": "gpufleet-exporter", "rules": [*rules, _rack_down(c)]}
+
+
+def _rack_down(c: Config) -> dict[str, Any]:
+    """One alert for a rack whose nodes went dark together, where the site's topology gives each node a rack
+    (`Config.rack_label`): its power or its top-of-rack switch, not the nodes. It fires before the nodes' own
+    NodeExporterDown (`for` 1m against their 5m), which it holds back at Alertmanager. Dark is a scrape that
+    fails (`up` 0): nodes with no `up` at all lost their scraper, which NodesUnscraped says once for the cluster,
+    whatever racks they are in. A rack's InfiniBand links down together are FabricLeafDown's, by their leaf."""
+    rack = c.by(c.rack_label)
+    on_rack = f'{c.rack_label}!=""'
+    nodes_dark = f"count by ({rack}) ({c.up()} == 0)"
+    nodes = f"count by ({rack}) ({NODES_SEEN}{{{on_rack}}})"
+    return alert(c, "RackDown",
+                 f"({nodes_dark} >= {c.rack_down_nodes}) and ({nodes_dark} / on ({rack}) group_left () {nodes} >= "
+                 f"{c.rack_down_share:g})", "critical", "Most nodes of one rack went dark together.",
+                 f"{{{{ $value }}}} nodes of {c.rack_label} {{{{ $labels.{c.rack_label} }}}} cannot be scraped at "
+                 "once: the rack's power or its top-of-rack switch, not the nodes.", for_="1m", held=False)
 
 
 def collector_health(c: Config) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from gpufleet.alerts.recording import (
     congested,
     link_ratios,
 )
-from gpufleet.alerts.rule import PORT, TREND_INTERVAL, alert, record
+from gpufleet.alerts.rule import PORT, TREND_INTERVAL, alert, printf, record
 
 _LINK = ("{{ $labels.device }}{{ with $labels.port }} port {{ . }}{{ end }} of {{ $labels.instance }}")
 # Sparse, per port, each recorded first in its group so that each pair of alerts reads one window once:
@@ -29,6 +29,8 @@ LINK_DOWNS = "instance_port:gpufleet_infiniband_link_downed:increase"
 # port that is down reads the state itself: read from this series, it fired 8 s later with vmalert in the
 # end-to-end test (two runs of two), where a series recorded for the first time is not found at once.
 NOT_ACTIVE = "instance_port:gpufleet_infiniband_state:not_active"
+# Sparse, per port and counter: a narrow error counter at its maximum (exporter.collector.infiniband).
+STOPPED = "gpufleet_infiniband_port_counter_saturated"
 # The saturation window's utilisation is the 5-minute rate averaged over the window as if taken at every
 # scrape. A rate over an exporter's snapshots wobbles by up to a collection interval over its window (±5 % at
 # 15 s over 5 minutes), and the thresholds sit 2 points below a saturated link: the average of every
@@ -42,10 +44,45 @@ NOT_ACTIVE = "instance_port:gpufleet_infiniband_state:not_active"
 SATURATION_STEP = "15s"
 
 
+def _stopped(c: Config, *counters: str) -> str:
+    """The ports one of whose narrow error `counters` sits at its maximum, by the node's labels and the port's:
+    the counter counts nothing more, its rate reads 0, and an alert on it alone would go quiet on the ports that
+    fail most. gpufleet's exporter says so beside node_exporter too."""
+    return f"max by ({c.node('device', 'port')}) ({c.metric(STOPPED, _counters(counters))})"
+
+
+def _counters(counters: tuple[str, ...]) -> str:
+    return f'counter=~"{"|".join(counters)}"'
+
+
+def _or_stopped(c: Config, expr: str, counters: tuple[str, ...], description: str) -> tuple[str, str]:
+    """An alert's `expr` on narrow error `counters`, and its `description`, extended to a port whose counter
+    stopped at its maximum: the alert fires, and says so."""
+    matchers = f'{c.cluster_label}="%s",instance="%s",device="%s",port="%s",{_counters(counters)}'
+    query = printf(c.metric(STOPPED, matchers), f"$labels.{c.cluster_label}", "$labels.instance", "$labels.device",
+                   "$labels.port")
+    stopped = (f"{{{{ with {query} | query }}}}{PORT}'s {{{{ range $i, $s := . }}}}{{{{ if $i }}}} and "
+               "{{ end }}{{ $s.Labels.counter }}{{ end }} counter stopped at its maximum: it counts no more errors, "
+               "so new ones cannot be seen. Check the link, then clear the port's counters (`perfquery -R`)."
+               f"{{{{ else }}}}{description}{{{{ end }}}}")
+    return f"max by ({c.node('device', 'port')}) ({expr}) or {_stopped(c, *counters)}", stopped
+
+
+def _counted(c: Config, name: str, expr: str, counters: tuple[str, ...], summary: str, description: str,
+             for_: str | None, held_by: tuple[str, ...]) -> dict[str, Any]:
+    """A ticket on narrow error `counters`, which also fires, and says so, once one of them stopped."""
+    expr, description = _or_stopped(c, expr, counters, description)
+    return alert(c, name, expr, "warning", summary, description, for_=for_, held_by=held_by)
+
+
 def _rate_above(c: Config, name: str, counter: str, per_second: float, summary: str, what: str,
-                held_by: tuple[str, ...]) -> dict[str, Any]:
-    return alert(c, name, f"rate({c.metric(counter)}[{c.d('5m')}]) > {per_second:g}", "warning", summary,
-                 f"{PORT} has {{{{ $value | humanize }}}} {what} per second.", for_="5m", held_by=held_by)
+                held_by: tuple[str, ...], narrow: str | None = None) -> dict[str, Any]:
+    """An alert on a counter's rate; on a `narrow` error counter (its name in sysfs), also once it stopped."""
+    expr = f"rate({c.metric(counter)}[{c.d('5m')}]) > {per_second:g}"
+    description = f"{PORT} has {{{{ $value | humanize }}}} {what} per second."
+    if narrow is not None:
+        return _counted(c, name, expr, (narrow,), summary, description, "5m", held_by)
+    return alert(c, name, expr, "warning", summary, description, for_="5m", held_by=held_by)
 
 
 def _leaf_down(c: Config, down: str) -> dict[str, Any]:
@@ -80,6 +117,13 @@ def fabric(c: Config) -> dict[str, Any]:
     # Beside node_exporter, a port's state outlives gpufleet's series when only gpufleet's exporter stops: a port
     # must then be known to have been ACTIVE, not merely not known to be uncabled.
     known = f" and on ({port}) {c.metric(ib + 'port_seen_active')} == 1" if c.node_exporter_job else ""
+    # Once its link_downed counter stopped at 255, a port's flaps are no longer counted: the ticket says so, and
+    # stays until the counter is cleared; a flapping port still down pages as down.
+    downed_again, downed_again_description = _or_stopped(
+        c, f"{LINK_DOWNS} <= {c.link_flaps} unless on ({port}) ({NOT_ACTIVE} or "
+           f'max_over_time(ALERTS{{alertname=~"NicInfinibandPortDown|NicInfinibandLinkFlapping",'
+           f'alertstate="firing"}}[{c.d(paged)}]))', ("link_downed",),
+        f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}.")
     rules = [
         record(LINK_DOWNS, f"{downed} > 0"),
         record(NOT_ACTIVE, not_active),
@@ -103,13 +147,8 @@ def fabric(c: Config) -> dict[str, Any]:
         # holds it back for the link-downs' window and that wait: over the window alone, the page's last firing
         # and the link-down it counted left their windows at about the same evaluation, and vmalert saw the
         # ticket's condition for a moment after a leaf switch's outage in the end-to-end test.
-        alert(c, "NicInfinibandLinkDowned",
-              f"{LINK_DOWNS} <= {c.link_flaps} unless on ({port}) ({NOT_ACTIVE} or "
-              f'max_over_time(ALERTS{{alertname=~"NicInfinibandPortDown|NicInfinibandLinkFlapping",'
-              f'alertstate="firing"}}[{c.d(paged)}]))', "warning",
-              "An InfiniBand link went down and came back.",
-              f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}.",
-              for_=c.link_downed_for, held_by=c.node_jobs()),
+        alert(c, "NicInfinibandLinkDowned", downed_again, "warning", "An InfiniBand link went down and came back.",
+              downed_again_description, for_=c.link_downed_for, held_by=c.node_jobs()),
         alert(c, "NicInfinibandLinkFlapping", f"{LINK_DOWNS} > {c.link_flaps}", "critical",
               "An InfiniBand link keeps going down.",
               f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}.", held_by=c.node_jobs()),
@@ -154,16 +193,16 @@ def fabric_trends(c: Config) -> dict[str, Any]:
               f"{PORT} waited {{{{ $value | humanize }}}} ticks per second to send (port_xmit_wait).",
               for_="10m", held_by=nodes),
         _rate_above(c, "NicInfinibandReceiveErrors", ib + "port_rcv_errors_total", c.receive_errors_per_second,
-                    "An InfiniBand port receives malformed packets.", "receive errors", nodes),
+                    "An InfiniBand port receives malformed packets.", "receive errors", nodes, "port_rcv_errors"),
         _rate_above(c, "NicInfinibandTransmitDiscards", ib + "port_xmit_discards_total",
                     c.transmit_discards_per_second, "An InfiniBand port discards packets it should send.",
-                    "transmit discards", nodes),
+                    "transmit discards", nodes, "port_xmit_discards"),
         _rate_above(c, "NicRoceOutOfBuffer", ib + "hw_out_of_buffer_total", c.roce_out_of_buffer_per_second,
                     "A RoCE port drops packets for want of receive buffers.", "out-of-buffer drops", ()),
         _rate_above(c, "NicRoceSlowRestart", ib + "hw_roce_slow_restart_total", c.roce_slow_restarts_per_second,
                     "RoCE queue pairs keep falling back to slow restart after packet loss.", "slow restarts", ()),
         alert(c, "NicEthernetErrors",
-              f"sum by ({c.by('instance', 'device')}) (rate({c.metric('gpufleet_network_receive_errors_total')}"
+              f"sum by ({c.node('device')}) (rate({c.metric('gpufleet_network_receive_errors_total')}"
               f"[{c.d('5m')}]) + rate({c.metric('gpufleet_network_transmit_errors_total')}[{c.d('5m')}])) / "
               f"sum by ({c.by('instance', 'device')}) (rate({c.metric('gpufleet_network_receive_packets_total')}"
               f"[{c.d('5m')}]) + rate({c.metric('gpufleet_network_transmit_packets_total')}[{c.d('5m')}])) > "
@@ -174,20 +213,20 @@ def fabric_trends(c: Config) -> dict[str, Any]:
               "An Ethernet interface keeps going up and down.",
               "{{ $labels.device }} of {{ $labels.instance }} changed state {{ $value }} times in 2 minutes.",
               for_="2m", held_by=nodes),
-        alert(c, "NicInfinibandSymbolErrors",
-              f"increase({c.metric(ib + 'symbol_error_total')}[{c.d('1h')}]) > {c.symbol_errors_per_hour}",
-              "warning", "An InfiniBand port sees many symbol errors: a bad cable or transceiver.",
-              f"{PORT} had {{{{ $value | humanize }}}} symbol errors in the last hour.", held_by=nodes),
-        alert(c, "NicInfinibandLinkErrorRecovery",
-              f"rate({c.metric(ib + 'link_error_recovery_total')}[{c.d('5m')}]) * 60 > "
-              f"{c.link_error_recoveries_per_minute:g}", "warning",
-              "An InfiniBand link keeps retraining.",
-              f"{PORT} recovered from link errors {{{{ $value | humanize }}}} times per minute.", for_="5m",
-              held_by=nodes),
-        alert(c, "NicInfinibandLinkIntegrityErrors",
-              f"increase({c.metric(ib + 'local_link_integrity_errors_total')}[{c.d('15m')}]) > 0 or "
-              f"increase({c.metric(ib + 'excessive_buffer_overrun_errors_total')}[{c.d('15m')}]) > 0",
-              "warning", "An InfiniBand link broke its integrity or overran its buffers.",
-              f"{PORT} counted link integrity or buffer overrun errors in the last 15m.", held_by=nodes),
+        _counted(c, "NicInfinibandSymbolErrors",
+                 f"increase({c.metric(ib + 'symbol_error_total')}[{c.d('1h')}]) > {c.symbol_errors_per_hour}",
+                 ("symbol_error",), "An InfiniBand port sees many symbol errors: a bad cable or transceiver.",
+                 f"{PORT} had {{{{ $value | humanize }}}} symbol errors in the last hour.", None, nodes),
+        _counted(c, "NicInfinibandLinkErrorRecovery",
+                 f"rate({c.metric(ib + 'link_error_recovery_total')}[{c.d('5m')}]) * 60 > "
+                 f"{c.link_error_recoveries_per_minute:g}", ("link_error_recovery",),
+                 "An InfiniBand link keeps retraining.",
+                 f"{PORT} recovered from link errors {{{{ $value | humanize }}}} times per minute.", "5m", nodes),
+        _counted(c, "NicInfinibandLinkIntegrityErrors",
+                 f"increase({c.metric(ib + 'local_link_integrity_errors_total')}[{c.d('15m')}]) > 0 or "
+                 f"increase({c.metric(ib + 'excessive_buffer_overrun_errors_total')}[{c.d('15m')}]) > 0",
+                 ("local_link_integrity_errors", "excessive_buffer_overrun_errors"),
+                 "An InfiniBand link broke its integrity or overran its buffers.",
+                 f"{PORT} counted link integrity or buffer overrun errors in the last 15m.", None, nodes),
     ]
     return {"name": "gpufleet-fabric-trends", "interval": c.d(TREND_INTERVAL), "rules": rules}

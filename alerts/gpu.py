@@ -16,19 +16,29 @@ from gpufleet import duration
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.recording import (
     ECC_NEW,
+    NODE_JOBS,
     PCIE_DEGRADED,
     PCIE_REPLAYS,
     SLOWDOWN,
+    UTILIZATION,
     ecc_new,
     pcie_degraded,
     share_of_time,
 )
-from gpufleet.alerts.rule import GPU, TREND_INTERVAL, alert, matcher, printf
+from gpufleet.alerts.rule import GPU, TREND_INTERVAL, matcher, printf
+from gpufleet.alerts.rule import alert as node_alert
+from gpufleet.alerts.stake import STAKE_WINDOW
 from gpufleet.fabric import REGISTRATION_FAILED as FABRIC_FAILED
 from gpufleet.xid import APPLICATION, CLASSED, RESET_OR_REBOOT, WATCH, Action
 
 _CRC = 'error=~"crc_flit|crc_data"'
 _HW_SLOWDOWN = 'reason=~"hw_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown"'
+
+
+def alert(c: Config, name: str, expr: str, severity: str, summary: str, description: str,
+          for_: str | None = None) -> dict[str, Any]:
+    """An alert on the GPU collector's series, which also stop while the node's driver does not answer."""
+    return node_alert(c, name, expr, severity, summary, description, for_=for_, gpu=True)
 
 
 def _xid_event(c: Config, name: str, codes: tuple[int, ...], severity: str, summary: str,
@@ -59,6 +69,28 @@ def _needs(c: Config, name: str, action: Action, severity: str, summary: str, wh
     return rule
 
 
+def _driver_unresponsive(c: Config) -> dict[str, Any]:
+    """The page for a node whose GPU driver stopped answering (NVML hangs, or fails as a whole) while its GPUs had
+    work in the last STAKE_WINDOW or a held recovery action: once per node, however many GPUs it has, and it drains
+    the node. Its GPUs' own pages are held meanwhile (`rule.alert`). An idle node's hung driver is the collector's
+    ticket: nothing runs there to lose."""
+    node = c.by("instance")
+    window = c.d(STAKE_WINDOW)
+    # Once paging, it pages for as long as the driver does not answer: the work it had ages out of the window.
+    busy = (f"max_over_time({UTILIZATION}[{window}]) > 0 or group by ({node}) (last_over_time({NODE_JOBS}[{window}]))"
+            f" or max by ({node}) ({c.metric('gpufleet_gpu_recovery_action')}) > 0 or "
+            'ALERTS{alertname="GpuDriverUnresponsive",alertstate="firing"}')
+    # Held while its exporter is not seen, not while its driver does not answer: that is its own condition.
+    rule = node_alert(c, "GpuDriverUnresponsive", f"{c.metric('gpufleet_gpu_driver_up')} == 0 and on ({node}) ({busy})",
+                 "critical", "A node's GPU driver stopped answering while its GPUs had work: drain it and reboot it.",
+                 "NVML on {{ $labels.instance }} does not answer (a hung driver: a GSP timeout, XID 119 or 120, a "
+                 "reset that never ends), or is unavailable as a whole, while its GPUs had work or a held recovery "
+                 "action: nothing on it can be observed, and its jobs are stuck or will be.", for_="1m")
+    rule["labels"]["remediation"] = "drain"
+    rule["annotations"]["remediation_reason"] = "its GPU driver stopped answering (NVML hangs): reboot the node"
+    return rule
+
+
 def gpu_failures(c: Config) -> dict[str, Any]:
     """What pages for a GPU the moment it breaks, evaluated at the scrape interval: instant selectors over
     the raw series, and a window only over the sparse new-ECC-error series it records first."""
@@ -82,6 +114,7 @@ def gpu_failures(c: Config) -> dict[str, Any]:
         # A code the catalogue does not class raises no recovery action: someone must read what it means.
         _xid_event(c, "GpuXidUnclassified", CLASSED, "warning",
                    "A GPU reported an XID that gpufleet's catalogue does not class.", outside=True),
+        _driver_unresponsive(c),
         alert(c, "GpuLost", f"{c.metric('gpufleet_gpu_up')} == 0", "critical",
               "A GPU stopped answering NVML.",
               f"{GPU} is lost: NVML no longer answers for it.", for_="1m"),
@@ -110,7 +143,7 @@ def gpu_failures(c: Config) -> dict[str, Any]:
               "A GPU is about to slow down for heat.",
               f"{GPU} is {{{{ $value }}}} °C from thermal slowdown.", for_="2m"),
         alert(c, "NodeThermalMarginLow",
-              f"count by ({c.by('instance')}) ({c.metric('gpufleet_gpu_thermal_margin_celsius')} < "
+              f"count by ({c.node()}) ({c.metric('gpufleet_gpu_thermal_margin_celsius')} < "
               f"{c.thermal_margin_celsius:g}) >= {c.thermal_margin_gpus}", "critical",
               "Several GPUs of a node are about to slow down for heat: its cooling is failing.",
               f"{{{{ $value }}}} GPUs of {{{{ $labels.instance }}}} are within {c.thermal_margin_celsius:g} °C of "
@@ -152,7 +185,7 @@ def gpu_trends(c: Config) -> dict[str, Any]:
               "A GPU has a page retirement waiting for a reboot.",
               f"{GPU} has a retired page pending; reboot the node when its job allows.", for_="5m"),
         alert(c, "GpuRetiredPagesHigh",
-              f"sum by ({c.by('instance', 'gpu', 'uuid')}) ({c.metric('gpufleet_gpu_retired_pages')}) >= "
+              f"sum by ({c.node('gpu', 'uuid')}) ({c.metric('gpufleet_gpu_retired_pages')}) >= "
               f"{c.retired_pages_critical}", "warning", "A GPU has retired many memory pages: an RMA candidate.",
               f"{GPU} has retired {{{{ $value }}}} pages."),
         alert(c, "GpuNvlinkCrcErrors",

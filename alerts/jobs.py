@@ -13,7 +13,8 @@ allocation waiting for its user); a working GPU is a job that still moves, or on
 which the straggler alert judges.
 
 The page names the job's nodes and the first of them to show a fault (an XID, a link that went down, an NVLink
-down) in the minutes before, which is where the on-call engineer starts.
+down) in the minutes before, which is where the on-call engineer starts. While one of its nodes has a page of
+its own open, the job's hang stands aside: that page is the incident.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.fabric import LINK_DOWNS
 from gpufleet.alerts.recording import GPU_KEY, NODE_JOBS
 from gpufleet.alerts.rule import TREND_INTERVAL, alert, printf, record
-from gpufleet.alerts.stake import job_gpus
+from gpufleet.alerts.stake import STAKE_WINDOW, job_gpus
 
 # Per job and node: how many of the job's GPUs with GPM were working, spinning or idle (label `activity`).
 ACTIVITY = "job_instance:gpufleet_gpu_activity:count"
@@ -66,7 +67,9 @@ def _first_signal(c: Config) -> str:
     (its own time), a link that went down or an NVLink down (when the rules first saw it), each begun within it."""
     lookback, step = c.d(c.job_hang_lookback), c.d(TREND_INTERVAL)
     since = f"time() - {duration.parse(lookback):g}"
-    xid = c.metric("gpufleet_gpu_xid_last_timestamp_seconds")
+    # Over the lookback, not at this instant: the node that failed may have stopped answering since, or its ranks
+    # exited after the XID, and its series are gone by the time the page fires.
+    xid = f"max_over_time({c.metric('gpufleet_gpu_xid_last_timestamp_seconds')}[{lookback}])"
     def began(selector: str, comparison: str, *labels: str) -> str:
         """When `selector` `comparison` was first seen within the lookback, unless it already held when the
         lookback began (a port down for an hour did not hang a job that ran until minutes ago)."""
@@ -78,7 +81,7 @@ def _first_signal(c: Config) -> str:
                began(c.metric("gpufleet_gpu_nvlink_up"), " == 0", "gpu", "link"))
 
     cluster = c.cluster_label
-    job = f"{NODE_JOBS}{{{cluster}=%q,scheduler=%q,job_id=%q}}"
+    job = f"max_over_time({NODE_JOBS}{{{cluster}=%q,scheduler=%q,job_id=%q}}[{lookback}])"
     query = f"bottomk(1, ({' or '.join(signals)}) and on ({c.by('instance')}) {job})"
     return printf(query, f"$labels.{cluster}", "$labels.scheduler", "$labels.job_id")
 
@@ -99,6 +102,12 @@ def jobs(c: Config) -> dict[str, Any]:
     spinning = f'sum by ({job}) ({ACTIVITY}{{activity="spinning"}})'
     working = f'{ACTIVITY}{{activity="working"}}'
     gpus = f'sum by ({job}) ({NODE_JOBS}{{job_id!=""}})'
+    # A job with a node that has a page open stands aside: that page names the node to work on, and the hang is
+    # likely its consequence. A silenced page counts too, since a silence does not stop the alert: someone owns
+    # that node. The job pages once that page resolves with the job still hung.
+    window = c.d(STAKE_WINDOW)
+    paged = (f'group by ({job}) (last_over_time({NODE_JOBS}{{job_id!=""}}[{window}]) and on ({c.by("instance")}) '
+             'ALERTS{alertstate="firing",severity="critical"})')
     first = (f"{{{{ with {_first_signal(c)} | query }}}}{{{{ range $s := . }}}}The first fault signal on its "
              "nodes: {{ $s.Labels.instance }}, {{ if $s.Labels.xid }}XID {{ $s.Labels.xid }} on GPU "
              "{{ $s.Labels.gpu }}{{ else if $s.Labels.device }}{{ $s.Labels.device }} port {{ $s.Labels.port }} "
@@ -110,7 +119,7 @@ def jobs(c: Config) -> dict[str, Any]:
         _activity(c),
         alert(c, "JobHung",
               f"{spinning} / {activity} >= {c.job_hang_spinning_share:g} unless on ({job}) {working} "
-              f"and on ({job}) {gpus} >= {c.job_hang_min_gpus}",
+              f"and on ({job}) {gpus} >= {c.job_hang_min_gpus} unless on ({job}) {paged}",
               "critical", "A job's GPUs wait in a collective and none works: it makes no progress and holds its nodes.",
               f"{{{{ $value | humanizePercentage }}}} of the GPUs of {{{{ $labels.scheduler }}}} job "
               f"{{{{ $labels.job_id }}}} are busy to NVML while their SMs and tensor pipes stand still, and none "

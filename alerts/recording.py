@@ -9,7 +9,7 @@ in the group of the alerts that read them instead: new ECC errors, a degraded PC
 node straggler signals (`ecc_new`, `pcie_degraded`, `node_signals`).
 A window of 10 or 15 minutes over those sparse series costs nothing on a healthy fleet, where the
 same window over the raw series would decode every GPU's samples at every evaluation. One window is
-longer: the nodes scraped within the hour (`EXPORTERS_SEEN`) read an hour of `up`, one series per node.
+longer: the nodes expected (`NODES_SEEN`) read their own last hour, one series per node.
 Names follow `level:metric:operations`.
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpufleet import duration
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.rule import TREND_INTERVAL, record
 
@@ -52,11 +53,13 @@ XMIT_WAIT = "instance_port:gpufleet_infiniband_xmit_wait:rate5m"
 NODE_XMIT_WAIT_MAX = "instance:gpufleet_infiniband_xmit_wait:max_rate5m"
 JOB_XMIT_WAIT = "job_instance:gpufleet_infiniband_xmit_wait:rate5m"
 JOB_XMIT_WAIT_MEDIAN = "job:gpufleet_infiniband_xmit_wait:median_rate5m"
-# Per node: present while its exporter was a scrape target at any time within SEEN_WINDOW. The alert that
-# counts the nodes that vanished from the scrape reads it three times an evaluation, at the scrape interval:
-# an hour of `up` read once a minute here, where the alert read it twelve times a minute.
-EXPORTERS_SEEN = "instance:gpufleet_up:max1h"
-SEEN_WINDOW = "1h"
+# Per node, with its place (leaf, rack): the Unix time its exporter was last a scrape target (its `up` present,
+# 0 or 1), carried from one evaluation to the next while it is not, until `node_forget_after`. The nodes the
+# rules expect: those whose `up` vanished (a scrape shard lost, a target gone from discovery) are counted by
+# NodesUnscraped and keep their held pages, for days if need be. It reads its own last value over LATCH_WINDOW,
+# so a rule engine down for less than that picks it up again where it stood.
+NODES_SEEN = "instance:gpufleet_up:last_seen"
+LATCH_WINDOW = "1h"
 # Per node: the rate of its fastest InfiniBand port, which a port that trained down is compared with. Rates
 # change only when a link retrains, so a minute-old figure serves the pager's 15 s group.
 NODE_IB_RATE = "instance:gpufleet_infiniband_rate_bytes_per_second:max"
@@ -113,10 +116,10 @@ def node_signals(c: Config) -> list[dict[str, Any]]:
             # a minute, then 92 %. The energy counter's rate counts every moment; the gauge stands in for a
             # GPU without one.
             value = f"(rate({c.metric(_ENERGY)}[{window}]) or {value})"
-        rules.append(record(NODE_SIGNAL, f"avg by ({c.by('scheduler', 'job_id', 'instance')}) "
+        rules.append(record(NODE_SIGNAL, f"avg by ({c.node('scheduler', 'job_id')}) "
                                          f"({jobs} * on ({gpu}) group_left () {value})", signal=signal, peers="job"))
         without_job = f"{value} * on ({gpu}) group_left (name) {BUSY_WITHOUT_JOB}"
-        by_model = (f'label_replace(avg by ({c.by("instance", "name")}) ({without_job}), '
+        by_model = (f'label_replace(avg by ({c.node("name")}) ({without_job}), '
                     f'"model", "$1", "name", "(.*)")')
         rules.append(record(NODE_SIGNAL, f"max without (name) ({by_model})", signal=signal, peers="model"))
     return rules
@@ -168,7 +171,7 @@ def congested(c: Config, ports: str = XMIT_WAIT) -> str:
 def _per_job(c: Config, node_level: str) -> str:
     """A per-node expression repeated for each job that has GPUs on the node, carrying the job's labels: once per
     node and job, however many of the job's pods (one per GPU, say) run there."""
-    jobs = f"group by ({c.by('instance', 'scheduler', 'job_id')}) ({NODE_JOBS})"
+    jobs = f"group by ({c.node('scheduler', 'job_id')}) ({NODE_JOBS})"
     return f"{jobs} * 0 + on ({c.by('instance')}) group_left {node_level}"
 
 
@@ -217,26 +220,37 @@ def port_buckets(c: Config) -> dict[str, Any]:
     return record(PORT_BUCKETS, f'count_values by ({c.by("instance")}) ("bucket", {bucket})')
 
 
+def nodes_seen(c: Config) -> dict[str, Any]:
+    """NODES_SEEN: now for every node that is a scrape target, else its last value while younger than
+    `node_forget_after`. Not `timestamp(up)`, which VictoriaMetrics gives at the query's step rather than the
+    sample's. A node whose place changed keeps only its new series."""
+    up = c.up()
+    forget = duration.parse(c.d(c.node_forget_after))
+    return record(NODES_SEEN, f"max by ({c.node()}) ({up} * 0 + time()) or "
+                              f"(last_over_time({NODES_SEEN}[{c.d(LATCH_WINDOW)}]) unless on ({c.by('instance')}) "
+                              f"{up}) > time() - {forget:g}")
+
+
 def shared(c: Config) -> dict[str, Any]:
     rules = [
         record(NODE_JOBS, f"count by ({c.by('instance', 'scheduler', 'job_id', 'namespace', 'pod')}) "
                           f"(last_over_time({c.metric('gpufleet_gpu_job_info')}[{c.d(TREND_INTERVAL)}]))"),
         record(UTILIZATION,
-               f"avg by ({c.by('instance')}) ({c.metric('gpufleet_gpu_utilization_ratio')})"),
+               f"avg by ({c.node()}) ({c.metric('gpufleet_gpu_utilization_ratio')})"),
         # What the GPUs did, beside NVML's "a kernel ran" (GPM; only nodes whose boards have it).
-        record(SM_ACTIVE, f"avg by ({c.by('instance')}) ({c.metric('gpufleet_gpu_sm_active_ratio')})"),
-        record(TENSOR_ACTIVE, f"avg by ({c.by('instance')}) ({c.metric('gpufleet_gpu_tensor_active_ratio')})"),
+        record(SM_ACTIVE, f"avg by ({c.node()}) ({c.metric('gpufleet_gpu_sm_active_ratio')})"),
+        record(TENSOR_ACTIVE, f"avg by ({c.node()}) ({c.metric('gpufleet_gpu_tensor_active_ratio')})"),
         record(POWER,
-               f"sum by ({c.by('instance')}) ({c.metric('gpufleet_gpu_power_watts')})"),
-        record(GPUS_UP, f"sum by ({c.by('instance')}) ({c.metric('gpufleet_gpu_up')})"),
+               f"sum by ({c.node()}) ({c.metric('gpufleet_gpu_power_watts')})"),
+        record(GPUS_UP, f"sum by ({c.node()}) ({c.metric('gpufleet_gpu_up')})"),
         record(XMIT_WAIT, f"rate({c.metric('gpufleet_infiniband_port_xmit_wait_total')}[{c.d(RATE_WINDOW)}])"),
-        record(NODE_XMIT_WAIT_MAX, f"max by ({c.by('instance')}) ({XMIT_WAIT})"),
+        record(NODE_XMIT_WAIT_MAX, f"max by ({c.node()}) ({XMIT_WAIT})"),
         record(JOB_XMIT_WAIT, _per_job(c, f"sum by ({c.by('instance')}) ({XMIT_WAIT})")),
         record(JOB_XMIT_WAIT_MEDIAN, f"quantile by ({c.by('scheduler', 'job_id')}) (0.5, {JOB_XMIT_WAIT})"),
         *link_utilization(c, LINK_UTILIZATION, RATE_WINDOW),
         port_buckets(c),
-        record(EXPORTERS_SEEN, f"max_over_time({c.up()}[{c.d(SEEN_WINDOW)}])"),
-        record(NODE_IB_RATE, f"max by ({c.by('instance')}) ({c.metric('gpufleet_infiniband_rate_bytes_per_second')})"),
+        nodes_seen(c),
+        record(NODE_IB_RATE, f"max by ({c.node()}) ({c.metric('gpufleet_infiniband_rate_bytes_per_second')})"),
         *_gpu_health(c),
     ]
     return {"name": "gpufleet-recording", "interval": c.d(TREND_INTERVAL), "rules": rules}

@@ -17,17 +17,18 @@ TREND_INTERVAL = "1m"
 
 def alert(config: Config, name: str, expr: str, severity: str, summary: str, description: str,
           for_: str | None = None, held: bool = True, held_by: tuple[str, ...] = (),
-          at_stake: bool | None = None) -> dict[str, Any]:
+          at_stake: bool | None = None, gpu: bool = False) -> dict[str, Any]:
     """An alerting rule with the annotations every gpufleet alert carries; `for_` goes through the time scale.
 
-    Every alert but the exporter's own reads a node's series, which go stale the moment its exporter stops
-    answering: the alert would resolve and the pager would say so, though nothing was repaired. `held`
-    keeps a firing alert firing while its node's exporter is down (an `up` of 0; a target removed from
-    service discovery lets it go) and says so in its description, where `$value` no longer means anything.
-    `keep_firing_for` would hold it for a fixed time instead: too short for a host down two hours, and it
-    would delay every real resolution as long. `held_by` names the scrape jobs whose series the alert needs
-    (gpufleet's by default): beside node_exporter, a port alert that reads only node_exporter's series must
-    resolve when node_exporter sees the port back, whether gpufleet's exporter answers or not.
+    Every alert but the exporter's own reads a node's series, which go stale the moment gpufleet stops seeing
+    the node: the alert would resolve and the pager would say so, though nothing was repaired. `held` keeps a
+    firing alert firing until its node is seen again (`_held`) and says so in its description, where `$value`
+    no longer means anything. `keep_firing_for` would hold it for a fixed time instead: too short for a host
+    down two hours, and it would delay every real resolution as long. `held_by` names the scrape jobs whose
+    series the alert needs (gpufleet's by default): beside node_exporter, a port alert that reads only
+    node_exporter's series must resolve when node_exporter sees the port back, whether gpufleet's exporter
+    answers or not. A `gpu` alert reads the GPU collector's series, which also stop while the node's driver
+    does not answer.
 
     `at_stake` adds the jobs on the alert's node or GPU (`alerts.stake`); by default every page about a node's
     series has it.
@@ -35,37 +36,69 @@ def alert(config: Config, name: str, expr: str, severity: str, summary: str, des
     from gpufleet.alerts import stake  # It reads recording's series, whose module builds rules with this one.
 
     up = config.up(*held_by)
-    rule: dict[str, Any] = {"alert": name, "expr": _held(config, name, expr, up) if held else expr}
+    rule: dict[str, Any] = {"alert": name, "expr": _held(config, name, expr, up, gpu) if held else expr}
     if for_:
         rule["for"] = config.d(for_)
     rule["labels"] = {"severity": severity}
     if held:
-        description = (f"{{{{ with {_dark_query(config, up)} | query }}}}{summary} Held firing: the exporter of "
-                       f"{{{{ $labels.instance }}}} stopped "
-                       f"answering, so the fault cannot be seen to end.{{{{ else }}}}{description}{{{{ end }}}}")
+        description = (f"{{{{ with {_dark_query(config, up, gpu)} | query }}}}{summary} Held firing: gpufleet "
+                       "cannot see {{ $labels.instance }} now (its exporter is not scraped"
+                       f"{', or its GPU driver does not answer' if gpu else ''}), so the fault cannot be seen to "
+                       f"end.{{{{ else }}}}{description}{{{{ end }}}}")
     rule["annotations"] = {"summary": summary, "description": description, "runbook_url": config.runbook(name)}
     if at_stake if at_stake is not None else severity == "critical" and held:
         rule["annotations"]["jobs_at_stake"] = stake.at_stake(config, TREND_INTERVAL)
     return rule
 
 
-def _held(config: Config, name: str, expr: str, up: str) -> str:
-    """`expr`, or the alert's own firing instances on nodes whose exporter is down (ALERTS carries the
-    alert's labels and `alertstate`, dropped here so that the labels match the alert's again).
+def _fresh(config: Config, up: str, gpu: bool) -> str:
+    """The nodes whose series the alert reads are fresh: scraped now, and for a `gpu` alert with a driver that
+    answered the GPU collector's last collection. An exporter too old to say so counts by its scrape alone."""
+    if not gpu:
+        return f"{up} == 1"
+    driver = config.metric("gpufleet_gpu_driver_up")
+    return f"{driver} == 1 or ({up} == 1 unless on ({config.by('instance')}) {driver})"
+
+
+def _held(config: Config, name: str, expr: str, up: str, gpu: bool) -> str:
+    """`expr`, or the alert's own firing instances on nodes that are expected (NODES_SEEN) and not fresh now
+    (`_fresh`): an exporter down or restarting, a target gone from the scrape, a driver that hangs. ALERTS
+    carries the alert's labels and `alertstate`, dropped here so that the labels match the alert's again.
 
     `max without ()` changes nothing in Prometheus, but in VictoriaMetrics a comparison leaves the series it
     filtered out as gaps until the end of the query, and `or` fills gaps from its right side: while a node's
     last samples are still in the lookback, every GPU of a node whose exporter stopped took on each alert
     held for any one of them (the end-to-end test's exporter restart). An aggregation drops the gaps."""
+    from gpufleet.alerts.recording import NODES_SEEN
+
     node = config.by("instance")
     firing = f'label_replace(ALERTS{{alertname="{name}",alertstate="firing"}}, "alertstate", "", "", "")'
-    return f"max without () ({expr}) or on ({node}) ({firing} and on ({node}) {up} == 0)"
+    return (f"max without () ({expr}) or on ({node}) ({firing} unless on ({node}) ({_fresh(config, up, gpu)}) "
+            f"and on ({node}) {NODES_SEEN})")
 
 
-def _dark_query(config: Config, up: str) -> str:
-    """A Go-template `printf` of the query that finds the alert's node down (`up`, a selector), for `query`."""
-    matchers = up[up.index("{") + 1:-1] + f',{config.cluster_label}="%s",instance="%s"'
-    return printf(f"up{{{matchers}}} == 0", f"$labels.{config.cluster_label}", "$labels.instance")
+def _dark_query(config: Config, up: str, gpu: bool) -> str:
+    """A Go-template `printf` of the query that finds the alert's node dark (not scraped, or down, or with a driver
+    that does not answer), for `query`. Only a node seen dark: one a test or a new rule engine knows nothing of is
+    described as usual."""
+    from gpufleet.alerts.recording import NODES_SEEN
+
+    matchers = f'{config.cluster_label}="%s",instance="%s"'
+    dark = [f"{with_matchers(up, matchers)} == 0",
+            f"({with_matchers(NODES_SEEN, matchers)} unless on ({config.by('instance')}) {up})"]
+    if gpu:
+        dark.append(f"{with_matchers(config.metric('gpufleet_gpu_driver_up'), matchers)} == 0")
+    query = " or ".join(dark)
+    return printf(query, *(f"$labels.{config.cluster_label}", "$labels.instance") * len(dark))
+
+
+def with_matchers(selector: str, matchers: str) -> str:
+    """`name{a="b"}` with `matchers` added: `name{a="b",c="d"}`."""
+    if not matchers:
+        return selector
+    if selector.endswith("}"):
+        return f"{selector[:-1]},{matchers}}}"
+    return f"{selector}{{{matchers}}}"
 
 
 def printf(query: str, *arguments: str) -> str:

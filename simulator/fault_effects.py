@@ -172,14 +172,17 @@ class FaultEffects:
         return removed
 
     def _fire_events(self) -> None:
-        """Raise each fault's XID once, when the node's time first passes the fault's start."""
+        """Raise each fault's XID once, when the node's time first passes the fault's start: in the kernel log, as
+        the driver logs every XID, and as NVML's event, which a hung driver does not deliver (the exporter counts
+        the two once)."""
         for fault in self.state.fleet.faults_for(self.state.name):
             code = fault.xid if fault.kind in (Kind.XID, Kind.JOB_HANG) else XIDS.get(fault.kind)
-            if code is not None and fault.start <= self.state.t and fault.id not in self.state.fired:
-                self.state.fired.add(fault.id)
-                self.nvml.inject_xid(fault.gpu or 0, code)
-            elif fault.kind is Kind.DRIVER_HANG and fault.start <= self.state.t and fault.id not in self.state.fired:
-                self.state.fired.add(fault.id)  # A hung driver delivers no NVML event: the kernel log has it.
-                board = next((b for b in self.boards if b.index == (fault.gpu or 0)), None)
-                if board is not None:
-                    self.kernel_log.write_xid(board.pci_bus_id, GSP_TIMEOUT)
+            if fault.kind is Kind.DRIVER_HANG:
+                code = GSP_TIMEOUT
+            if code is None or fault.start > self.state.t or fault.id in self.state.fired:
+                continue
+            self.state.fired.add(fault.id)
+            self.nvml.inject_xid(fault.gpu or 0, code)
+            board = next((b for b in self.boards if b.index == (fault.gpu or 0)), None)
+            if board is not None:
+                self.kernel_log.write_xid(board.pci_bus_id, code)

@@ -3,6 +3,8 @@ collector reads through the same interface as /dev/kmsg (`exporter.kernellog`)."
 
 from __future__ import annotations
 
+from gpufleet import xid
+
 # event -> a message the kernel writes for it (gpufleet's patterns, `exporter.collector.kernel.EVENTS`, class each).
 MESSAGES = {
     "soft_lockup": "watchdog: BUG: soft lockup - CPU#12 stuck for 23s! [python3:48213]",
@@ -10,6 +12,15 @@ MESSAGES = {
     "storage_timeout": "nfs: server nfs-home not responding, still trying",
     "machine_check": "mce: [Hardware Error]: CPU 3: Machine Check: 0 Bank 5: be00000000800400",
     "oom_kill": "Out of memory: Killed process 48213 (python3) total-vm:81234567kB, anon-rss:71234567kB",
+}
+
+
+# What the driver writes after an XID's code, for the codes whose text an operator knows them by.
+XID_TEXT = {
+    xid.FALLEN_OFF_BUS: "GPU has fallen off the bus.",
+    xid.GSP_TIMEOUT: "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 "
+                     "(GSP_RM_CONTROL) (0x20800a4c 0x4).",
+    xid.DOUBLE_BIT_ECC: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.",
 }
 
 
@@ -26,8 +37,7 @@ class SimulatedKernelLog:
         """An XID as the NVIDIA driver logs it, for the GPU at NVML's `pci_bus_id` (`00000000:18:00.0`)."""
         domain, bus, device = pci_bus_id.split(".")[0].split(":")
         self.messages.append(f"NVRM: Xid (PCI:{domain[-4:]}:{bus}:{device}): {code}, pid=48213, name=python3, "
-                             "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 "
-                             "(GSP_RM_CONTROL) (0x20800a4c 0x4).")
+                             f"{XID_TEXT.get(code, 'Ch 00000008')}")
 
     def reader(self) -> SimulatedKernelLogReader:
         return SimulatedKernelLogReader(self)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from gpufleet.exporter.collector.infiniband import NARROW_COUNTERS
 from gpufleet.exporter.gpu.simulated.board import SimulatedGpu
 from gpufleet.exporter.tree import MemoryTree
 from gpufleet.simulator.faults import Cause
@@ -43,6 +44,11 @@ _FOREVER = math.inf
 def _text(read: Callable[..., object], *args: object) -> Callable[[], str]:
     """A file whose content is `read(*args)` at the moment it is read."""
     return lambda: str(read(*args))
+
+
+def _narrow(name: str, read: Callable[..., int], *args: object) -> int:
+    """A count as an IBA error counter of its width holds it: stopped at its maximum."""
+    return min(int(read(*args)), (1 << NARROW_COUNTERS[name]) - 1)
 
 
 class NodeSysfs:
@@ -201,8 +207,10 @@ class NodeSysfs:
             tree.set(f"{ports}/counters/port_{name}_data", _text(self.ib_units, port, direction, 4))
             tree.set(f"{ports}/counters/port_{name}_packets", _text(self.ib_units, port, direction, 4096))
         tree.set(f"{ports}/counters/port_xmit_wait", _text(self._ib_xmit_wait, port))
-        tree.set(f"{ports}/counters/symbol_error", _text(self.state.counted, Kind.SYMBOL_ERRORS, None, port))
-        tree.set(f"{ports}/counters/link_downed", _text(self.ib_link_downed, port))
+        # The error counters are as narrow as the IBA's PortCounters, and stop at their maximum as an HCA's do.
+        tree.set(f"{ports}/counters/symbol_error",
+                 _text(_narrow, "symbol_error", self.state.counted, Kind.SYMBOL_ERRORS, None, port))
+        tree.set(f"{ports}/counters/link_downed", _text(_narrow, "link_downed", self.ib_link_downed, port))
         for name in ("link_error_recovery", "port_rcv_errors", "port_xmit_discards",
                      "port_rcv_remote_physical_errors", "local_link_integrity_errors",
                      "excessive_buffer_overrun_errors", "VL15_dropped"):

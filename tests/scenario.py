@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from layouts import node
 
 FAULTS_AT = 60  # Simulated (and, at speed 1, wall-clock) seconds of healthy fleet first.
+HANG_AT = 70  # Simulated seconds: node 16's driver hangs, once its lost GPU's XID reached NVML's events.
 RESTART_AT = 95  # Simulated seconds: node 1's exporter restarts, its GPU 1 held at a reset.
 REPAIR_AT = 120  # The repairs start.
 SWITCH_AT = 150  # A leaf switch goes down, once the repairs are done, and is back before the drills.
@@ -66,8 +67,8 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
     ({"kind": "nvlink_crc", "node": node(8), "gpu": 1, "link": 4},
      [expect("GpuNvlinkCrcErrors", 8, "ticket", gpu="1", link="4")]),
     # A GPU the NVSwitch fabric manager never finishes registering pages; a fabric at limited capacity tickets.
-    ({"kind": "fabric_not_ready", "node": node(10), "gpu": 6},
-     [expect("GpuFabricNotReady", 10, "pager", gpu="6")]),
+    ({"kind": "fabric_not_ready", "node": node(9), "gpu": 6},
+     [expect("GpuFabricNotReady", 9, "pager", gpu="6")]),
     ({"kind": "fabric_degraded", "node": node(14), "gpu": 2},
      [expect("GpuFabricDegraded", 14, "ticket", gpu="2")]),
     ({"kind": "nic_saturation", "node": node(11), "port": "mlx5_1/1", "direction": "tx"},
@@ -100,7 +101,8 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
      # The simulator's pods have no names (no kubelet answers), so no job id: the job's nodes are compared as busy
      # nodes of one GPU model, on their SM clock.
      [expect("NodeStraggler", 4, "ticket", signal="sm_clock", peers="model")]),
-    # Slurm job 432958 hangs: both its nodes spin in a collective (its straggler tests are the promtool tests').
+    # Slurm job 432958 hangs: both its nodes spin in a collective (its straggler tests are the promtool tests'). Its
+    # node 15 lost a GPU, whose page is the incident until the reboot repairs it: the job pages after that.
     ({"kind": "job_hang", "node": node(10)}, [Expected("JobHung", None, (("job_id", "432958"),), "pager")]),
     ({"kind": "ib_link_down", "node": node(9), "port": "mlx5_4/1"},
      [expect("NicInfinibandPortDown", 9, "pager", device="mlx5_4")]),  # No link-down ticket beside the page.
@@ -114,6 +116,19 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
       expect("NicInfinibandPortDown", 12, None, required=False, device="mlx5_5")]),
     ({"kind": "ib_rate_degraded", "node": node(16), "port": "mlx5_6/1"},
      [expect("NicInfinibandRateDegraded", 16, "pager", device="mlx5_6")]),
+    # Node 16's GPU 5 falls off the bus for good, and its driver hangs at HANG_AT (XID 119 in its kernel log only):
+    # one page for the hang, and GPU 0's reset from the XID, in the node's one incident, with GPU 5's page held
+    # through it. The reboot at REPAIR_AT ends the hang and both pages; GPU 5, still off the bus, keeps its own.
+    ({"kind": "gpu_dead", "node": node(16), "gpu": 5},
+     [expect("GpuNeedsReboot", 16, "pager", gpu="5"), expect("GpuLost", 16, None, gpu="5"),
+      expect("GpuXidCritical", 16, None, gpu="5", xid="79"),
+      expect("NodeCollectorFailing", 16, None, required=False, collector="gpu"),
+      expect("NodeCollectorStale", 16, None, required=False, collector="gpu")]),
+    ({"kind": "driver_hang", "node": node(16), "start": f"{HANG_AT}s"},
+     [expect("GpuDriverUnresponsive", 16, "pager"), expect("GpuNeedsReset", 16, "pager", gpu="0"),
+      expect("GpuXidCritical", 16, None, required=False, gpu="0", xid="119")]),
+    ({"kind": "node_reboot", "node": node(16), "start": f"{REPAIR_AT}s", "duration": f"{REBOOT_SECONDS}s"},
+     [expect("NodeExporterDown", 16, None, required=False)]),
     ({"kind": "gpu_lost", "node": node(15), "gpu": 5},
      # One page: the reboot the GPU needs, which holds back the lost GPU's own page.
      [expect("GpuNeedsReboot", 15, "pager", gpu="5"), expect("GpuLost", 15, None, gpu="5"),
@@ -164,8 +179,12 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
 # keeps a vanished series for LOOKBACK: vmalert sees that one end so much later.
 REPAIRED = [(expect("GpuNeedsReset", 1, "pager", gpu="1"), REPAIR_AT + 5, False),
             (expect("GpuNeedsReboot", 15, "pager", gpu="5"), REPAIR_AT + REBOOT_SECONDS, False),
-            (expect("GpuNeedsReplacement", 3, "ticket", gpu="0"), REPAIR_AT + REBOOT_SECONDS, True)]
-UNREPAIRED = expect("GpuNeedsReboot", 1, "pager", gpu="0")
+            (expect("GpuNeedsReplacement", 3, "ticket", gpu="0"), REPAIR_AT + REBOOT_SECONDS, True),
+            (expect("GpuDriverUnresponsive", 16, "pager"), REPAIR_AT + REBOOT_SECONDS, False),
+            (expect("GpuNeedsReset", 16, "pager", gpu="0"), REPAIR_AT + REBOOT_SECONDS, False)]
+# Still needing their repair at the end: node 1's GPU 0, never rebooted, and node 16's GPU 5, which its reboot did
+# not bring back.
+UNREPAIRED = [expect("GpuNeedsReboot", 1, "pager", gpu="0"), expect("GpuNeedsReboot", 16, "pager", gpu="5")]
 EXPECTED = [e for _, alerts in SCENARIO for e in alerts]
 # The drill at the end: a vmagent shard stopped takes its nodes out of vmalert's sight.
 UNSCRAPED = Expected("NodesUnscraped", None, (("cluster", "e2e"),), "pager")

@@ -42,19 +42,19 @@ def test_vmalerts_file_is_prometheus_rules_with_the_pagers_groups_asking_rules_a
     prometheus = yaml.safe_load(RULES_FILE.read_text())["groups"]
     vmalert = yaml.safe_load(VMALERT_RULES_FILE.read_text())["groups"]
     assert [{k: v for k, v in g.items() if k != "concurrency"} for g in vmalert] == prometheus
-    # The pager's groups (no interval of their own) ask up to four rules at once, the two-rule group two; the
+    # The pager's groups (no interval of their own) ask up to four rules at once, the three-rule group three; the
     # minute groups two; the capacity and reliability groups, which run every 5 or 10 minutes, one at a time, so
     # that they cannot crowd the pager out.
     wanted = {None: 4, "1m": 2}
     concurrency = {g["name"]: g["concurrency"] for g in vmalert}
     assert concurrency == {g["name"]: min(wanted.get(g.get("interval"), 1), len(g["rules"])) for g in prometheus}
-    assert {concurrency[name] for name in ("gpufleet-gpu-failures", "gpufleet-fabric", "gpufleet-exporter")} == {4, 2}
+    assert {concurrency[name] for name in ("gpufleet-gpu-failures", "gpufleet-fabric", "gpufleet-exporter")} == {4, 3}
     assert {concurrency[name] for name in ("gpufleet-recording", "gpufleet-stragglers", "gpufleet-fabric-trends",
                                            "gpufleet-reliability", "gpufleet-capacity-links")} == {2, 1}
     site = yaml.safe_load(render(load_config_text("vmalert_concurrency: 8\nvmalert_trend_concurrency: 3\n"),
                                  "vmalert"))["groups"]
     assert {g["name"]: g["concurrency"] for g in site if g["concurrency"] > 1} == {
-        "gpufleet-gpu-failures": 8, "gpufleet-fabric": 7, "gpufleet-exporter": 2, "gpufleet-recording": 3,
+        "gpufleet-gpu-failures": 8, "gpufleet-fabric": 7, "gpufleet-exporter": 3, "gpufleet-recording": 3,
         "gpufleet-stragglers": 3, "gpufleet-exporter-trends": 3, "gpufleet-gpu-trends": 3,
         "gpufleet-fabric-trends": 3, "gpufleet-pipeline": 2, "gpufleet-jobs": 3, "gpufleet-remediation": 3}
     # Time-scaled (the end-to-end test), the minute groups run every 8 s and keep their concurrency.
@@ -122,8 +122,8 @@ def alerting_rules() -> list[dict]:
 
 
 # A job's, a leaf switch's, the scrapers' and the alerting pipeline's own pages.
-PAGES_WITHOUT_A_NODE = {"JobHung", "FabricLeafDown", "NodesUnscraped", "AlertmanagerNotificationsFailed",
-                        "RemediationBreakerOpen"}
+PAGES_WITHOUT_A_NODE = {"JobHung", "FabricLeafDown", "RackDown", "NodesUnscraped",
+                        "AlertmanagerNotificationsFailed", "RemediationBreakerOpen"}
 
 
 def test_every_alert_carries_severity_summary_description_and_runbook():
@@ -137,9 +137,9 @@ def test_every_alert_carries_severity_summary_description_and_runbook():
         stake = {"jobs_at_stake"} if paged else set()
         assert set(rule["annotations"]) == {"summary", "description", "runbook_url", *remediation, *stake}, (
             rule["alert"])
-        # A job's (`Job`); the pipeline's own: Alertmanager's, the remediator's, and the Watchdog, by the name
-        # heartbeat integrations know it by.
-        prefixes = ("Gpu", "Nic", "Node", "Fabric", "Job", "Alertmanager", "Remediation")
+        # A job's (`Job`), a rack's (`Rack`); the pipeline's own: Alertmanager's, the remediator's, and the
+        # Watchdog, by the name heartbeat integrations know it by.
+        prefixes = ("Gpu", "Nic", "Node", "Fabric", "Rack", "Job", "Alertmanager", "Remediation")
         assert rule["alert"].startswith(prefixes) or rule["alert"] == WATCHDOG
 
 

@@ -2,7 +2,7 @@ import re
 import shutil
 from pathlib import Path
 
-from gpufleet.devtools.paths import FIXTURE_SYSFS
+from gpufleet.devtools.paths import FIXTURE_SYSFS, FIXTURES
 from gpufleet.exporter.collector.infiniband import InfinibandCollector
 from gpufleet.exporter.state import FileStore, PersistentState
 from gpufleet.exporter.tree import DiskTree
@@ -161,3 +161,16 @@ def test_hcas_can_be_left_out_by_name(sysfs: Path):
     assert devices(exclude=re.compile("^mlx5_1$")) == {"mlx5_0", "mlx5_2"}
     assert devices(include=re.compile("^mlx5_[01]$")) == {"mlx5_0", "mlx5_1"}
     assert devices(include=re.compile("mlx5"), exclude=re.compile("_2$")) == {"mlx5_0", "mlx5_1"}
+
+
+def test_a_narrow_error_counter_at_its_maximum_is_exported_as_stopped():
+    """symbol_error at 65535 (16 bits), link_downed at 255 (8 bits) and local_link_integrity_errors at 15 (4 bits)
+    count nothing more; the counters below their maximum, and the 32-bit data counter the kernel reads with no
+    twin here, are not called stopped."""
+    for beside in (False, True):  # Beside node_exporter, which exports the counters, the signal is still gpufleet's.
+        collector = InfinibandCollector(DiskTree(FIXTURES / "sys-saturated"), beside_node_exporter=beside)
+        samples = rendered(collector.collect())
+        assert named(samples, "gpufleet_infiniband_port_counter_saturated") == {
+            frozenset({("device", "mlx5_0"), ("port", "1"), ("counter", name)}): 1.0
+            for name in ("symbol_error", "link_downed", "local_link_integrity_errors")}
+        assert (series("gpufleet_infiniband_symbol_error_total", **NDR) in samples) is not beside

@@ -3,6 +3,7 @@ resumes and refuses, seen in `sinfo` and on its /metrics."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import signal
 import subprocess
@@ -22,7 +23,17 @@ NODES = [f"gpu-node-{number:04d}" for number in range(1, 9)]
 RESET = "GPU 3 needs a reset (XID 79)"
 
 
-def alert(node: str, status: str = "firing", gpu: str = "3", starts: str = "2026-11-26T10:00:00.123456789Z",
+def hours_ago(hours: float) -> str:
+    """An RFC 3339 start `hours` before now, with nanoseconds as Alertmanager writes them: the remediator forgets
+    resolved episodes after a day, so an alert's start is always recent."""
+    at = datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=hours)
+    return at.strftime("%Y-%m-%dT%H:%M:%S.123456789Z")
+
+
+EPISODE = hours_ago(3)  # The start of an alert's first episode.
+
+
+def alert(node: str, status: str = "firing", gpu: str = "3", starts: str = EPISODE,
           name: str = "GpuNeedsReset", **labels: str) -> dict:
     return {"status": status, "fingerprint": f"{name}-{node}-{gpu}", "startsAt": starts,
             "endsAt": "0001-01-01T00:00:00Z",
@@ -142,9 +153,9 @@ def test_webhooks_out_of_order_drain_nothing_they_should_not(cluster):
         post(r.url, alert(NODES[5], "resolved"))
         post(r.url, alert(NODES[5]))
         # An older episode's firing after a newer one resolved: stale too.
-        post(r.url, alert(NODES[6], starts="2026-11-26T11:00:00Z"))
-        post(r.url, alert(NODES[6], "resolved", starts="2026-11-26T11:00:00Z"))
-        post(r.url, alert(NODES[6], starts="2026-11-26T10:00:00Z"))
+        post(r.url, alert(NODES[6], starts=hours_ago(2)))
+        post(r.url, alert(NODES[6], "resolved", starts=hours_ago(2)))
+        post(r.url, alert(NODES[6], starts=EPISODE))
         time.sleep(3)
         assert ours(cluster) == {}
         assert own_metric(r.url, "gpufleet_remediate_nodes", phase="drained") == 0
@@ -249,7 +260,7 @@ def test_an_operator_who_resumes_a_node_is_not_overruled_by_the_alerts_repeats(c
         post(r.url, alert(NODES[4]))  # Alertmanager's repeat of the same episode.
         time.sleep(3)
         assert cluster.states()[NODES[4]][0] == "idle"
-        post(r.url, alert(NODES[4], starts="2026-11-26T12:00:00Z"))  # The GPU fails again: a new episode.
+        post(r.url, alert(NODES[4], starts=hours_ago(1)))  # The GPU fails again: a new episode.
         wait_for(lambda: NODES[4] in ours(cluster), 10, "the drain of the new episode")
 
 

@@ -41,6 +41,15 @@ _COUNTER_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 _HW_NOT_COUNTERS = frozenset({"lifespan"})
 
 
+# The IBA PortCounters' widths of the error counters, which the kernel reads with no 64-bit twin: each stops at
+# its maximum rather than wrapping, until `perfquery -R` clears it, and its rate then reads 0 on the ports that
+# fail most. A counter at its maximum is exported as such (`gpufleet_infiniband_port_counter_saturated`).
+NARROW_COUNTERS = {
+    "symbol_error": 16, "port_rcv_errors": 16, "port_rcv_remote_physical_errors": 16, "port_xmit_discards": 16,
+    "VL15_dropped": 16, "link_downed": 8, "link_error_recovery": 8, "port_xmit_constraint_errors": 8,
+    "port_rcv_constraint_errors": 8, "local_link_integrity_errors": 4, "excessive_buffer_overrun_errors": 4,
+}
+
 # 64-bit `counters_ext/` files and the 32-bit `counters/` file each one replaces.
 _EXTENDED = {
     "port_xmit_data_64": "port_xmit_data",
@@ -65,6 +74,13 @@ def _counter_files(sysfs: SysfsReader, port_dir: str) -> dict[str, str]:
         if _COUNTER_NAME.match(name):
             files[_EXTENDED.get(name, name.removesuffix("_64"))] = f"{port_dir}/counters_ext/{name}"
     return files
+
+
+def _saturated(name: str, path: str, value: float) -> bool:
+    """Whether a counter read from `path` is a narrow error counter at its maximum. Exactly at it: a driver that
+    reads a wider register for it shows larger values, and such a counter does not stop there."""
+    width = NARROW_COUNTERS.get(name)
+    return width is not None and path.endswith(f"/counters/{name}") and value == (1 << width) - 1
 
 
 def _add_states(sysfs: SysfsReader, families: FamilySet, port_dir: str, labels: list[str]) -> float | None:
@@ -222,10 +238,19 @@ class InfinibandCollector(SysfsCollector):
                 ("device", "port", "link_layer"),
             ).add_metric([*labels, link_layer], 1.0)
 
-        counters = {} if self.beside_node_exporter else _counter_files(sysfs, port_dir)  # Nothing else needs them.
+        counters = _counter_files(sysfs, port_dir)
+        if self.beside_node_exporter:  # node_exporter exports them; only whether a narrow one stopped is read here.
+            counters = {name: path for name, path in counters.items() if name in NARROW_COUNTERS}
         for name, path in counters.items():
             value = sysfs.counter(path)
             if value is None:
+                continue
+            if _saturated(name, path, value):
+                families.gauge("gpufleet_infiniband_port_counter_saturated",
+                               "1 while a narrow error counter of the port sits at its maximum: it counts nothing "
+                               "more until it is cleared (perfquery -R).", ("device", "port", "counter")).add_metric(
+                    [*labels, name], 1.0)
+            if self.beside_node_exporter:
                 continue
             metric = name.lower()
             if name in _WORD_COUNTERS:
