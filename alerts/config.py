@@ -137,10 +137,10 @@ class Config:
     leaf_down_share: float = 0.5
     leaf_down_nodes: int = 2
     # A rack whose nodes go dark together (its power or its top-of-rack switch): at least this share of the
-    # nodes of one rack (the label `rack_label`, from the site's topology), and this many, unscraped or down at
-    # once are one incident naming the rack.
+    # nodes of one rack (the label `rack_label`, from the site's topology), and this many, down at once are one
+    # incident naming the rack. Most of the rack: two reboots at once in a rack of four are two nodes' own.
     rack_label: str = "rack"
-    rack_down_share: float = 0.5
+    rack_down_share: float = 0.75
     rack_down_nodes: int = 2
     # A node that stopped being a scrape target stays expected this long: its held pages and NodesUnscraped stay
     # open meanwhile (a lost scrape shard, a target gone from discovery). Nodes retired on purpose sooner are

@@ -136,7 +136,7 @@ def fabric(c: Config) -> dict[str, Any]:
         # Against the rate the port is known to reach (its own fastest, or its same-model peers'), as the
         # exporter reports it: never against another HCA, such as a slower storage HCA of the same node.
         alert(c, "NicInfinibandRateDegraded",
-              f"({c.metric(ib + 'rate_bytes_per_second')} < on ({port}) "
+              f"({c.metric(ib + 'rate_bytes_per_second')} < on ({port}) group_left () "
               f"{c.metric(ib + 'rate_capability_bytes_per_second')}) unless on ({port}) {NOT_ACTIVE}", "critical",
               "An InfiniBand port runs below the rate it is known to reach.",
               f"{PORT} runs at {{{{ $value | humanize }}}}B/s, below the rate it has run at or its same-model "

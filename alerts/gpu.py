@@ -119,7 +119,8 @@ def gpu_failures(c: Config) -> dict[str, Any]:
               "A GPU stopped answering NVML.",
               f"{GPU} is lost: NVML no longer answers for it.", for_="1m"),
         alert(c, "GpuMissingFromNvml",
-              f"{c.metric('gpufleet_gpu_pci_devices')} > on ({c.by('instance')}) {c.metric('gpufleet_gpu_devices')}",
+              f"{c.metric('gpufleet_gpu_pci_devices')} > on ({c.by('instance')}) group_left () "
+              f"{c.metric('gpufleet_gpu_devices')}",
               "critical", "A node has GPUs on its PCI bus that NVML does not list.",
               "{{ $labels.instance }} has {{ $value }} NVIDIA GPUs on the PCI bus, more than NVML lists.",
               for_="5m"),

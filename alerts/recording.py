@@ -201,7 +201,7 @@ def link_ratios(c: Config, window: str, known_speed: bool = False,
         rate = f"rate({c.metric(counter)}[{c.d(window)}])"
         if averaged is not None:
             rate = f"avg_over_time({rate}[{averaged[0]}:{averaged[1]}])"
-        ratio = f"{rate} / on ({c.by(*port)}) {divisor}"
+        ratio = f"{rate} / on ({c.by(*port)}) group_left () {divisor}"  # Many-to-one: the rate's labels, place too.
         ratios.append((ratio, {"direction": direction, "class": class_}))
     return ratios
 
@@ -233,7 +233,7 @@ def nodes_seen(c: Config) -> dict[str, Any]:
 
 def shared(c: Config) -> dict[str, Any]:
     rules = [
-        record(NODE_JOBS, f"count by ({c.by('instance', 'scheduler', 'job_id', 'namespace', 'pod')}) "
+        record(NODE_JOBS, f"count by ({c.node('scheduler', 'job_id', 'namespace', 'pod')}) "
                           f"(last_over_time({c.metric('gpufleet_gpu_job_info')}[{c.d(TREND_INTERVAL)}]))"),
         record(UTILIZATION,
                f"avg by ({c.node()}) ({c.metric('gpufleet_gpu_utilization_ratio')})"),

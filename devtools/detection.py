@@ -374,12 +374,13 @@ def _kinds_round(sweep: Sweep, nodes: int, sim_url: str, prom_url: str) -> list[
     names = [f"gpu-node-{number:04d}" for number in range(1, nodes + 1)]
     round_ = incidents.inject(sim_url, names, sweep.kinds, seconds, sweep.seed, time.monotonic())
     for fault in round_:
-        if fault.kind == "job_hang":
+        if fault.kind in ("job_hang", "driver_hang"):
             found = query(prom_url, f'group by (job_id) (gpufleet_gpu_job_info{{instance="{fault.node}",job_id!=""}})')
-            fault.job = found[0]["metric"]["job_id"] if found else ""
-            if not fault.job:
-                fault.pages = False  # An idle node has no job to hang.
-                print(f"job_hang on {fault.node}: the node runs no job, so nothing should page", file=sys.stderr)
+            job = found[0]["metric"]["job_id"] if found else ""
+            fault.job = job if fault.kind == "job_hang" else ""
+            if not job:
+                fault.pages = False  # An idle node has no job to hang, nor one its hung driver stops.
+                print(f"{fault.kind} on {fault.node}: the node runs no job, so nothing should page", file=sys.stderr)
     print("fault kinds: " + ", ".join(f"{f.kind} on {f.node}" for f in round_), file=sys.stderr)
     time.sleep(seconds)
     return round_

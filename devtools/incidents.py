@@ -42,7 +42,14 @@ KINDS: tuple[tuple[dict[str, Any], bool], ...] = (
     ({"kind": "persistence_off", "gpu": 6}, False),
     ({"kind": "driver_mismatch", "duration": "2s"}, False),  # A reboot of 16 production seconds, into the old driver.
     ({"kind": "kernel_events", "event": "hung_task", "rate": 0.1}, False),
+    # The driver hangs: one page on a busy node; an idle node's is the collector's ticket (detection's round).
+    ({"kind": "driver_hang"}, True),
+    # A GPU off the bus for good, and a reboot halfway through the round that does not bring it back (REPAIRS):
+    # its page stays open through the reboot, as one incident.
+    ({"kind": "gpu_dead", "gpu": 5}, True),
 )
+# What an operator does on a kind's node while it lasts: a fault, and when, as a share of the round.
+REPAIRS: dict[str, tuple[dict[str, Any], float]] = {"gpu_dead": ({"kind": "node_reboot", "duration": "2s"}, 0.5)}
 
 
 @dataclass
@@ -83,10 +90,14 @@ def inject(sim_url: str, nodes: list[str], kinds: int, seconds: float, seed: int
     chosen = random.Random(f"incidents:{seed}").sample(nodes, kinds)
     round_ = [Injected(fault, pages, node) for (fault, pages), node in zip(KINDS[:kinds], chosen, strict=True)]
     for fault in round_:
-        status, body = http("POST", f"{sim_url}/control/faults",
-                            {"duration": seconds, **fault.fault, "node": fault.node})
-        if status != 201:
-            raise HarnessError(f"the simulator refused {fault.fault}: {status} {body!r}")
+        faults = [{"duration": seconds, **fault.fault, "node": fault.node}]
+        if fault.kind in REPAIRS:
+            repair, share = REPAIRS[fault.kind]
+            faults.append({**repair, "node": fault.node, "start": f"+{share * seconds:.3f}s"})
+        for body in faults:
+            status, answer = http("POST", f"{sim_url}/control/faults", body)
+            if status != 201:
+                raise HarnessError(f"the simulator refused {body}: {status} {answer!r}")
         fault.start, fault.end = now, now + seconds
     return round_
 

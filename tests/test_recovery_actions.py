@@ -28,6 +28,7 @@ from helpers import named, rendered, series
 
 BOOT = 1_799_990_000
 LOST = pynvml.NVML_ERROR_GPU_IS_LOST
+LOST_DRIVER = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
 
 
 class Node:
@@ -278,7 +279,7 @@ def test_a_restarted_exporter_serves_the_held_actions_before_its_first_collectio
     assert named(first, "gpufleet_gpu_recovery_action") == {
         frozenset({("gpu", "0"), ("uuid", UUID0)}): NONE, frozenset({("gpu", "1"), ("uuid", UUID1)}): RESET}
     assert first[series("gpufleet_gpu_xid_errors_total", gpu="1", uuid=UUID1, xid="62")] == 1
-    assert "gpufleet_gpu_driver_up" not in {name for name, _ in first}  # Not yet asked: neither up nor down.
+    assert first[series("gpufleet_gpu_driver_up")] == 0  # Not answered yet: the node's other GPU pages are held.
     assert node.actions()[UUID1] == RESET  # And the first collection carries it on.
 
 
@@ -348,3 +349,15 @@ def test_a_gpu_declared_taken_out_is_forgotten_and_one_not_declared_stays_lost(n
     samples = rendered(node.collector.collect())
     assert named(samples, "gpufleet_gpu_up") == {frozenset({("gpu", "0"), ("uuid", UUID0)}): 1.0}
     assert UUID1 not in json.dumps(json.loads((tmp_path / FILE).read_text())["sections"]["gpu"]["gpus"])
+
+
+def test_nvml_down_from_the_start_serves_the_kept_actions_and_every_gpu_lost(node):
+    node.actions()
+    node.xid(1, 62)
+    assert node.actions()[UUID1] == RESET
+    node.nvml.init_error = LOST_DRIVER  # The driver did not load after a restart (an upgrade that failed).
+    node.start()
+    samples = rendered(node.collector.collect())
+    assert samples[series("gpufleet_gpu_recovery_action", gpu="1", uuid=UUID1)] == RESET
+    assert set(named(samples, "gpufleet_gpu_up").values()) == {0.0} and len(named(samples, "gpufleet_gpu_up")) == 2
+    assert samples[series("gpufleet_gpu_driver_up")] == 0

@@ -16,6 +16,7 @@ from gpufleet.exporter.gpu.simulated.host import simulated_gpus
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.server import build_app
+from gpufleet.exporter.state import FileStore, PersistentState
 from gpufleet.exporter.tree import DiskTree
 
 from helpers import eventually, named, parse, series
@@ -176,3 +177,38 @@ async def test_cancelling_a_tick_as_its_collection_completes_stops_the_collector
     task.cancel()
     done, _ = await asyncio.wait({task}, timeout=2)
     assert done == {task} and task.cancelled()
+
+
+async def test_a_restarted_exporter_serves_what_it_kept_before_its_first_collection_ends(tmp_path):
+    """The server listens before the first collection, which here hangs in NVML as a driver stuck at start-up: the
+    scrapes meanwhile, and after it times out, find GPU 0 still held at the reset the last process kept."""
+    first = HangingNvml()
+    state = PersistentState(FileStore(tmp_path))
+    collector = GpuCollector(NvmlSession(first), state=state)
+    collector.collect()
+    collector.xids.record_nvml(0, first.gpus[0].uuid, first.gpus[0].pci_bus_id, 62)
+    collector.collect()  # Held at a reset, and kept in the state file.
+    restarted = HangingNvml()
+    restarted.hanging = True
+    gpu = ScheduledCollector(GpuCollector(NvmlSession(restarted), state=PersistentState(FileStore(tmp_path))),
+                             interval=0.3, timeout=0.2)
+    client = TestClient(TestServer(build_app(Exposition([gpu])), host="127.0.0.1"))
+    await client.start_server()
+    task = asyncio.create_task(gpu.run())
+    try:
+        assert await asyncio.to_thread(restarted.entered.wait, 5)
+        early = await scrape(client)  # The first collection has not returned.
+        held = series("gpufleet_gpu_recovery_action", gpu="0", uuid=first.gpus[0].uuid)
+        assert early[held] == 2 and success(early, "gpu") == 0
+        timed_out = await eventually(lambda: _driver_down(client))
+        assert timed_out[held] == 2
+    finally:
+        restarted.release.set()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await client.close()
+
+
+async def _driver_down(client):
+    samples = await scrape(client)
+    return samples if samples.get(series("gpufleet_gpu_driver_up")) == 0 else None

@@ -11,7 +11,7 @@ XID that took the driver down is the one an operator needs), and the GPUs on
 the PCI bus. When NVML hangs, and the collection times out or fails, or before
 the first collection after a start, the exporter serves what it keeps itself
 (`held`): each GPU's held recovery action and the XID counts, with
-`gpufleet_gpu_driver_up` 0 once a collection failed. A page for a GPU that
+`gpufleet_gpu_driver_up` 0. A page for a GPU that
 still needs its reset therefore never resolves because the driver stopped
 answering or the exporter restarted.
 """
@@ -196,8 +196,9 @@ class GpuCollector:
         self.inventory = Inventory(self._kept.get("gpus"), expected_count)
         if self.inventory.ignored:
             self.state.ignored(self.inventory.ignored)
-        # Whether NVML answered the last collection; None before the first.
-        self._answered: bool | None = None
+        # Whether NVML answered the last collection: not yet, before the first. A scrape before it must hold the
+        # node's GPU pages as a hung driver's does, whatever their series.
+        self._answered = False
         # The collection's worker thread and the event loop's `held` share the action book, the ledger and the
         # kernel log reader: never held across an NVML call, which may hang.
         self._lock = threading.Lock()
@@ -315,7 +316,7 @@ class GpuCollector:
                 add_jobs(families, attribution)
                 problems.extend(attribution.problems)
         with self._lock:
-            self._add_kept(families)
+            self._add_held(families)
         if self.sysfs is not None:
             sysfs = SysfsReader(self.sysfs)
             add_pci_devices(families, sysfs)
@@ -335,12 +336,17 @@ class GpuCollector:
                 if self._kept is None:
                     for change in self.actions.raise_from_xids(self.xids.snapshot(), self._boot_time()):
                         log.info("%s", change)
-            if self._kept is not None:
-                add_preview(families, self._kept, self.inventory)
-                self._add_driver(families)
-            else:
-                self._add_kept(families)
+            self._add_held(families)
         return families.collection()
+
+    def _add_held(self, families: FamilySet) -> None:
+        """What the exporter keeps itself: the kept state as a previous process left it until this one has seen
+        the node's GPUs (NVML may fail or hang from the start), then its own."""
+        if self._kept is not None:
+            add_preview(families, self._kept, self.inventory)
+            self._add_driver(families)
+        else:
+            self._add_kept(families)
 
     def _unavailable(self, families: FamilySet) -> None:
         """NVML as a whole cannot be used: every GPU the node has had is lost, and keeps its held action."""
@@ -369,10 +375,9 @@ class GpuCollector:
         return sample
 
     def _add_driver(self, families: FamilySet) -> None:
-        if self._answered is not None:
-            families.gauge("gpufleet_gpu_driver_up", "1 when NVML answered the last GPU collection; 0 when it is "
-                           "unavailable, or the collection failed or timed out (a hung driver).", ()).add_metric(
-                [], 1.0 if self._answered else 0.0)
+        families.gauge("gpufleet_gpu_driver_up", "1 when NVML answered the last GPU collection; 0 before the first, "
+                       "when NVML is unavailable, or when the collection failed or timed out (a hung driver).",
+                       ()).add_metric([], 1.0 if self._answered else 0.0)
 
     def _add_kept(self, families: FamilySet) -> None:
         """The XID counts and the held recovery actions, exported and kept for the next process."""
