@@ -63,15 +63,23 @@ def collector_health(c: Config) -> dict[str, Any]:
     nodes these two read 10,000 series (every collector's success, and its last success twice), which at
     the scrape interval was the larger part of the exporter group's time."""
     last_success = c.metric("gpufleet_collector_last_success_timestamp_seconds")
+    # A GPU collector that fails because a GPU is lost or the driver does not answer is that page's: standing
+    # aside here, not only at Alertmanager, keeps the ticket from leaving in a moment the page is not there to
+    # inhibit it (a rule engine's restart, the page's own `for` after a reboot).
+    node = c.by("instance")
+    explained = (f'label_replace(max by ({node}) ({c.metric("gpufleet_gpu_up")} == 0) or max by ({node}) '
+                 f'({c.metric("gpufleet_gpu_driver_up")} == 0), "collector", "gpu", "", "")')
+    unexplained = f"unless on ({c.by('instance', 'collector')}) {explained}"
     rules = [
-        alert(c, "NodeCollectorFailing", f"{c.metric('gpufleet_collector_success')} == 0", "warning",
+        alert(c, "NodeCollectorFailing", f"{c.metric('gpufleet_collector_success')} == 0 {unexplained}", "warning",
               "An exporter collector keeps failing.",
               "The {{ $labels.collector }} collector of {{ $labels.instance }} has failed for 10 minutes; "
               "its log says why.", for_="10m"),
         # Aged at the scrape that reported it, not at evaluation: a node nobody scrapes any more keeps its last
         # sample for the lookback, and against time() every collector of it would look stale at once.
         alert(c, "NodeCollectorStale",
-              f"timestamp({last_success}) - {last_success} > {max(1, round(c.stale_seconds / c.time_scale))}",
+              f"timestamp({last_success}) - {last_success} > {max(1, round(c.stale_seconds / c.time_scale))} "
+              f"{unexplained}",
               "warning", "An exporter collector has not succeeded recently.",
               "The {{ $labels.collector }} collector of {{ $labels.instance }} last succeeded "
               "{{ $value | humanizeDuration }} ago."),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -153,13 +154,18 @@ def bench_node(flags: argparse.Namespace | None = None) -> str:
 
 def catalogue_exposition(flags: argparse.Namespace) -> str:
     """The golden node with every state that makes a sparse family appear: an NVLink down and one that counted
-    errors, a MIG mode pending its reset. With every opt-in flag on, it serves every family the exporter has."""
+    errors, a MIG mode pending its reset, a port whose link_downed counter stopped at its maximum. With every
+    opt-in flag on, it serves every family the exporter has."""
     gpus = boards()
     busy, _, split = gpus
     busy.nvlinks_down = {1}
     busy.nvlink_errors = {(0, "crc_flit"): 5}
     split.mig_pending = False
-    return served(gpus, FIXTURE_SYSFS, flags, xid=(0, 31))
+    with tempfile.TemporaryDirectory() as tmp:
+        sysfs = Path(tmp) / "sys"
+        shutil.copytree(FIXTURE_SYSFS, sysfs, symlinks=True)
+        (sysfs / "class/infiniband/mlx5_1/ports/1/counters/link_downed").write_text("255\n")
+        return served(gpus, sysfs, flags, xid=(0, 31))
 
 
 def series_by_family(text: str) -> Counter[str]:

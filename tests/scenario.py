@@ -121,9 +121,7 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
     # through it. The reboot at REPAIR_AT ends the hang and both pages; GPU 5, still off the bus, keeps its own.
     ({"kind": "gpu_dead", "node": node(16), "gpu": 5},
      [expect("GpuNeedsReboot", 16, "pager", gpu="5"), expect("GpuLost", 16, None, gpu="5"),
-      expect("GpuXidCritical", 16, None, gpu="5", xid="79"),
-      expect("NodeCollectorFailing", 16, None, required=False, collector="gpu"),
-      expect("NodeCollectorStale", 16, None, required=False, collector="gpu")]),
+      expect("GpuXidCritical", 16, None, gpu="5", xid="79")]),
     ({"kind": "driver_hang", "node": node(16), "start": f"{HANG_AT}s"},
      [expect("GpuDriverUnresponsive", 16, "pager"), expect("GpuNeedsReset", 16, "pager", gpu="0"),
       expect("GpuXidCritical", 16, None, required=False, gpu="0", xid="119")]),
@@ -132,15 +130,9 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
     ({"kind": "gpu_lost", "node": node(15), "gpu": 5},
      # One page: the reboot the GPU needs, which holds back the lost GPU's own page.
      [expect("GpuNeedsReboot", 15, "pager", gpu="5"), expect("GpuLost", 15, None, gpu="5"),
-      expect("GpuXidCritical", 15, None, gpu="5", xid="79"),
-      # The GPU collector fails while a board is lost; the page for the lost GPU holds back these tickets.
-      # The reboot 60 seconds later may end the failure before its 75-second `for`.
-      expect("NodeCollectorFailing", 15, None, required=False, collector="gpu"),
-      expect("NodeCollectorStale", 15, None, collector="gpu"),
-      # When the reboot brings the GPU back, the lost GPU's alert resolves at the scrape interval and the stale
-      # collector's ticket only at the next minute group: in between, nothing holds the ticket back, and it can
-      # reach the ticket queue for that moment.
-      expect("NodeCollectorStale", 15, "ticket", required=False, collector="gpu")]),
+      # The GPU collector fails while a board is lost, or its driver does not answer (node 16): the page for the
+      # lost GPU explains it, and the collector's tickets stand aside in the rules.
+      expect("GpuXidCritical", 15, None, gpu="5", xid="79")]),
     ({"kind": "exporter_down", "node": node(5)}, [expect("NodeExporterDown", 5, "pager")]),
     # 24 production seconds between exporter processes on a busy node: "exporter down" may go pending, and
     # nothing reaches anyone. (An XID raised while no exporter runs is lost, so it is a node with none.)
@@ -150,12 +142,9 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
     ({"kind": "exporter_restart", "node": node(1), "start": f"{RESTART_AT}s", "duration": "3s"},
      [expect("NodeExporterDown", 1, None, required=False)]),
     # The repairs: each ends its GPU's page, and nothing else (node 1's GPU 0 still needs its reboot).
-    # Off the bus while it resets (40 production seconds): "lost" and the GPU collector's failure may go
-    # pending, and reach no one.
+    # Off the bus while it resets (40 production seconds): "lost" may go pending, and reach no one.
     ({"kind": "gpu_reset", "node": node(1), "gpu": 1, "start": f"{REPAIR_AT}s"},
-     [expect("GpuLost", 1, None, required=False, gpu="1"),
-      expect("NodeCollectorFailing", 1, None, required=False, collector="gpu"),
-      expect("NodeCollectorStale", 1, None, required=False, collector="gpu")]),
+     [expect("GpuLost", 1, None, required=False, gpu="1")]),
     ({"kind": "node_reboot", "node": node(15), "start": f"{REPAIR_AT}s", "duration": f"{REBOOT_SECONDS}s"},
      [expect("NodeExporterDown", 15, None, required=False)]),
     ({"kind": "gpu_replace", "node": node(3), "gpu": 0, "start": f"{REPAIR_AT}s", "duration": f"{REBOOT_SECONDS}s"},

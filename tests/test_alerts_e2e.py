@@ -120,12 +120,8 @@ def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_no
         try:
             _wait_for_deliveries_and_repairs(engines, started)
             kept, lost = _restart_drill(restart_vmalert, vm_am, prom_am)
-            # A shard lost, with no replica: its nodes vanish from the store, and one page says what share. The
-            # shard of a node with a page held for a repair never done, where it has another node as well: the page
-            # must not resolve while its node is unscraped.
-            held = {e.instance for e in UNREPAIRED}
-            dark = min((number for number in range(SHARDS) if len(scraped[number]) >= 2),
-                       key=lambda n: (not scraped[n] & held, len(scraped[n])))
+            # A shard lost, with no replica: its nodes vanish from the store, and one page says what share.
+            dark = _shard_to_lose(scraped)
             shards[dark].close()
             lost_at = time.monotonic()
             # Its nodes' `up` leaves vmalert's queries after the lookback (37.5 s), the alert's `for` is as long,
@@ -150,6 +146,14 @@ def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_no
         if e.required:
             fired = [{key for key in engine.log.fired if e.matches(dict(key))} for engine in engines]
             assert fired[0] == fired[1], (e, fired)
+
+
+def _shard_to_lose(scraped: list[set[str]]) -> int:
+    """The shard of a node with a page held for a repair never done, where it has another node as well (the page
+    must not resolve while its node is unscraped); else the smallest with two nodes."""
+    held = {e.instance for e in UNREPAIRED}
+    return min((number for number in range(SHARDS) if len(scraped[number]) >= 2),
+               key=lambda n: (not scraped[n] & held, len(scraped[n])))
 
 
 def _wait_for_deliveries_and_repairs(engines: list[Engine], started: float) -> None:
