@@ -63,12 +63,12 @@ def collector_health(c: Config) -> dict[str, Any]:
     nodes these two read 10,000 series (every collector's success, and its last success twice), which at
     the scrape interval was the larger part of the exporter group's time."""
     last_success = c.metric("gpufleet_collector_last_success_timestamp_seconds")
-    # A GPU collector that fails because a GPU is lost or the driver does not answer is that page's: standing
-    # aside here, not only at Alertmanager, keeps the ticket from leaving in a moment the page is not there to
-    # inhibit it (a rule engine's restart, the page's own `for` after a reboot).
+    # A GPU collector that fails while its node pages for a lost GPU or a driver that does not answer is that
+    # page's: standing aside here, not only at Alertmanager, keeps the ticket from leaving in a moment the page is
+    # not there to inhibit it (a rule engine's restart). An idle node's hung driver, which does not page, tickets.
     node = c.by("instance")
-    explained = (f'label_replace(max by ({node}) ({c.metric("gpufleet_gpu_up")} == 0) or max by ({node}) '
-                 f'({c.metric("gpufleet_gpu_driver_up")} == 0), "collector", "gpu", "", "")')
+    explained = (f'label_replace(max by ({node}) (ALERTS{{alertname=~"GpuDriverUnresponsive|GpuLost",'
+                 f'alertstate="firing"}}), "collector", "gpu", "", "")')
     unexplained = f"unless on ({c.by('instance', 'collector')}) {explained}"
     rules = [
         alert(c, "NodeCollectorFailing", f"{c.metric('gpufleet_collector_success')} == 0 {unexplained}", "warning",

@@ -204,7 +204,7 @@ def fabric_trends(c: Config) -> dict[str, Any]:
         alert(c, "NicEthernetErrors",
               f"sum by ({c.node('device')}) (rate({c.metric('gpufleet_network_receive_errors_total')}"
               f"[{c.d('5m')}]) + rate({c.metric('gpufleet_network_transmit_errors_total')}[{c.d('5m')}])) / "
-              f"sum by ({c.by('instance', 'device')}) (rate({c.metric('gpufleet_network_receive_packets_total')}"
+              f"sum by ({c.node('device')}) (rate({c.metric('gpufleet_network_receive_packets_total')}"
               f"[{c.d('5m')}]) + rate({c.metric('gpufleet_network_transmit_packets_total')}[{c.d('5m')}])) > "
               f"{c.ethernet_error_share:g}", "warning", "An Ethernet interface has many packet errors.",
               "{{ $labels.device }} of {{ $labels.instance }} errs on {{ $value | humanizePercentage }} "

@@ -60,6 +60,11 @@ JOB_XMIT_WAIT_MEDIAN = "job:gpufleet_infiniband_xmit_wait:median_rate5m"
 # so a rule engine down for less than that picks it up again where it stood.
 NODES_SEEN = "instance:gpufleet_up:last_seen"
 LATCH_WINDOW = "1h"
+# Sparse, per node: its `up` is still shown but no scrape wrote one within STALE_WINDOW, a scraper that died
+# without a staleness marker (VictoriaMetrics keeps its series for the lookback). Longer than any scrape interval,
+# and with the minute it is recorded at, well inside the lookback's five minutes.
+NODES_STALE = "instance:gpufleet_up:stale"
+STALE_WINDOW = "2m"
 # Per node: the rate of its fastest InfiniBand port, which a port that trained down is compared with. Rates
 # change only when a link retrains, so a minute-old figure serves the pager's 15 s group.
 NODE_IB_RATE = "instance:gpufleet_infiniband_rate_bytes_per_second:max"
@@ -134,7 +139,7 @@ def pcie_degraded(c: Config) -> dict[str, Any]:
                 f" or (({c.metric('gpufleet_gpu_pcie_link_generation')} < "
                 f"{c.metric('gpufleet_gpu_pcie_link_max_generation')}) and on ({gpu}) "
                 f"{c.metric('gpufleet_gpu_utilization_ratio')} > {c.busy_utilization:g})")
-    return record(PCIE_DEGRADED, f"group by ({gpu}) ({degraded})")
+    return record(PCIE_DEGRADED, f"group by ({c.node('gpu', 'uuid')}) ({degraded})")
 
 
 def ecc_new(c: Config) -> dict[str, Any]:
@@ -250,6 +255,8 @@ def shared(c: Config) -> dict[str, Any]:
         *link_utilization(c, LINK_UTILIZATION, RATE_WINDOW),
         port_buckets(c),
         nodes_seen(c),
+        record(NODES_STALE, f"group by ({c.node()}) ({c.up()} unless on ({c.by('instance')}) "
+                            f"count_over_time({c.up()}[{c.d(STALE_WINDOW)}]))"),
         record(NODE_IB_RATE, f"max by ({c.node()}) ({c.metric('gpufleet_infiniband_rate_bytes_per_second')})"),
         *_gpu_health(c),
     ]

@@ -13,9 +13,6 @@ PORT = "{{ $labels.device }} port {{ $labels.port }} of {{ $labels.instance }}"
 # evaluating a 5-minute rate or a 10-minute `for` every 15 s finds nothing sooner that matters, and at a
 # thousand nodes it costs four times the CPU. Groups without an interval run at the scrape interval.
 TREND_INTERVAL = "1m"
-# How recently a node must have been scraped to count as seen: a few scrapes, and far less than the store's
-# lookback (`rule._fresh`).
-FRESH_WINDOW = "1m"
 
 
 def alert(config: Config, name: str, expr: str, severity: str, summary: str, description: str,
@@ -25,7 +22,7 @@ def alert(config: Config, name: str, expr: str, severity: str, summary: str, des
 
     Every alert but the exporter's own reads a node's series, which go stale the moment gpufleet stops seeing
     the node: the alert would resolve and the pager would say so, though nothing was repaired. `held` keeps a
-    firing alert firing until its node is seen again (`_held`) and says so in its description, where `$value`
+    firing alert firing while its node is dark (`_held`) and says so in its description, where `$value`
     no longer means anything. `keep_firing_for` would hold it for a fixed time instead: too short for a host
     down two hours, and it would delay every real resolution as long. `held_by` names the scrape jobs whose
     series the alert needs (gpufleet's by default): beside node_exporter, a port alert that reads only
@@ -54,56 +51,46 @@ def alert(config: Config, name: str, expr: str, severity: str, summary: str, des
     return rule
 
 
-def _fresh(config: Config, up: str, gpu: bool) -> str:
-    """The nodes whose series the alert reads are fresh: scraped within FRESH_WINDOW (its last scrape a success),
-    and for a `gpu` alert with a driver that answered the GPU collector's last collection. An exporter too old to
-    say so counts by its scrape alone.
+def _dark(config: Config, up: str, gpu: bool, matchers: str = "") -> str:
+    """The nodes gpufleet cannot see now, among those `matchers` pick: a scrape that fails (`up` 0), a node
+    expected (NODES_SEEN) that has no `up` at all (a lost scrape shard, a target dropped by discovery; Prometheus
+    ends its series at once), one whose `up` is only its last value from a scraper that died (NODES_STALE: no
+    staleness marker in VictoriaMetrics, whose lookback keeps each series until it has passed since that series'
+    own last sample, and a dying vmagent's last samples may be of two scrapes), and for a `gpu` alert a GPU driver
+    that does not answer (`gpufleet_gpu_driver_up` 0, also before the first collection after a restart).
 
-    Within a window shorter than the store's lookback, not at this instant: a scraper that dies writes no
-    staleness marker, and VictoriaMetrics then shows each of its series until the lookback has passed since its
-    own last sample. The last samples it sent may be of two scrapes (one series written, the next not yet), and
-    an alert's series that vanished a second before its node's `up` resolved it for that second in the end-to-end
-    test's lost shard. Judged over the shorter window, the node stops being fresh before any of its series vanish."""
+    A few sparse results of instant selectors, read by every held alert at every evaluation: where the hold asked
+    for the fresh nodes instead (every node, over a minute of `up`), it cost three times the alerts themselves."""
+    from gpufleet.alerts.recording import NODES_SEEN, NODES_STALE
+
     node = config.by("instance")
-    # And at this instant: Prometheus ends a vanished target's series with a staleness marker at once, and a range
-    # then still finds the last sample before it.
-    scraped = f"({up} == 1 and on ({node}) last_over_time({up}[{config.d(FRESH_WINDOW)}]) == 1)"
-    if not gpu:
-        return scraped
-    driver = config.metric("gpufleet_gpu_driver_up")
-    return f"({driver} == 1 and on ({node}) {scraped}) or ({scraped} unless on ({node}) {driver})"
+    dark = [f"{with_matchers(up, matchers)} == 0", f"({with_matchers(NODES_SEEN, matchers)} unless on ({node}) {up})",
+            with_matchers(NODES_STALE, matchers)]
+    if gpu:
+        dark.append(f"{with_matchers(config.metric('gpufleet_gpu_driver_up'), matchers)} == 0")
+    return " or ".join(dark)
 
 
 def _held(config: Config, name: str, expr: str, up: str, gpu: bool) -> str:
-    """`expr`, or the alert's own firing instances on nodes that are expected (NODES_SEEN) and not fresh now
-    (`_fresh`): an exporter down or restarting, a target gone from the scrape, a driver that hangs. ALERTS
-    carries the alert's labels and `alertstate`, dropped here so that the labels match the alert's again.
+    """`expr`, or the alert's own firing instances on nodes gpufleet cannot see now (`_dark`): an exporter down or
+    restarting, a target gone from the scrape, a driver that hangs. ALERTS carries the alert's labels and
+    `alertstate`, dropped here so that the labels match the alert's again. A node no longer expected (forgotten
+    by NODES_SEEN) is not dark, and its alerts resolve.
 
     `max without ()` changes nothing in Prometheus, but in VictoriaMetrics a comparison leaves the series it
     filtered out as gaps until the end of the query, and `or` fills gaps from its right side: while a node's
     last samples are still in the lookback, every GPU of a node whose exporter stopped took on each alert
     held for any one of them (the end-to-end test's exporter restart). An aggregation drops the gaps."""
-    from gpufleet.alerts.recording import NODES_SEEN
-
     node = config.by("instance")
     firing = f'label_replace(ALERTS{{alertname="{name}",alertstate="firing"}}, "alertstate", "", "", "")'
-    return (f"max without () ({expr}) or on ({node}) ({firing} unless on ({node}) ({_fresh(config, up, gpu)}) "
-            f"and on ({node}) {NODES_SEEN})")
+    return f"max without () ({expr}) or on ({node}) ({firing} and on ({node}) ({_dark(config, up, gpu)}))"
 
 
 def _dark_query(config: Config, up: str, gpu: bool) -> str:
-    """A Go-template `printf` of the query that finds the alert's node dark (not scraped, or down, or with a driver
-    that does not answer), for `query`. Only a node seen dark: one a test or a new rule engine knows nothing of is
-    described as usual."""
-    from gpufleet.alerts.recording import NODES_SEEN
-
-    matchers = f'{config.cluster_label}="%s",instance="%s"'
-    dark = [f"{with_matchers(up, matchers)} == 0",
-            f"({with_matchers(NODES_SEEN, matchers)} unless on ({config.by('instance')}) {up})"]
-    if gpu:
-        dark.append(f"{with_matchers(config.metric('gpufleet_gpu_driver_up'), matchers)} == 0")
-    query = " or ".join(dark)
-    return printf(query, *(f"$labels.{config.cluster_label}", "$labels.instance") * len(dark))
+    """A Go-template `printf` of the query that finds the alert's node dark (`_dark`), for `query`. Only a node
+    seen dark: one a test or a new rule engine knows nothing of is described as usual."""
+    dark = _dark(config, up, gpu, f'{config.cluster_label}="%s",instance="%s"')
+    return printf(dark, *(f"$labels.{config.cluster_label}", "$labels.instance") * (dark.count("%s") // 2))
 
 
 def with_matchers(selector: str, matchers: str) -> str:
