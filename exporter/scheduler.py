@@ -51,7 +51,7 @@ class ScheduledCollector:
         self.interval = interval
         self.timeout = timeout
         self._problems: tuple[str, ...] = ()
-        self.state = CollectorState(body=self._held(failed=False))
+        self.state = CollectorState(body=self._held(hung=False))
         self._running: concurrent.futures.Future[tuple[Collection, bytes]] | None = None
 
     async def run(self) -> None:
@@ -72,7 +72,7 @@ class ScheduledCollector:
         if self._running is not None and not self._running.done():
             log.debug("collector=%s tick skipped: the previous collection is still running", self.name)
             # Still hung: what the collector keeps may have changed meanwhile (an XID read from the kernel log).
-            self._update(replace(self.state, skipped=self.state.skipped + 1, body=self._held(failed=True)))
+            self._update(replace(self.state, skipped=self.state.skipped + 1, body=self._held(hung=True)))
             return
         started = time.perf_counter()
         self._running = self._start_collection()
@@ -83,7 +83,7 @@ class ScheduledCollector:
         if not done:
             outcome.add_done_callback(_discard)  # Its late result, or error, is of no interest any more.
             self._failed(started, f"collection timed out after {self.timeout:g}s; "
-                                  "later ticks are skipped until it returns")
+                                  "later ticks are skipped until it returns", hung=True)
             return
         try:
             collection, body = outcome.result()
@@ -98,7 +98,7 @@ class ScheduledCollector:
         try:
             collection, body = self._collect_and_render()
         except TimeoutError as err:  # A simulated call that would have outlived the timeout.
-            self._failed(started, f"collection timed out: {err}")
+            self._failed(started, f"collection timed out: {err}", hung=True)
         except Exception as err:  # noqa: BLE001 - as in tick().
             self._failed(started, f"collection failed: {err}")
         else:
@@ -145,16 +145,16 @@ class ScheduledCollector:
             )
         )
 
-    def _failed(self, started: float, message: str) -> None:
+    def _failed(self, started: float, message: str, hung: bool = False) -> None:
         self._report((message,))
         # A failed collection serves no values, stale numbers would look like live ones: only what the collector
         # keeps itself.
         self._update(replace(self.state, success=False, duration_seconds=time.perf_counter() - started,
-                             body=self._held(failed=True)))
+                             body=self._held(hung)))
 
-    def _held(self, failed: bool) -> bytes:
+    def _held(self, hung: bool) -> bytes:
         try:
-            return render(self.collector.held(failed).families)
+            return render(self.collector.held(hung).families)
         except Exception:  # A broken collector's fallback must not take the exporter down: it is logged.
             log.exception("collector=%s: what it holds cannot be served", self.name)
             return b""

@@ -275,7 +275,7 @@ def test_a_restarted_exporter_serves_the_held_actions_before_its_first_collectio
     node.xid(1, 62)
     assert node.actions()[UUID1] == RESET
     node.start()
-    first = rendered(node.collector.held(failed=False))
+    first = rendered(node.collector.held(hung=False))
     assert named(first, "gpufleet_gpu_recovery_action") == {
         frozenset({("gpu", "0"), ("uuid", UUID0)}): NONE, frozenset({("gpu", "1"), ("uuid", UUID1)}): RESET}
     assert first[series("gpufleet_gpu_xid_errors_total", gpu="1", uuid=UUID1, xid="62")] == 1
@@ -292,16 +292,16 @@ def test_a_hung_driver_keeps_the_held_actions_and_its_xids_reach_them_from_the_k
     node.xid(0, 62)
     assert node.actions()[UUID0] == RESET
     # NVML stops answering: every collection from now on times out, and the scheduler serves `held` instead.
-    hung = rendered(node.collector.held(failed=True))
+    hung = rendered(node.collector.held(hung=True))
     assert hung[series("gpufleet_gpu_driver_up")] == 0
     assert hung[series("gpufleet_gpu_recovery_action", gpu="0", uuid=UUID0)] == RESET
     assert not named(hung, "gpufleet_gpu_up") and not named(hung, "gpufleet_gpu_power_watts")  # Nothing stale.
     with kmsg.open("a") as log:  # The GSP timeout reaches the kernel log only: NVML delivers no event.
         log.write("NVRM: Xid (PCI:0000:2a:00): 119, pid=4242, name=python3, Timeout after 6s of waiting for RPC "
                   "response from GPU1 GSP! Expected function 76 (GSP_RM_CONTROL).\n")
-    node.collector.held(failed=True)
+    node.collector.held(hung=True)
     node.clock.now += 15  # Past the window in which an NVML event for the same XID would have counted it instead.
-    hung = rendered(node.collector.held(failed=True))
+    hung = rendered(node.collector.held(hung=True))
     assert hung[series("gpufleet_gpu_xid_errors_total", gpu="1", uuid=UUID1, xid="119")] == 1
     assert hung[series("gpufleet_gpu_recovery_action", gpu="1", uuid=UUID1)] == RESET
     # The driver answers again without a reset: nothing was repaired, and both GPUs stay held.

@@ -127,7 +127,7 @@ async def test_a_collector_that_raises_is_reported_and_the_exporter_keeps_servin
         def collect(self):
             raise RuntimeError("unexpected failure inside the collector")
 
-        def held(self, failed):
+        def held(self, hung):
             return Collection(())
 
         def close(self):
@@ -158,7 +158,7 @@ async def test_cancelling_a_tick_as_its_collection_completes_stops_the_collector
             self.go.wait(5)
             return Collection(())
 
-        def held(self, failed):
+        def held(self, hung):
             return Collection(())
 
         def close(self):

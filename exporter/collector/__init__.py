@@ -70,10 +70,11 @@ class Collector(Protocol):
 
     def collect(self) -> Collection: ...
 
-    def held(self, failed: bool) -> Collection:
-        """What to serve without a collection: before the first (`failed` False), and after one that raised or
-        outlived its timeout (`failed` True), in the event loop's thread while that one may still be running.
-        Only what the collector itself keeps (a GPU's held recovery action), never the hardware's last values."""
+    def held(self, hung: bool) -> Collection:
+        """What to serve without a collection of its own: before the first, after one that raised, and after one
+        that outlived its timeout (`hung`: the hardware did not answer), in the event loop's thread while that one
+        may still be running. Only what the collector itself keeps (a GPU's held recovery action), never the
+        hardware's last values."""
 
     def stop(self) -> None:
         """Ask background work to end, without waiting for it."""
@@ -151,7 +152,7 @@ class SysfsCollector:
     def read(self, sysfs: SysfsReader, families: FamilySet) -> None:
         raise NotImplementedError
 
-    def held(self, failed: bool) -> Collection:
+    def held(self, hung: bool) -> Collection:
         return Collection(())
 
     def close(self) -> None:

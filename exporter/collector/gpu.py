@@ -8,10 +8,10 @@ session is the node's hardware (`exporter.node`), not the collector's choice.
 When NVML fails as a whole, the collection still serves what does not depend
 on it: `gpufleet_gpu_up` 0 for every GPU the node has had, the XID counts (the
 XID that took the driver down is the one an operator needs), and the GPUs on
-the PCI bus. When NVML hangs, and the collection times out or fails, or before
+the PCI bus. When NVML hangs and the collection times out, or it fails, or before
 the first collection after a start, the exporter serves what it keeps itself
 (`held`): each GPU's held recovery action and the XID counts, with
-`gpufleet_gpu_driver_up` 0. A page for a GPU that
+`gpufleet_gpu_driver_up` 0 where NVML did not answer. A page for a GPU that
 still needs its reset therefore never resolves because the driver stopped
 answering or the exporter restarted.
 """
@@ -101,8 +101,7 @@ def add_sample(families: FamilySet, sample: NodeSample) -> None:
         _identity_series(families, identity, False, sample.driver_version, sample.cuda_version)
 
 
-def add_xids(families: FamilySet, ledger: XidLedger, registered: bool = True) -> None:
-    """The XID counts, and with `registered` whether NVML's XID events are registered."""
+def add_xids(families: FamilySet, ledger: XidLedger) -> None:
     labels = ("gpu", "uuid", "xid")
     for count in ledger.snapshot():
         values = [str(count.gpu), count.uuid, str(count.xid)]
@@ -110,25 +109,10 @@ def add_xids(families: FamilySet, ledger: XidLedger, registered: bool = True) ->
                          labels).add_metric(values, count.count)
         families.gauge("gpufleet_gpu_xid_last_timestamp_seconds", "Unix time of the latest event of this XID.",
                        labels).add_metric(values, count.last_timestamp)
-    if registered:
-        families.gauge("gpufleet_gpu_xid_events_registered",
-                       "1 while NVML XID events are registered for at least one GPU.", ()).add_metric(
-            [], 1.0 if ledger.watching else 0.0
-        )
-
-
-def add_preview(families: FamilySet, kept: dict[str, object], inventory: Inventory) -> None:
-    """What a previous process kept, as it kept it, for the scrapes before this one's first collection: the held
-    actions of the GPUs the node had, whose pages a restart must not resolve, and their XID counts."""
-    gpus = list(inventory.gpus.values())
-    ledger, book = XidLedger(), ActionBook()
-    xids, actions = kept.get("xids", []), kept.get("actions", {})
-    _, carried = ledger.restore(xids if isinstance(xids, list) else [], {g.uuid: g.index for g in gpus})
-    book.restore(actions if isinstance(actions, dict) else {}, {g.pci_bus_id: g.uuid for g in gpus}, carried)
-    book.know(gpus)
-    add_xids(families, ledger, registered=False)
-    for family in book.families():
-        families.add(family)
+    families.gauge("gpufleet_gpu_xid_events_registered",
+                   "1 while NVML XID events are registered for at least one GPU.", ()).add_metric(
+        [], 1.0 if ledger.watching else 0.0
+    )
 
 
 def add_pci_devices(families: FamilySet, sysfs: SysfsReader) -> None:
@@ -190,12 +174,17 @@ class GpuCollector:
         self.kernel_xids = kernel_xids
         self.actions = ActionBook()
         self.state = state or PersistentState()
-        # What a previous process kept, applied once this one has seen which GPUs the node has; served as it is
-        # until then (`held`).
+        # What a previous process kept. Where it says which GPUs the node had, it applies at once, so that it is
+        # served before the first collection and through a driver that hangs from the start, and what a board
+        # replaced while no exporter watched left behind is dropped at the first sample (`_verify`); a file too
+        # old to say applies once this process has seen the node's GPUs.
         self._kept: dict[str, object] | None = self.state.section(self.name)
         self.inventory = Inventory(self._kept.get("gpus"), expected_count)
         if self.inventory.ignored:
             self.state.ignored(self.inventory.ignored)
+        self._unverified: dict[str, GpuIdentity] = dict(self.inventory.gpus)
+        if self._unverified:
+            self._restore(list(self._unverified.values()))
         # Whether NVML answered the last collection: not yet, before the first. A scrape before it must hold the
         # node's GPU pages as a hung driver's does, whatever their series.
         self._answered = False
@@ -257,7 +246,9 @@ class GpuCollector:
             site = compile_pattern(args.job_pod_pattern) if args.job_pod_pattern is not None else None
         except PodPatternError as err:
             raise CollectorError(str(err)) from None
-        ledger = XidLedger()
+        # A kernel-log XID waits this long for NVML's event of it before it counts: longer than a collection, at
+        # which the log is read.
+        ledger = XidLedger(dedup_window=max(10.0, 2 * args.collector_gpu_interval))
         sources: list[XidSource] = [NvmlXidWatcher(hardware.nvml, ledger, wait_ms=hardware.nvml_event_wait_ms)]
         kernel_xids = None
         if args.gpu_xid_kmsg and hardware.kernel_log is not None:
@@ -316,37 +307,29 @@ class GpuCollector:
                 add_jobs(families, attribution)
                 problems.extend(attribution.problems)
         with self._lock:
-            self._add_held(families)
+            self._add_kept(families)
         if self.sysfs is not None:
             sysfs = SysfsReader(self.sysfs)
             add_pci_devices(families, sysfs)
             problems.extend(sysfs.problems)
         return families.collection(problems)
 
-    def held(self, failed: bool) -> Collection:
-        """Before the first collection, what a previous process kept; after one that failed or timed out (NVML
-        hung), the held actions, raised further by the XIDs the kernel log still tells, and the XID counts, with
-        `gpufleet_gpu_driver_up` 0. Runs in the event loop's thread, perhaps while that collection still waits."""
+    def held(self, hung: bool) -> Collection:
+        """What the exporter keeps itself: the held actions, raised further by the XIDs the kernel log still tells,
+        and the XID counts, with `gpufleet_gpu_driver_up` 0 where the collection hung in NVML (one that raised is
+        the exporter's fault, and its collector's ticket, not the driver's). Runs in the event loop's thread,
+        perhaps while that collection still waits; saves nothing, which the next collection does."""
         families = FamilySet()
         with self._lock:
-            if failed:
+            if hung:
                 self._answered = False
-                if self.kernel_xids is not None:
-                    self.kernel_xids.poll()
-                if self._kept is None:
-                    for change in self.actions.raise_from_xids(self.xids.snapshot(), self._boot_time()):
-                        log.info("%s", change)
-            self._add_held(families)
+            if self.kernel_xids is not None:
+                self.kernel_xids.poll()
+            if self._kept is None:
+                for change in self.actions.raise_from_xids(self.xids.snapshot(), self._boot_time()):
+                    log.info("%s", change)
+            self._add_kept(families, save=False)
         return families.collection()
-
-    def _add_held(self, families: FamilySet) -> None:
-        """What the exporter keeps itself: the kept state as a previous process left it until this one has seen
-        the node's GPUs (NVML may fail or hang from the start), then its own."""
-        if self._kept is not None:
-            add_preview(families, self._kept, self.inventory)
-            self._add_driver(families)
-        else:
-            self._add_kept(families)
 
     def _unavailable(self, families: FamilySet) -> None:
         """NVML as a whole cannot be used: every GPU the node has had is lost, and keeps its held action."""
@@ -360,15 +343,20 @@ class GpuCollector:
     def _observe(self, sample: NodeSample, verdicts: dict[str, list[int]]) -> NodeSample:
         """Take one sample's GPUs into the inventory and the action book; returns it with the GPUs the node had
         that NVML no longer lists added to its lost ones."""
+        answering = {gpu.identity.pci_bus_id for gpu in sample.gpus}
+        # The session knows lost GPUs by index, which NVML renumbers when it lists fewer: not one that answers.
+        sample = dataclasses.replace(sample, lost=tuple(g for g in sample.lost if g.pci_bus_id not in answering))
         for gpu in sample.gpus:  # Lets kernel-log XIDs be matched to GPUs even if NVML events are off.
             self.xids.register_gpu(gpu.identity.index, gpu.identity.uuid, gpu.identity.pci_bus_id)
+        self._verify(sample)
         for identity in self.inventory.settle(gpu.identity for gpu in sample.gpus):
             log.info("GPU %d (%s) at %s is no longer expected: %d GPUs answer, as declared", identity.index,
                      identity.uuid, identity.pci_bus_id, self.inventory.expected or 0)
             self.actions.forget(identity.pci_bus_id)
         missing = self.inventory.missing([*(gpu.identity for gpu in sample.gpus), *sample.lost])
         sample = dataclasses.replace(sample, lost=(*sample.lost, *missing))
-        self._restore(sample)
+        if self._kept is not None:
+            self._restore([*(gpu.identity for gpu in sample.gpus), *sample.lost])
         for change in self.actions.observe(sample.gpus, sample.lost, self.xids.snapshot(), self._boot_time(),
                                            verdicts):
             log.info("%s", change)
@@ -379,35 +367,58 @@ class GpuCollector:
                        "when NVML is unavailable, or when the collection failed or timed out (a hung driver).",
                        ()).add_metric([], 1.0 if self._answered else 0.0)
 
-    def _add_kept(self, families: FamilySet) -> None:
-        """The XID counts and the held recovery actions, exported and kept for the next process."""
+    def _add_kept(self, families: FamilySet, save: bool = True) -> None:
+        """The XID counts and the held recovery actions, exported and, with `save`, kept for the next process."""
         add_xids(families, self.xids)
         for family in self.actions.families():
             families.add(family)
         self._add_driver(families)
-        if self._kept is None:  # Not before the kept state is carried over, which it would overwrite.
+        if save and self._kept is None:  # Not before the kept state is carried over, which it would overwrite.
             self.state.update(self.name, {"xids": self.xids.kept(), "actions": self.actions.kept(),
                                           "gpus": self.inventory.kept()})
 
-    def _restore(self, sample: NodeSample) -> None:
-        """Carry over what a previous process kept, once: the XID counts and held actions of the GPUs this
-        node has now, or had and still misses. Entries for others (replaced boards, GPUs declared taken out, or a
-        file from another host) are dropped."""
+    def _restore(self, identities: Sequence[GpuIdentity]) -> None:
+        """Carry over what a previous process kept, once: the XID counts and held actions of `identities`, the GPUs
+        this node has (or had, by the kept inventory). Entries for others (replaced boards, GPUs declared taken
+        out, or a file from another host) are dropped."""
         if self._kept is None:
             return
         kept, self._kept = self._kept, None
-        identities = [*(gpu.identity for gpu in sample.gpus), *sample.lost]
+        for identity in identities:  # Kernel-log XIDs find their GPU before NVML has listed it.
+            self.xids.register_gpu(identity.index, identity.uuid, identity.pci_bus_id)
         xids, actions = kept.get("xids", []), kept.get("actions", {})
         ignored, carried = self.xids.restore(xids if isinstance(xids, list) else [],
                                              {identity.uuid: identity.index for identity in identities})
         slots = {identity.pci_bus_id: identity.uuid for identity in identities}
         dropped, settled = self.actions.restore(actions if isinstance(actions, dict) else {}, slots, carried)
+        self.actions.know(identities)
         for line in settled:
             log.info("%s", line)
-        if ignored + dropped:
+        self._ignore(ignored + dropped)
+
+    def _verify(self, sample: NodeSample) -> None:
+        """At the first sample after a start, drop what the kept inventory's boards left where another board now
+        answers: the board was replaced while no exporter watched, or the file is another host's."""
+        unverified, self._unverified = self._unverified, {}
+        dropped = 0
+        for gpu in sample.gpus:
+            old = unverified.get(gpu.identity.pci_bus_id)
+            if old is None or old.uuid == gpu.identity.uuid:
+                continue
+            held = self.actions.held.get(old.pci_bus_id)
+            if held is not None and held.uuid == old.uuid:
+                log.info("the GPU at %s no longer needs %s: another board (%s) sits there", old.pci_bus_id,
+                         held.action.name.lower(), gpu.identity.uuid)
+                self.actions.forget(old.pci_bus_id)
+                dropped += 1
+            dropped += self.xids.forget(old.uuid)
+        self._ignore(dropped)
+
+    def _ignore(self, entries: int) -> None:
+        if entries:
             log.warning("the state file holds %d entries for GPUs this node does not have (replaced boards, or "
-                        "another host's file); they are not carried over", ignored + dropped)
-            self.state.ignored(ignored + dropped)
+                        "another host's file); they are not carried over", entries)
+            self.state.ignored(entries)
 
     def _boot_time(self) -> float | None:
         """When the node booted (procfs `stat`, btime): a change means it rebooted. None where it cannot be read."""

@@ -75,7 +75,7 @@ class KernelCollector:
                        ()).add_metric([], 1.0 if readable else 0.0)
         return families.collection()
 
-    def held(self, failed: bool) -> Collection:
+    def held(self, hung: bool) -> Collection:
         return Collection(())
 
     def _read(self) -> bool:

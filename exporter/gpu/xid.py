@@ -174,6 +174,14 @@ class XidLedger:
                 carried.append(XidCount(gpus[uuid], uuid, xid, count, last))
         return ignored, carried
 
+    def forget(self, uuid: str) -> int:
+        """Drop a GPU's counts (a board no longer in its slot); returns how many entries there were."""
+        with self._lock:
+            gone = [key for key in self._counts if key[1] == uuid]
+            for key in gone:
+                del self._counts[key]
+        return len(gone)
+
     def _count(self, index: int, uuid: str, xid: int, at: float) -> None:
         count, _ = self._counts.get((index, uuid, xid), (0, 0.0))
         self._counts[(index, uuid, xid)] = (count + 1, at)
