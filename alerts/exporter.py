@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.alerts.config import Config
+from gpufleet.alerts.gpu import driver_stake
 from gpufleet.alerts.recording import NODES_SEEN
 from gpufleet.alerts.rule import TREND_INTERVAL, alert
 
@@ -63,12 +64,16 @@ def collector_health(c: Config) -> dict[str, Any]:
     nodes these two read 10,000 series (every collector's success, and its last success twice), which at
     the scrape interval was the larger part of the exporter group's time."""
     last_success = c.metric("gpufleet_collector_last_success_timestamp_seconds")
-    # A GPU collector that fails while its node pages for a lost GPU or a driver that does not answer is that
-    # page's: standing aside here, not only at Alertmanager, keeps the ticket from leaving in a moment the page is
-    # not there to inhibit it (a rule engine's restart). An idle node's hung driver, which does not page, tickets.
+    # A GPU collector that fails for a lost GPU, or for a driver that does not answer on a node with work at
+    # stake, is GpuLost's or GpuDriverUnresponsive's: standing aside here, not only at Alertmanager, keeps the
+    # ticket from leaving in a moment the page is not there to inhibit it (a rule engine's restart). Read from the
+    # pages' own series, not their ALERTS, which follow an evaluation of their group later (in vmalert, a remote
+    # write later still). An idle node's hung driver, which does not page, tickets.
     node = c.by("instance")
-    explained = (f'label_replace(max by ({node}) (ALERTS{{alertname=~"GpuDriverUnresponsive|GpuLost",'
-                 f'alertstate="firing"}}), "collector", "gpu", "", "")')
+    hung = (f'{c.metric("gpufleet_gpu_driver_up")} == 0 and on ({node}) ({driver_stake(c)} or '
+            'ALERTS{alertname="GpuDriverUnresponsive"})')
+    explained = (f'label_replace(max by ({node}) ({c.metric("gpufleet_gpu_up")} == 0) or max by ({node}) ({hung}), '
+                 '"collector", "gpu", "", "")')
     unexplained = f"unless on ({c.by('instance', 'collector')}) {explained}"
     rules = [
         alert(c, "NodeCollectorFailing", f"{c.metric('gpufleet_collector_success')} == 0 {unexplained}", "warning",

@@ -69,17 +69,22 @@ def _needs(c: Config, name: str, action: Action, severity: str, summary: str, wh
     return rule
 
 
+def driver_stake(c: Config) -> str:
+    """The nodes whose GPUs had work in the last STAKE_WINDOW, or hold a recovery action: a hung driver there is
+    GpuDriverUnresponsive's page, and elsewhere the GPU collector's ticket."""
+    node, window = c.by("instance"), c.d(STAKE_WINDOW)
+    return (f"max_over_time({UTILIZATION}[{window}]) > 0 or group by ({node}) (last_over_time({NODE_JOBS}[{window}]))"
+            f" or max by ({node}) ({c.metric('gpufleet_gpu_recovery_action')}) > 0")
+
+
 def _driver_unresponsive(c: Config) -> dict[str, Any]:
     """The page for a node whose GPU driver stopped answering (NVML hangs, or fails as a whole) while its GPUs had
     work in the last STAKE_WINDOW or a held recovery action: once per node, however many GPUs it has, and it drains
     the node. Its GPUs' own pages are held meanwhile (`rule.alert`). An idle node's hung driver is the collector's
     ticket: nothing runs there to lose."""
     node = c.by("instance")
-    window = c.d(STAKE_WINDOW)
     # Once paging, it pages for as long as the driver does not answer: the work it had ages out of the window.
-    busy = (f"max_over_time({UTILIZATION}[{window}]) > 0 or group by ({node}) (last_over_time({NODE_JOBS}[{window}]))"
-            f" or max by ({node}) ({c.metric('gpufleet_gpu_recovery_action')}) > 0 or "
-            'ALERTS{alertname="GpuDriverUnresponsive",alertstate="firing"}')
+    busy = f'{driver_stake(c)} or ALERTS{{alertname="GpuDriverUnresponsive",alertstate="firing"}}'
     # Held while its exporter is not seen, not while its driver does not answer: that is its own condition.
     rule = node_alert(c, "GpuDriverUnresponsive", f"{c.metric('gpufleet_gpu_driver_up')} == 0 and on ({node}) ({busy})",
                  "critical", "A node's GPU driver stopped answering while its GPUs had work: drain it and reboot it.",
