@@ -8,6 +8,7 @@ own commands, run with this interpreter.
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ from gpufleet import duration
 from gpufleet.devtools.net import free_port
 from gpufleet.devtools.paths import FIXTURE_SYSFS
 from gpufleet.devtools.processes import Output, Server, serving
-from gpufleet.devtools.waiting import HarnessError
+from gpufleet.devtools.waiting import HarnessError, wait_for
 
 # The Debian package of every program the harness runs, named in the error when one is missing.
 PACKAGES = {
@@ -205,6 +206,32 @@ def node_exporter(sysfs: Path, *flags: str, output: Output = "file") -> Iterator
             *flags]
     with serving(argv, port, "/metrics", "node_exporter start", 20, output=output) as server:
         yield server
+
+
+def node_exporter_args(procfs: Path) -> list[str]:
+    """node_exporter's flags beside gpufleet: only the collectors that read the files gpufleet reads."""
+    from gpufleet.alerts.node_exporter import NODE_EXPORTER_COLLECTORS, NODE_EXPORTER_FLAGS
+
+    return [f"--path.procfs={procfs}", "--collector.disable-defaults",
+            *(f"--collector.{name}" for name in NODE_EXPORTER_COLLECTORS), *NODE_EXPORTER_FLAGS]
+
+
+def node_exporters(stack: contextlib.ExitStack, root: Path, targets: Path, node_targets: Path) -> list[Server]:
+    """A node_exporter per simulated node over the trees a simulator run with `--node-exporter-root=root` writes,
+    once it has written them, and their file_sd targets at `node_targets` with the labels the simulator gives the
+    node's own target (its instance, cluster and place), as a site relabels both jobs alike."""
+    groups = wait_for(lambda: targets.is_file() and json.loads(targets.read_text()), 30, "the simulator's targets")
+    wait_for(lambda: all((root / g["labels"]["instance"] / "proc" / "net" / "dev").is_file() for g in groups), 30,
+             "every node's trees written out")
+    servers, node_groups = [], []
+    for group in groups:
+        node = root / group["labels"]["instance"]
+        server = stack.enter_context(node_exporter(node / "sys", *node_exporter_args(node / "proc")))
+        labels = {k: v for k, v in group["labels"].items() if not k.startswith("__")}
+        servers.append(server)
+        node_groups.append({"targets": [server.url.removeprefix("http://")], "labels": labels})
+    node_targets.write_text(json.dumps(node_groups))
+    return servers
 
 
 @contextlib.contextmanager

@@ -84,10 +84,18 @@ class MemoryTree:
         # Every file by its whole path as well: a simulated node reads some 400 files a collection, and one
         # lookup costs a fifth of a walk down the directories. Directories are found by the walk alone.
         self._files: dict[str, Content] = {}
+        # Counts the changes a reader cannot see by reading the live files again: a file, link or directory
+        # added, replaced or removed. A copy of the tree (the simulator's mirror for node_exporter) walks the
+        # whole tree only when it moved.
+        self.version = 0
 
     def set(self, path: str, content: Content) -> None:
         self._replace(path, content)
         self._files[path] = content
+
+    def is_live(self, path: str) -> bool:
+        """Whether the file's text is a function's, which may differ at every read."""
+        return callable(self._files.get(path))
 
     def link(self, path: str, target: str) -> None:
         self._replace(path, _Link(target))
@@ -99,6 +107,7 @@ class MemoryTree:
             self._forget(path)
         self._files.pop(path, None)
         directory[name] = node
+        self.version += 1
 
     def remove(self, path: str) -> None:
         """Drop a file or a whole directory, as a hot-unplug does; nothing happens where there is nothing."""
@@ -108,6 +117,7 @@ class MemoryTree:
         except OSError:
             pass
         self._forget(path)
+        self.version += 1
 
     def _forget(self, path: str) -> None:
         """Drop the file at `path`, or every file below it where it was a directory, from the index."""

@@ -111,6 +111,8 @@ def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_no
         prom_url = stack.enter_context(prometheus(config, tmp_path / "data")).url
         evaluating = stack.enter_context(contextlib.ExitStack())  # vmalert alone, for the restart drill.
         vmalert_url = evaluating.enter_context(_vmalert(vmalert_rules, storage, vm_am)).url
+        for store in (prom_url, storage):
+            wait_until_scraped(store, len(SIXTEEN_NODES_TOPOLOGY["nodes"]), started)
 
         def restart_vmalert() -> None:
             evaluating.close()
@@ -328,6 +330,15 @@ def _whole_fleet(scraped: list[set[str]]) -> list[set[str]] | None:
     every = sorted(n for shard in scraped for n in shard)
     assert len(every) == len(set(every)), f"a node scraped by two shards: {scraped}"
     return scraped if every == [node(n) for n in range(1, 17)] else None
+
+
+def wait_until_scraped(store: str, targets: int, started: float) -> None:
+    """Until the engine has scraped each of its `targets` successfully, before the faults: the healthy phase is
+    judged from the engine's own `up`, and a slow start shows here, printed, rather than as a healthy fleet's
+    alert. Bounded by the faults' start: a fleet not up by then fails here, saying so."""
+    wait_for(lambda: len(query(store, "up == 1")) >= targets, max(5.0, started + FAULTS_AT - 10 - time.monotonic()),
+             f"all {targets} targets scraped")
+    print(f"{store}: all {targets} targets scraped {time.monotonic() - started:.1f}s after the fleet started")
 
 
 def _failed_scrapes(store: str, started: float) -> set[str]:

@@ -4,7 +4,6 @@ sysfs and procfs trees, compared series by series through the names the rules re
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import re
 import time
@@ -25,6 +24,7 @@ from test_alerts_e2e import (
     _failed_scrapes,
     _wait_for_deliveries_and_repairs,
     check_heartbeat,
+    wait_until_scraped,
 )
 from test_dashboards import has_data
 
@@ -32,16 +32,22 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.node_exporter import (
     EXPORTER_FLAGS,
     NAMES,
-    NODE_EXPORTER_COLLECTORS,
-    NODE_EXPORTER_FLAGS,
 )
 from gpufleet.alerts.rules import render
 from gpufleet.dashboards.cli import rendered
 from gpufleet.devtools.delivery import AlertLog, Receiver
 from gpufleet.devtools.grafana import Target, expand, targets
 from gpufleet.devtools.paths import FIXTURES
-from gpufleet.devtools.programs import exporter, node_exporter, prometheus, prometheus_config, scrape_jobs, simulator
-from gpufleet.devtools.waiting import wait_for
+from gpufleet.devtools.programs import (
+    exporter,
+    node_exporter,
+    node_exporter_args,
+    node_exporters,
+    prometheus,
+    prometheus_config,
+    scrape_jobs,
+    simulator,
+)
 from gpufleet.exporter.tree import DiskTree
 from gpufleet.simulator.mirror import Mirror
 
@@ -61,11 +67,6 @@ LEGACY_HCA = "mlx5_0"
 # A power sensor with no instantaneous input (an ACPI power meter's) is read by gpufleet from its average, which
 # node_exporter exports under a name of its own; the rules read both (Config.power_meter).
 AVERAGE = {"node_hwmon_power_watt": "node_hwmon_power_average_watt"}
-
-
-def node_exporter_args(procfs: Path) -> list[str]:
-    return [f"--path.procfs={procfs}", "--collector.disable-defaults",
-            *(f"--collector.{name}" for name in NODE_EXPORTER_COLLECTORS), *NODE_EXPORTER_FLAGS]
 
 
 def scrape(url: str) -> dict:
@@ -172,13 +173,14 @@ def test_the_scenario_fires_the_same_alerts_and_every_dashboard_query_answers_be
             f"--topology={write(tmp_path / 'topology.yml', SIXTEEN_NODES_TOPOLOGY)}", "--cluster=e2e",
             "--collect-interval=1s", f"--scenario={scenario}", f"--node-exporter-root={root}"))
         started = time.monotonic()
-        _node_exporters(stack, root, targets, node_targets)
+        node_exporters(stack, root, targets, node_targets)
         am = stack.enter_context(_alertmanager(tmp_path / "am", receiver)).url
         prom_config = prometheus_config(tmp_path / "prometheus.yml", targets, "1s", rules, am)
         settings = yaml.safe_load(prom_config.read_text())
         settings["scrape_configs"] += scrape_jobs(node_targets, job="node")
         prom_config.write_text(yaml.safe_dump(settings))
         url = stack.enter_context(prometheus(prom_config, tmp_path / "data")).url
+        wait_until_scraped(url, 2 * len(SIXTEEN_NODES_TOPOLOGY["nodes"]), started)  # gpufleet's and node_exporter's
         engine = Engine("prometheus", AlertLog(url), receiver, url)
         try:
             _wait_for_deliveries_and_repairs([engine], started)
@@ -196,22 +198,6 @@ def test_the_scenario_fires_the_same_alerts_and_every_dashboard_query_answers_be
     _check_held_until_repaired(engine, started)
     _check_one_incident_per_fault(engine, started)
     assert not pending, "queries without data:\n" + "\n".join(f"{t.uid} / {t.title}: {t.expr}" for t in pending)
-
-
-def _node_exporters(stack: contextlib.ExitStack, root: Path, targets: Path, node_targets: Path) -> None:
-    """A node_exporter per simulated node over its written-out trees, once the simulator has written them, and its
-    file_sd targets with the labels the simulator gives the node's own target (its instance, cluster and place),
-    as a site relabels both jobs alike."""
-    groups = wait_for(lambda: targets.is_file() and json.loads(targets.read_text()), 30, "the simulator's targets")
-    wait_for(lambda: all((root / g["labels"]["instance"] / "proc" / "net" / "dev").is_file() for g in groups), 30,
-             "every node's trees written out")
-    node_groups = []
-    for group in groups:
-        node = root / group["labels"]["instance"]
-        server = stack.enter_context(node_exporter(node / "sys", *node_exporter_args(node / "proc")))
-        labels = {k: v for k, v in group["labels"].items() if not k.startswith("__")}
-        node_groups.append({"targets": [server.url.removeprefix("http://")], "labels": labels})
-    node_targets.write_text(json.dumps(node_groups))
 
 
 def _without_data(url: str, dashboards: Path, among: Iterable[Target] | None = None) -> list[Target]:

@@ -104,4 +104,11 @@ def test_a_mirror_writes_the_tree_out_and_follows_its_changes(tmp_path):
     mirror.sync()
     assert (tmp_path / "class/net/eth0/statistics/rx_bytes").read_text() == "8\n"
     assert not (tmp_path / "bus/pci/devices/0000:18:00.0/vendor").exists()
+    # Between walks only the live files are read again; a fixed file replaced is a change of the tree.
+    count[0] = 9
+    mirror.sync()
+    assert (tmp_path / "class/net/eth0/statistics/rx_bytes").read_text() == "9\n"
+    tree.set("class/hwmon/hwmon0/name", "k10temp")
+    mirror.sync()
+    assert (tmp_path / "class/hwmon/hwmon0/name").read_text() == "k10temp\n"
     assert not list(tmp_path.rglob(".*.partial"))
