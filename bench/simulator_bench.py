@@ -33,6 +33,7 @@ import psutil
 import yaml
 
 from gpufleet.devtools import results
+from gpufleet.devtools.paths import memory_directory
 from gpufleet.devtools.programs import node_exporters, prometheus, prometheus_config, scrape_jobs, simulator
 from gpufleet.devtools.prom import OLDEST_SNAPSHOT, query_value
 from gpufleet.devtools.resources import cpu_seconds, peak_rss_mib
@@ -62,7 +63,7 @@ def main() -> None:
     args = parser.parse_args()
     interval = args.scrape_interval
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        targets, root = Path(tmp) / "targets.json", Path(tmp) / "nodes"
+        targets, root = Path(tmp) / "targets.json", stack.enter_context(memory_directory())
         beside = [f"--node-exporter-root={root}", f"--collect-interval={interval:g}s"] if args.node_exporters else []
         started = time.monotonic()
         sim = stack.enter_context(simulator(targets, f"--nodes={args.nodes}", "--log.level=warn", *beside,

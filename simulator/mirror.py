@@ -74,12 +74,21 @@ class Mirror:
 
     def _write(self, path: str, content: bytes | str) -> None:
         target = self.root / path
-        target.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(content, str):
+            target.parent.mkdir(parents=True, exist_ok=True)
             target.unlink(missing_ok=True)
             target.symlink_to(content)
             (target.parent / content).mkdir(parents=True, exist_ok=True)
             return
-        partial = target.with_name(f".{target.name}.partial")
-        partial.write_bytes(content)
-        os.replace(partial, target)
+        # A counter is rewritten at every collection: plain system calls on strings, and its directory made only
+        # the first time, keep the mirror's cost near the files' own.
+        if path not in self._written:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        folder, _, name = f"{self.root}/{path}".rpartition("/")
+        partial = f"{folder}/.{name}.partial"
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, content)
+        finally:
+            os.close(fd)
+        os.replace(partial, f"{folder}/{name}")

@@ -37,7 +37,7 @@ from gpufleet.alerts.rules import render
 from gpufleet.dashboards.cli import rendered
 from gpufleet.devtools.delivery import AlertLog, Receiver
 from gpufleet.devtools.grafana import Target, expand, targets
-from gpufleet.devtools.paths import FIXTURES
+from gpufleet.devtools.paths import FIXTURES, memory_directory
 from gpufleet.devtools.programs import (
     exporter,
     node_exporter,
@@ -165,9 +165,10 @@ def test_the_scenario_fires_the_same_alerts_and_every_dashboard_query_answers_be
     assert set(changed) == {"gpufleet-fabric.json", "gpufleet-node.json"}
     for name, text in changed.items():
         (dashboards / name).write_text(text)
-    root, targets, node_targets = tmp_path / "nodes", tmp_path / "targets.json", tmp_path / "node-targets.json"
+    targets, node_targets = tmp_path / "targets.json", tmp_path / "node-targets.json"
     receiver = Receiver()
     with contextlib.ExitStack() as stack:
+        root = stack.enter_context(memory_directory())
         stack.enter_context(simulator(
             targets, "--nodes=16", "--seed=0", f"--layout={write(tmp_path / 'layout.yml', SIXTEEN_NODES)}",
             f"--topology={write(tmp_path / 'topology.yml', SIXTEEN_NODES_TOPOLOGY)}", "--cluster=e2e",
