@@ -62,7 +62,7 @@ NODES_SEEN = "instance:gpufleet_up:last_seen"
 LATCH_WINDOW = "1h"
 # Sparse, per node: its `up` is still shown but no scrape wrote one within STALE_WINDOW, a scraper that died
 # without a staleness marker (VictoriaMetrics keeps its series for the lookback). Longer than any scrape interval,
-# and with the minute it is recorded at, well inside the lookback's five minutes.
+# and with the minute it is recorded at, well inside the default lookback.
 NODES_STALE = "instance:gpufleet_up:stale"
 STALE_WINDOW = "2m"
 # Per node: the rate of its fastest InfiniBand port, which a port that trained down is compared with. Rates
@@ -85,10 +85,11 @@ def share_of_time(c: Config, sparse: str, window: str) -> str:
     """The share of this group's evaluations over `window` at which a sparse series was present.
 
     Counting its samples against those of a series the group records for every node at every
-    evaluation (`GPUS_UP`) makes the share independent of the evaluation interval.
+    evaluation (`GPUS_UP`) makes the share independent of the evaluation interval. Taken per node: a node
+    whose place labels changed (a new topology, a node moved) has two such series within the window.
     """
     return (f"count_over_time({sparse}[{c.d(window)}]) / on ({c.by('instance')}) group_left "
-            f"count_over_time({GPUS_UP}[{c.d(window)}])")
+            f"max by ({c.by('instance')}) (count_over_time({GPUS_UP}[{c.d(window)}]))")
 
 
 def node_signals(c: Config) -> list[dict[str, Any]]:

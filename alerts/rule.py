@@ -59,8 +59,8 @@ def _dark(config: Config, up: str, gpu: bool, matchers: str = "") -> str:
     own last sample, and a dying vmagent's last samples may be of two scrapes), and for a `gpu` alert a GPU driver
     that does not answer (`gpufleet_gpu_driver_up` 0, also before the first collection after a restart).
 
-    A few sparse results of instant selectors, read by every held alert at every evaluation: where the hold asked
-    for the fresh nodes instead (every node, over a minute of `up`), it cost three times the alerts themselves."""
+    A few sparse results of instant selectors, read by every held alert at every evaluation: asking instead which
+    nodes are fresh reads every node's `up` over a window, at every evaluation of every held alert."""
     from gpufleet.alerts.recording import NODES_SEEN, NODES_STALE
 
     node = config.by("instance")

@@ -39,8 +39,6 @@ def exporter_args(config: Config, site: Site) -> list[str]:
     args = ["exporter", f"--web.listen-address=:{PORT}", "--path.sysfs=/host/sys", "--path.procfs=/host/proc",
             f"--path.state={_STATE}", "--job.pod-resources",
             f"--path.pod-resources-socket={_POD_RESOURCES}/kubelet.sock"]
-    if site.kernel_log:
-        args.append("--collector.gpu.xid-kmsg")
     if config.node_exporter_job:  # Beside node_exporter, its readings are not stored twice.
         args += node_exporter.EXPORTER_FLAGS
     return args + site.exporter_args

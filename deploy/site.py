@@ -47,7 +47,7 @@ class Site:
     # runtime already does (a cluster without the GPU Operator, docs/deployment/kubernetes.md).
     runtime_class: str = "nvidia"
     exporter_args: list[str] = field(default_factory=list)  # More `gpufleet exporter` flags.
-    # The kernel log, for the kernel collector's events and XIDs from it as well (`--collector.gpu.xid-kmsg`):
+    # The kernel log, for the kernel collector's events and the GPU collector's XIDs from it (read by default):
     # opening /dev/kmsg in a container takes a privileged one, as the device is in no runtime's default allow list;
     # off, the exporter drops every capability, and its kernel collector says once that it cannot read the log.
     kernel_log: bool = False

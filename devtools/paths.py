@@ -29,8 +29,8 @@ def checkout() -> Path:
 def memory_directory() -> Iterator[Path]:
     """A temporary directory in memory (/dev/shm) where the machine has one, else on disk. The simulator writes
     each node's sysfs and procfs out here for node_exporter (`--node-exporter-root`), which on a real node live in
-    memory too: on a virtual disk a file replaced costs twenty times what it does in memory, and sixteen nodes'
-    counters rewritten every second kept the simulator from answering its scrapes."""
+    memory too: on a virtual disk a file replaced costs many times what it does in memory, and a fleet's counters
+    rewritten at every collection kept the simulator from answering its scrapes."""
     shm = "/dev/shm"
     place = shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
     with tempfile.TemporaryDirectory(prefix="gpufleet-", dir=place) as directory:

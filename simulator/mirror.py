@@ -6,7 +6,7 @@ collectors read at the same simulated instant. Each file is replaced whole (writ
 reader never sees half a counter; only files whose text changed are written, and files gone from the tree
 (a board unplugged, a process ended) are removed. The whole tree is walked only when its shape or a fixed file
 changed (`MemoryTree.version`); otherwise only its live files (counters that follow the clock) are read: a walk
-at every collection kept a sixteen-node fleet beside its node_exporters from answering its scrapes in time.
+at every collection kept a fleet beside its node_exporters from answering its scrapes in time.
 A link becomes a symlink, and its target a directory where nothing is there, because node_exporter names a
 hwmon chip after the device its `device` link resolves to.
 """

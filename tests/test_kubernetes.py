@@ -208,7 +208,9 @@ def test_a_site_configuration_reaches_every_object(tmp_path):
     assert pod["nodeSelector"] == {"node.example.com/pool": "h100"}
     [container] = pod["containers"]
     assert container["image"] == "registry.example.com/ops/gpufleet:7"
-    assert "--collector.gpu.xid-kmsg" in container["args"] and container["securityContext"]["privileged"] is True
+    # The kernel log mounted, for the kernel collector and the XIDs the GPU collector reads from it by default.
+    assert {"name": "kmsg", "mountPath": "/dev/kmsg", "readOnly": True} in container["volumeMounts"]
+    assert "--no-collector.gpu.xid-kmsg" not in container["args"] and container["securityContext"]["privileged"] is True
     [monitor] = [o for o in objects if o["kind"] == "ServiceMonitor"]
     relabel = monitor["spec"]["endpoints"][0]["relabelings"]
     assert {"targetLabel": "site", "replacement": "h100-east"} in relabel

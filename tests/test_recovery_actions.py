@@ -243,6 +243,22 @@ def test_an_unreadable_state_file_starts_empty_with_one_line_and_a_metric(node, 
     assert json.loads((tmp_path / FILE).read_text())["version"] == 1  # Replaced by a good one.
 
 
+def test_entries_of_the_wrong_kind_beside_a_good_inventory_are_dropped_and_the_rest_is_served(node, tmp_path):
+    """The kept state applies when the collector is built, where the file names the node's GPUs: an entry that is
+    not a record (a hand-edited or half-written file) is counted as ignored, never a start that fails."""
+    node.actions()
+    node.xid(1, 62)
+    node.actions()
+    data = json.loads((tmp_path / FILE).read_text())
+    data["sections"]["gpu"]["xids"] += ["GPU-1", 62, None, {"uuid": UUID1, "xid": [62], "count": 1, "last": 0}]
+    data["sections"]["gpu"]["actions"]["0000:99:00.0"] = "reset"
+    (tmp_path / FILE).write_text(json.dumps(data))
+    node.start()
+    first = rendered(node.collector.held(hung=False))
+    assert first[series("gpufleet_gpu_recovery_action", gpu="1", uuid=UUID1)] == RESET
+    assert {f.name: f.samples[0].value for f in node.state.families()}["gpufleet_exporter_state_ignored_entries"] == 5
+
+
 def test_a_state_file_of_another_hosts_gpus_is_not_applied_to_these(node, tmp_path):
     node.actions()
     node.xid(0, 79)

@@ -307,7 +307,9 @@ class GpuCollector:
                 add_jobs(families, attribution)
                 problems.extend(attribution.problems)
         with self._lock:
-            self._add_kept(families)
+            kept = self._add_kept(families)
+        if kept is not None:  # Written outside the lock, which `held` takes in the event loop: a disk that stalls
+            self.state.update(self.name, kept)  # stalls this collection, not every scrape.
         if self.sysfs is not None:
             sysfs = SysfsReader(self.sysfs)
             add_pci_devices(families, sysfs)
@@ -328,7 +330,7 @@ class GpuCollector:
             if self._kept is None:
                 for change in self.actions.raise_from_xids(self.xids.snapshot(), self._boot_time()):
                     log.info("%s", change)
-            self._add_kept(families, save=False)
+            self._add_kept(families)
         return families.collection()
 
     def _unavailable(self, families: FamilySet) -> None:
@@ -364,18 +366,19 @@ class GpuCollector:
 
     def _add_driver(self, families: FamilySet) -> None:
         families.gauge("gpufleet_gpu_driver_up", "1 when NVML answered the last GPU collection; 0 before the first, "
-                       "when NVML is unavailable, or when the collection failed or timed out (a hung driver).",
+                       "when NVML is unavailable, or when the collection timed out (a hung driver).",
                        ()).add_metric([], 1.0 if self._answered else 0.0)
 
-    def _add_kept(self, families: FamilySet, save: bool = True) -> None:
-        """The XID counts and the held recovery actions, exported and, with `save`, kept for the next process."""
+    def _add_kept(self, families: FamilySet) -> dict[str, object] | None:
+        """The XID counts and the held recovery actions, exported; returns them as the next process is to find
+        them, or None before the kept state is carried over, which they would overwrite."""
         add_xids(families, self.xids)
         for family in self.actions.families():
             families.add(family)
         self._add_driver(families)
-        if save and self._kept is None:  # Not before the kept state is carried over, which it would overwrite.
-            self.state.update(self.name, {"xids": self.xids.kept(), "actions": self.actions.kept(),
-                                          "gpus": self.inventory.kept()})
+        if self._kept is not None:
+            return None
+        return {"xids": self.xids.kept(), "actions": self.actions.kept(), "gpus": self.inventory.kept()}
 
     def _restore(self, identities: Sequence[GpuIdentity]) -> None:
         """Carry over what a previous process kept, once: the XID counts and held actions of `identities`, the GPUs

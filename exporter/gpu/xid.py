@@ -162,7 +162,7 @@ class XidLedger:
                 try:
                     uuid, xid, count, last = (str(entry["uuid"]), int(str(entry["xid"])), int(str(entry["count"])),
                                               float(str(entry["last"])))
-                except (KeyError, ValueError):
+                except (KeyError, ValueError, TypeError):  # Not a mapping, or a field of the wrong kind.
                     ignored += 1
                     continue
                 if uuid not in gpus:
