@@ -113,7 +113,6 @@ def test_each_fault_fires_its_alert_at_its_receiver_and_a_healthy_fleet_fires_no
         vmalert_url = evaluating.enter_context(_vmalert(vmalert_rules, storage, vm_am)).url
         for store in (prom_url, storage):
             wait_until_scraped(store, len(SIXTEEN_NODES_TOPOLOGY["nodes"]), started)
-
         def restart_vmalert() -> None:
             evaluating.close()
             evaluating.enter_context(_vmalert(vmalert_rules, storage, vm_am, port=int(vmalert_url.rsplit(":", 1)[1])))
