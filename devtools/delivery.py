@@ -9,6 +9,7 @@ with its annotations as they first fired.
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 import time
@@ -109,7 +110,10 @@ class AlertLog:
     second; but the Watchdog, which fires always (its heartbeats reach `Receiver.heartbeats`).
 
     `episodes` keeps each alert's spells of firing as [first, last] seen (monotonic seconds): an alert
-    missing from more than `gap` seconds of polls had resolved, and a later firing is a new episode.
+    missing from more than `gap` seconds of polls had resolved, and a later firing is a new episode. Polls are
+    blind while the engine does not answer (the drills restart it on the same port) and for `gap` seconds
+    after it answers again, as a restarted engine lists its alerts only from each group's first evaluation:
+    that time is not counted as missing. Whether a restart resolved anything is Alertmanager's to say.
     """
 
     def __init__(self, url: str, gap: float = 3.0) -> None:
@@ -119,18 +123,28 @@ class AlertLog:
         self.fired: dict[Labels, float] = {}  # When each alert was first seen firing.
         self.episodes: dict[Labels, list[list[float]]] = {}
         self.annotations: dict[Labels, dict[str, str]] = {}  # As each alert's latest episode began.
+        self._blind: list[list[float]] = []  # [from, to] of each spell of blind polls; to is inf while down.
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
+
+    def _blind_within(self, start: float, end: float) -> float:
+        """Seconds of [start, end] the polls were blind."""
+        return sum(max(0.0, min(end, to) - max(start, since)) for since, to in self._blind)
 
     def _poll(self) -> None:
         while not self._stop.wait(1.0):
             try:
                 status, body = http("GET", f"{self.url}/api/v1/alerts")
-            except OSError:  # Restarting: the drills stop and start the engine on the same port.
-                continue
+            except OSError:
+                status, body = 0, b""
+            now = time.monotonic()
             if status != 200:
+                if not self._blind or self._blind[-1][1] < now:
+                    self._blind.append([now, math.inf])
                 continue
+            if self._blind and self._blind[-1][1] == math.inf:
+                self._blind[-1][1] = now + self.gap
             for alert in json.loads(body)["data"]["alerts"] or []:  # vmalert answers null for none.
                 if alert["labels"].get("alertname") == WATCHDOG:  # Always firing, by design.
                     continue
@@ -141,7 +155,7 @@ class AlertLog:
                     now = time.monotonic()
                     self.fired.setdefault(key, now)
                     spells = self.episodes.setdefault(key, [])
-                    if spells and now - spells[-1][1] <= self.gap:
+                    if spells and now - spells[-1][1] - self._blind_within(spells[-1][1], now) <= self.gap:
                         spells[-1][1] = now
                     else:
                         spells.append([now, now])

@@ -1,0 +1,52 @@
+"""The end-to-end tests' alert log, against an engine's API that answers, stops answering and comes back."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from gpufleet.devtools.delivery import AlertLog
+
+ALERT = {"labels": {"alertname": "GpuNeedsReboot", "instance": "n1"}, "state": "firing", "annotations": {}}
+
+
+class Engine(BaseHTTPRequestHandler):
+    """/api/v1/alerts as the test's `mode` says: the alert firing, no alert, or not serving (503)."""
+
+    mode = "firing"
+
+    def do_GET(self) -> None:
+        if Engine.mode == "down":
+            self.send_response(503)
+            self.end_headers()
+            return
+        alerts = [ALERT] if Engine.mode == "firing" else None  # vmalert answers null for none.
+        body = json.dumps({"status": "success", "data": {"alerts": alerts}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_restart_of_the_engine_is_no_break_but_an_alert_missing_while_it_answers_is():
+    """A restarted engine lists its alerts again only from its first evaluation: the seconds it did not answer,
+    and a gap after it answers, are not counted as the alert missing (whether the restart resolved it is
+    Alertmanager's to say). Missing for longer than the gap while the engine answers is a new episode."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    log = AlertLog(f"http://127.0.0.1:{server.server_address[1]}", gap=2.0)
+    try:
+        for mode, seconds in (("firing", 2.5), ("down", 2.0), ("empty", 1.5), ("firing", 2.5), ("empty", 4.5),
+                              ("firing", 2.5)):
+            Engine.mode = mode
+            time.sleep(seconds)
+    finally:
+        log.stop()
+        server.shutdown()
+    [spells] = log.episodes.values()
+    assert len(spells) == 2, spells
