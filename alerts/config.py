@@ -147,6 +147,16 @@ class Config:
     # forgotten by deleting their `instance:gpufleet_up:last_seen` series (docs/runbooks.md#nodesunscraped).
     node_forget_after: Duration = "7d"
 
+    # Planned work (alerts/maintenance.py). The scheduler's name of a node is this regex's first group of the
+    # node's `instance` (the whole label, as PromQL's label_replace anchors it): the host before the port.
+    scheduler_node_pattern: str = "([^:]+)(:[0-9]+)?"
+    # A Slurm node drained or set down with a reason that matches this (the whole reason) is in maintenance, as a
+    # node in a maintenance reservation or a cordoned Kubernetes node is. gpufleet's own drains ("gpufleet: ...")
+    # and a health check's never match: a fault is not planned work.
+    maintenance_reason: str = "(?i)(maint|maintenance|planned|upgrade|rma)([^a-z].*)?"
+    # More than this share of a cluster's nodes in maintenance at once is a ticket: work that big is a decision.
+    maintenance_share: float = 0.25
+
     # vmalert only: how many rules of a pager group (one that runs at the evaluation interval) it asks at once,
     # its group field `concurrency`, capped at the group's size: one after another, a group waits for each of
     # its round trips to the store (docs/deployment/scale.md). More than the store's
@@ -288,6 +298,13 @@ def _check(path: str | Path, key: str, kind: object, value: object) -> None:
             raise ConfigError(f"{path}: {key}: {err}") from None
     if key in ("cluster_label", "leaf_label", "rack_label") and not _LABEL.fullmatch(str(value)):
         raise ConfigError(f"{path}: {key} {value!r} is not a Prometheus label name")
+    if key in ("scheduler_node_pattern", "maintenance_reason"):
+        try:
+            re.compile(str(value))
+        except re.error as err:
+            raise ConfigError(f"{path}: {key} {value!r} is not a regular expression: {err}") from None
+    if key == "maintenance_share" and isinstance(value, int | float) and not 0 < value <= 1:
+        raise ConfigError(f"{path}: {key} must be a share above 0 and at most 1, not {value!r}")
     if key in ("vmalert_concurrency", "vmalert_trend_concurrency") and isinstance(value, int) and value < 1:
         raise ConfigError(f"{path}: {key} must be 1 or more, not {value!r}")
 

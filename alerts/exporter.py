@@ -7,6 +7,7 @@ from typing import Any
 
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.gpu import driver_stake
+from gpufleet.alerts.maintenance import MAINTENANCE
 from gpufleet.alerts.recording import NODES_SEEN
 from gpufleet.alerts.rule import TREND_INTERVAL, alert
 
@@ -20,7 +21,8 @@ def exporter_health(c: Config) -> dict[str, Any]:
     """The pages for nodes gone dark, at the scrape interval: every other alert of such a node is blind."""
     up = c.up()
     seen = NODES_SEEN
-    unscraped = f"count by ({c.cluster_label}) ({seen} unless on ({c.by('instance')}) {up})"
+    # A node in maintenance may leave the scrape (powered off, its pod gone): planned, not a lost shard.
+    unscraped = f"count by ({c.cluster_label}) ({seen} unless on ({c.by('instance')}) ({up} or {MAINTENANCE}))"
     rules = [
         alert(c, "NodeExporterDown", f"{up} == 0", "critical",
               "A gpufleet exporter cannot be scraped.",
@@ -47,10 +49,11 @@ def _rack_down(c: Config) -> dict[str, Any]:
     (`Config.rack_label`): its power or its top-of-rack switch, not the nodes. It fires before the nodes' own
     NodeExporterDown (`for` 1m against their 5m), which it holds back at Alertmanager. Dark is a scrape that
     fails (`up` 0): nodes with no `up` at all lost their scraper, which NodesUnscraped says once for the cluster,
-    whatever racks they are in. A rack's InfiniBand links down together are FabricLeafDown's, by their leaf."""
+    whatever racks they are in. A rack's InfiniBand links down together are FabricLeafDown's, by their leaf. Nodes
+    in maintenance do not count: their reboots are planned, and a rack's planned power work is a silence of it."""
     rack = c.by(c.rack_label)
     on_rack = f'{c.rack_label}!=""'
-    nodes_dark = f"count by ({rack}) ({c.up()} == 0)"
+    nodes_dark = f"count by ({rack}) ({c.up()} == 0 unless on ({c.by('instance')}) {MAINTENANCE})"
     nodes = f"count by ({rack}) ({NODES_SEEN}{{{on_rack}}})"
     return alert(c, "RackDown",
                  f"({nodes_dark} >= {c.rack_down_nodes}) and ({nodes_dark} / on ({rack}) group_left () {nodes} >= "

@@ -10,6 +10,7 @@ from typing import Any
 
 from gpufleet import duration
 from gpufleet.alerts.config import Config
+from gpufleet.alerts.maintenance import MAINTENANCE
 from gpufleet.alerts.recording import (
     LINK_UTILIZATION,
     NODE_JOBS,
@@ -92,7 +93,9 @@ def _leaf_down(c: Config, down: str) -> dict[str, Any]:
     so the leaf is one incident rather than one per node."""
     leaf = c.by(c.leaf_label)
     on_leaf = f'{c.leaf_label}!=""'
-    nodes_down = f"count by ({leaf}, device) (max by ({leaf}, instance, device) ({down}))"
+    # A node in maintenance (recabled, rebooted) takes its links down on purpose: not the switch's doing.
+    nodes_down = (f"count by ({leaf}, device) (max by ({leaf}, instance, device) ({down}) "
+                  f"unless on ({c.by('instance')}) {MAINTENANCE})")
     job = f'job="{c.exporter_job}"'
     nodes = f"count by ({leaf}) ({c.metric('up', job, on_leaf)})"
     return alert(c, "FabricLeafDown",

@@ -21,6 +21,7 @@ from gpufleet.alerts.fabric import fabric, fabric_trends
 from gpufleet.alerts.gpu import gpu_failures, gpu_trends
 from gpufleet.alerts.jobs import jobs
 from gpufleet.alerts.kernel import kernel
+from gpufleet.alerts.maintenance import maintenance, maintenance_trends
 from gpufleet.alerts.pipeline import pipeline
 from gpufleet.alerts.recording import shared
 from gpufleet.alerts.reliability import reliability
@@ -39,10 +40,10 @@ def groups(config: Config) -> list[dict[str, Any]]:
     """Two speeds (see `rule.TREND_INTERVAL`): the pager's groups run at Prometheus's `evaluation_interval`,
     which should be the scrape interval; the first tier and every group that judges minutes of data run every
     minute; capacity and reliability, which the reports read, every five."""
-    return [shared(config), stragglers(config), jobs(config), gpu_failures(config), fabric(config),
-            exporter_health(config), collector_health(config), gpu_trends(config), fabric_trends(config),
-            drift(config), kernel(config), *capacity(config), reliability(config), pipeline(config),
-            remediation(config)]
+    return [shared(config), maintenance(config), stragglers(config), jobs(config), gpu_failures(config),
+            fabric(config), exporter_health(config), collector_health(config), gpu_trends(config),
+            fabric_trends(config), maintenance_trends(config), drift(config), kernel(config), *capacity(config),
+            reliability(config), pipeline(config), remediation(config)]
 
 
 def recorded_by(rule_groups: list[dict[str, Any]]) -> dict[str, str]:

@@ -90,13 +90,15 @@ def scrape_timing(interval: str) -> dict[str, str]:
 
 
 def scrape_jobs(targets: Path | Sequence[Path], job: str = "gpufleet", cluster_label: str = "cluster",
-                own: Mapping[str, int] | None = None, refresh: str | None = "1s") -> list[dict[str, Any]]:
+                own: Mapping[str, int] | None = None, refresh: str | None = "1s",
+                own_cluster: str | None = None) -> list[dict[str, Any]]:
     """The scrape job of the simulator's file_sd targets, named `job`; and one job per program in `own` (name
     to port), for a store that keeps the programs' own metrics.
 
     The simulator names each target's cluster in a `cluster` label; with another `cluster_label`, the job moves
     it there, as a site that names its clusters otherwise would. `refresh` is how often Prometheus rereads the
-    targets (vmagent has a flag for it instead: None).
+    targets (vmagent has a flag for it instead: None). `own_cluster` puts that cluster's label on the programs' own
+    targets, as a site scrapes `gpufleet remediate` beside its cluster's nodes.
     """
     files = [str(targets)] if isinstance(targets, Path) else [str(t) for t in targets]
     sd: dict[str, Any] = {"files": files, **({"refresh_interval": refresh} if refresh else {})}
@@ -104,14 +106,15 @@ def scrape_jobs(targets: Path | Sequence[Path], job: str = "gpufleet", cluster_l
     if cluster_label != "cluster":
         scrape["relabel_configs"] = [{"source_labels": ["cluster"], "target_label": cluster_label},
                                      {"action": "labeldrop", "regex": "cluster"}]
-    return [scrape, *({"job_name": name, "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+    labels = {"labels": {cluster_label: own_cluster}} if own_cluster else {}
+    return [scrape, *({"job_name": name, "static_configs": [{"targets": [f"127.0.0.1:{port}"], **labels}]}
                       for name, port in (own or {}).items())]
 
 
 def prometheus_config(path: Path, targets: Path, interval: str, rules: Path | None = None,
                       alertmanager: str | None = None, job: str = "gpufleet", cluster_label: str = "cluster",
                       scrape_timeout: str | None = None, query_log: Path | None = None,
-                      own: Mapping[str, int] | None = None) -> Path:
+                      own: Mapping[str, int] | None = None, own_cluster: str | None = None) -> Path:
     """A Prometheus configuration that scrapes the simulator's targets (`scrape_jobs`) and evaluates `rules`
     every `interval`, sending alerts to `alertmanager`; written to `path`, which it returns."""
     settings = {**scrape_timing(interval), "evaluation_interval": interval}
@@ -119,7 +122,8 @@ def prometheus_config(path: Path, targets: Path, interval: str, rules: Path | No
         settings["scrape_timeout"] = scrape_timeout
     if query_log is not None:
         settings["query_log_file"] = str(query_log)
-    config: dict[str, Any] = {"global": settings, "scrape_configs": scrape_jobs(targets, job, cluster_label, own)}
+    config: dict[str, Any] = {"global": settings, "scrape_configs": scrape_jobs(targets, job, cluster_label, own,
+                                                                                  own_cluster=own_cluster)}
     if rules is not None:
         config["rule_files"] = [str(rules)]
     if alertmanager is not None:

@@ -25,6 +25,7 @@ COMMANDS = {
     "report": "gpufleet.report.cli",
     "deploy": "gpufleet.deploy.cli",
     "remediate": "gpufleet.remediate.cli",
+    "maintenance": "gpufleet.alerts.silences",
 }
 
 

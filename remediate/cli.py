@@ -42,6 +42,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add("--slurm.scontrol", dest="scontrol", default="scontrol", metavar="PATH", help="the scontrol command")
     add("--slurm.timeout", dest="slurm_timeout", type=duration, default=20.0, metavar="DURATION",
         help="a Slurm call taking longer is tried again later (default: %(default)gs)")
+    add("--slurm.list-interval", dest="list_interval", type=duration, default=30.0, metavar="DURATION",
+        help="how often Slurm's node list (states, reasons, maintenance) is read again (default: %(default)gs)")
     add("--slurm.retry-max", dest="retry_max", type=duration, default=300.0, metavar="DURATION",
         help="longest wait between tries of one action while Slurm fails (default: %(default)gs)")
     add("--node.label", dest="node_label", default="instance", metavar="LABEL",
@@ -91,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         webhooks = Webhooks(remediator, args.node_label, args.node_pattern, args.token_file)
 
         def background() -> list[Coroutine[Any, Any, None]]:  # Certificates rotate without a restart.
-            return [remediator.run(args.interval), *([web_config.watch()] if web_config else [])]
+            return [remediator.run(args.interval, args.list_interval), *([web_config.watch()] if web_config else [])]
 
         await serve_until_signalled(
             build_app(webhooks, web_config), host, port, background=background, log=log,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -198,7 +199,9 @@ class Remediator:
         self._audit("resume", name, "ok", why=node.reason)
 
     async def refresh(self) -> None:
-        """Slurm's node list, for the breaker's partition sizes and to refuse unknown nodes at the webhook."""
+        """Slurm's node list: the breaker's partition sizes, the webhook's known nodes, and each node's state and
+        reason on /metrics, which the rules read to tell planned work (a maintenance reservation, a drain for
+        maintenance) from a fault."""
         try:
             self.known = await self.slurm.nodes()
             self.slurm_up = True
@@ -214,13 +217,14 @@ class Remediator:
         self.files.save(self.state)
         self.wake.set()
 
-    async def run(self, interval: float) -> None:
-        """Steps at least every `interval` seconds, and at once after a webhook; Slurm's node list each tenth."""
-        passes = 0
+    async def run(self, interval: float, list_interval: float = 30.0) -> None:
+        """Steps at least every `interval` seconds, and at once after a webhook; Slurm's node list at most every
+        `list_interval`: a maintenance declared in Slurm silences its node's pages only once it is listed."""
+        listed = -math.inf
         while True:
-            if passes % 10 == 0:
+            if time.monotonic() - listed >= list_interval:
+                listed = time.monotonic()
                 await self.refresh()
-            passes += 1
             try:
                 await self.step()
             except Exception:  # A fault of its own must not end the loop while the webhook still answers.

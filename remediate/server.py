@@ -12,7 +12,7 @@ import json
 import logging
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from aiohttp import web
@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from gpufleet.exporter.server import secure
 from gpufleet.exporter.webconfig import WebConfigWatcher
 from gpufleet.remediate.engine import Remediator
+from gpufleet.remediate.slurm import Node
 from gpufleet.remediate.webhook import Refused, parse
 
 log = logging.getLogger(__name__)
@@ -121,12 +122,30 @@ class RemediatorCollector(Collector):
                                   value=r.slurm_errors)
         yield GaugeMetricFamily(p + "slurm_nodes", "Nodes in Slurm's last node list: a webhook for another is "
                                 "refused.", value=len(r.known))
+        yield from _slurm_nodes(r.known.values())
         failed = GaugeMetricFamily(p + "check_failed", "1 for each node whose check failed after its repair: it "
                                    "stays drained.", labels=["node"])
         for name, record in sorted(state.nodes.items()):
             if record.phase == "failed":
                 failed.add_metric([name], 1)
         yield failed
+
+
+def _slurm_nodes(nodes: Iterable[Node]) -> Iterator[GaugeMetricFamily]:
+    """Slurm's view of each node, as last listed: the rules join it to the node's exporter (by the node's name in
+    its `instance`) to keep planned work off the pager and to see a node Slurm lost while its exporter answers."""
+    state = GaugeMetricFamily("gpufleet_slurm_node_state", "1 for each of the node's Slurm states and flags (idle, "
+                              "allocated, mixed, down, drain, maintenance, reboot_requested, ...); not_responding "
+                              "while its slurmd does not answer the controller.", labels=["node", "state"])
+    reason = GaugeMetricFamily("gpufleet_slurm_node_reason_info", "The reason Slurm holds for a drained or down "
+                               "node, as its last drain or down set it.", labels=["node", "reason"])
+    for node in sorted(nodes, key=lambda n: n.name):
+        for word in sorted(node.states | ({"NOT_RESPONDING"} if not node.responding else set())):
+            state.add_metric([node.name, word.lower()], 1)
+        if node.reason:
+            reason.add_metric([node.name, node.reason], 1)
+    yield state
+    yield reason
 
 
 def build_app(webhooks: Webhooks, web_config: WebConfigWatcher | None = None) -> web.Application:

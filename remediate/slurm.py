@@ -30,12 +30,14 @@ class UnknownNode(SlurmError):
 
 @dataclass(frozen=True)
 class Node:
-    """What a drain decision needs of a node: its state flags (`IDLE`, `DRAIN`, ...), its reason, its partitions."""
+    """What a drain decision needs of a node: its state flags (`IDLE`, `DRAIN`, `MAINT`, ...), its reason, its
+    partitions, and whether its slurmd answers the controller (Slurm's `*` after the state)."""
 
     name: str
     states: frozenset[str]
     reason: str
     partitions: tuple[str, ...]
+    responding: bool = True
 
     @property
     def drained(self) -> bool:
@@ -56,9 +58,11 @@ def parse_nodes(text: str) -> dict[str, Node]:
         fields = _fields(line)
         if "NodeName" not in fields:
             continue
-        states = frozenset(part for part in fields.get("State", "").replace("*", "").split("+") if part)
+        state = fields.get("State", "")
+        states = frozenset(part for part in state.replace("*", "").split("+") if part)
         partitions = tuple(p for p in fields.get("Partitions", "").split(",") if p)
-        nodes[fields["NodeName"]] = Node(fields["NodeName"], states, fields.get("Reason", ""), partitions)
+        nodes[fields["NodeName"]] = Node(fields["NodeName"], states, fields.get("Reason", ""), partitions,
+                                         responding="*" not in state)
     return nodes
 
 

@@ -4,6 +4,7 @@ resumes and refuses, seen in `sinfo` and on its /metrics."""
 from __future__ import annotations
 
 import datetime
+import getpass
 import json
 import signal
 import subprocess
@@ -271,3 +272,35 @@ def test_its_own_metrics_pass_promtool(guarded):
                            timeout=30)
     assert "gpufleet_remediate_webhooks_total" in text
     assert check.returncode == 0 and check.stdout + check.stderr == "", check.stdout + check.stderr
+
+
+def test_slurms_view_of_each_node_is_served_for_the_rules_to_tell_planned_work_from_faults(cluster):
+    """A maintenance reservation (Slurm flags its nodes MAINTENANCE), an operator's drain with its reason, a node
+    set down, and a drain by gpufleet, each on /metrics as Slurm lists it, and gone from it once Slurm no longer
+    says so."""
+    user = getpass.getuser()  # The Slurm user of the test's cluster, whose reservation it may make.
+    cluster.run("scontrol", "create", "reservation", "ReservationName=psu-swap", "StartTime=now", "Duration=60",
+                f"Nodes={NODES[5]}", "Flags=MAINT", f"Users={user}")
+    cluster.run("scontrol", "update", f"NodeName={NODES[6]}", "State=DRAIN", "Reason=maintenance: driver 580")
+    cluster.run("scontrol", "update", f"NodeName={NODES[7]}", "State=DOWN", "Reason=cabling")
+    try:
+        with remediator(cluster.env, "--no-dry-run", "--slurm.list-interval=1s") as r:
+            post(r.url, alert(NODES[4]))
+            wait_for(lambda: NODES[4] in ours(cluster), 10, "the drain")
+            state = "gpufleet_slurm_node_state"
+            # slurmctld flags a reservation's nodes MAINTENANCE at its next pass over them, seconds after it starts.
+            wait_for(lambda: own_metric(r.url, state, node=NODES[5], state="maintenance") == 1, 30, "MAINTENANCE")
+            served = {(n, s) for n in NODES[4:] for s in ("maintenance", "drain", "down", "idle")
+                      if own_metric(r.url, state, node=n, state=s) == 1}
+            reasons = {n: own_metric(r.url, "gpufleet_slurm_node_reason_info", node=n, reason=why)
+                       for n, why in ((NODES[4], "gpufleet: " + RESET), (NODES[6], "maintenance: driver 580"),
+                                      (NODES[7], "cabling"))}
+            cluster.run("scontrol", "delete", "ReservationName=psu-swap")
+            wait_for(lambda: own_metric(r.url, state, node=NODES[5], state="maintenance") == 0, 30,
+                     "the reservation's end")
+    finally:
+        cluster.run("scontrol", "delete", "ReservationName=psu-swap", check=False)
+        cluster.run("scontrol", "update", f"NodeName={NODES[7]}", "State=RESUME")
+    assert served == {(NODES[4], "idle"), (NODES[4], "drain"), (NODES[5], "idle"), (NODES[5], "maintenance"),
+                      (NODES[6], "idle"), (NODES[6], "drain"), (NODES[7], "down")}, served
+    assert reasons == {NODES[4]: 1, NODES[6]: 1, NODES[7]: 1}, reasons

@@ -5,6 +5,7 @@ Debian's Slurm holding the simulator's nodes."""
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import time
 from collections.abc import Iterator
@@ -73,8 +74,8 @@ def _stack(tmp_path: Path, receiver: Receiver) -> Iterator[Stack]:
         cluster = stack.enter_context(slurm(tmp_path / "slurm", NODES, daemons=len(NODES)))
         remediate = stack.enter_context(remediator(
             # Three of the four nodes at once: past the default breaker of a tenth of a partition.
-            cluster.env, "--no-dry-run", "--breaker.max-share=0.75", f"--web.token-file={token}",
-            f"--check.command={check}", f"--audit.file={tmp_path / 'audit.jsonl'}"))
+            cluster.env, "--no-dry-run", "--breaker.max-share=0.75", "--slurm.list-interval=1s",
+            f"--web.token-file={token}", f"--check.command={check}", f"--audit.file={tmp_path / 'audit.jsonl'}"))
         config = routing(tmp_path, receiver, TIME_SCALE)
         _remediate_receiver(config, remediate.url, token)
         am = stack.enter_context(alertmanager(tmp_path / "am", config))
@@ -83,8 +84,8 @@ def _stack(tmp_path: Path, receiver: Receiver) -> Iterator[Stack]:
                                             "--cluster=e2e"))
         port = int(remediate.url.rsplit(":", 1)[1])
         prom = stack.enter_context(prometheus(prometheus_config(
-            tmp_path / "prometheus.yml", targets, "1s", rules, am.url, own={"gpufleet-remediate": port}),
-            tmp_path / "data"))
+            tmp_path / "prometheus.yml", targets, "1s", rules, am.url, own={"gpufleet-remediate": port},
+            own_cluster="e2e"), tmp_path / "data"))
         wait_for(lambda: len(query(prom.url, "up == 1")) == 5, 60, "the nodes and the remediator scraped")
         yield Stack(cluster, remediate, sim.url, prom.url)
 
@@ -140,3 +141,38 @@ def _stake(prom_url: str, instance: str, showing: str) -> str | None:
     stake = next(a["annotations"]["jobs_at_stake"] for a in json.loads(body)["data"]["alerts"]
                  if a["labels"]["alertname"] == "GpuNeedsReboot" and a["labels"]["instance"] == instance)
     return stake if showing in stake else None
+
+
+def _pages(receiver: Receiver, alertname: str, instance: str) -> int:
+    """How many times the pager was told `alertname` on `instance` began (a trigger naming it)."""
+    return sum(page.action == "trigger" and any(a.get("alertname") == alertname and a.get("instance") == instance
+                                                for a in page.alerts) for page in receiver.pages)
+
+
+def test_a_reboot_in_a_maintenance_reservation_pages_nobody_and_the_same_reboot_outside_one_pages_once(tmp_path):
+    """Ten production minutes down: past NodeExporterDown's five, which fires in Prometheus for both nodes. The
+    node in Slurm's maintenance reservation pages nobody; the node in none pages once; a node drained by
+    `gpufleet remediate` for its lost GPU is not in maintenance."""
+    receiver = Receiver()
+    maintained, plain, drained = NODES[3], NODES[2], NODES[0]
+    with _stack(tmp_path, receiver) as running:
+        cluster, prom_url = running.cluster, running.prom_url
+        cluster.run("scontrol", "create", "reservation", "ReservationName=reboot", "StartTime=now",
+                    "Duration=60", f"Nodes={maintained}", "Flags=MAINT", f"Users={getpass.getuser()}")
+        _fault(running.sim_url, kind="xid", node=drained, gpu=0, xid=79)
+        wait_for(lambda: _firing(prom_url, "NodeMaintenance", maintained), 60, "NodeMaintenance firing")
+        wait_for(lambda: cluster.states()[drained][0] in ("drained", "draining"), 60, f"{drained} drained")
+        in_maintenance = {r["metric"]["instance"] for r in query(prom_url, "instance:gpufleet_node_maintenance:info")}
+        for name in (maintained, plain):
+            _fault(running.sim_url, kind="node_reboot", node=name, duration=f"{600 / TIME_SCALE:g}s")
+        wait_for(lambda: _pages(receiver, "NodeExporterDown", plain), 90, "the page for the plain reboot")
+        wait_for(lambda: _firing(prom_url, "NodeExporterDown", maintained), 30, "the maintained node's alert")
+        time.sleep(2)  # The pager's group_wait, once more: a page held back would have come by now.
+        wait_for(lambda: len(query(prom_url, 'up{job="gpufleet"} == 1')) == len(NODES), 90, "both nodes back")
+        paged = (_pages(receiver, "NodeExporterDown", plain), _pages(receiver, "NodeExporterDown", maintained))
+    assert paged == (1, 0), f"NodeExporterDown pages of {plain} and {maintained}: {paged}"
+    assert in_maintenance == {maintained}, in_maintenance
+
+
+def _firing(prom_url: str, alertname: str, instance: str) -> bool:
+    return bool(query(prom_url, f'ALERTS{{alertname="{alertname}",alertstate="firing",instance="{instance}"}}'))

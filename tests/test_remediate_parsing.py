@@ -26,8 +26,8 @@ def test_a_reason_keeps_its_spaces_and_equals_signs_and_loses_its_stamp():
 def test_gpufleets_own_drain_is_told_by_its_reason_and_a_non_responding_node_by_its_flag():
     nodes = parse_nodes("NodeName=a State=IDLE*+DRAIN Reason=gpufleet: GPU 3 needs a reset (XID 79) [root@now]\n"
                         "NodeName=b State=IDLE Partitions=gpu\n")
-    assert nodes["a"].ours and nodes["a"].states == {"IDLE", "DRAIN"}
-    assert not nodes["b"].drained and nodes["b"].reason == ""
+    assert nodes["a"].ours and nodes["a"].states == {"IDLE", "DRAIN"} and not nodes["a"].responding
+    assert not nodes["b"].drained and nodes["b"].reason == "" and nodes["b"].responding
 
 
 def alert(**changes):

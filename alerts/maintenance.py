@@ -1,0 +1,92 @@
+"""Planned work: which nodes are in maintenance, as the scheduler says, so that the work pages nobody.
+
+Maintenance is what a person declares: a Slurm maintenance reservation (Slurm flags its nodes MAINTENANCE), a
+drain or down whose reason matches `Config.maintenance_reason`, or a Kubernetes cordon (kube-state-metrics'
+`kube_node_spec_unschedulable`); or a silence made with `gpufleet maintenance`, which needs no rule. A drain by
+`gpufleet remediate` or a health check is a fault's, not maintenance.
+
+A node in maintenance fires `NodeMaintenance`, an info alert that reaches nobody and that Alertmanager's
+inhibition rule turns into silence for every other alert of that node (kube-prometheus-stack's InfoInhibitor
+does the same). The alerts keep their labels, so their fingerprints, and `gpufleet remediate`'s view of each
+episode, stay as they are; once the node leaves maintenance whatever still fires is sent at the next
+`group_interval`. Rules that count dark nodes (RackDown, NodesUnscraped) leave maintained nodes out.
+
+Slurm's view comes from `gpufleet remediate`'s /metrics (dry run or not), whose scrape must carry the cluster
+label the exporters' targets carry; Kubernetes' from kube-state-metrics, matched by node name alone, as one
+Prometheus per Kubernetes cluster runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpufleet.alerts.config import Config
+from gpufleet.alerts.recording import NODES_SEEN
+from gpufleet.alerts.rule import TREND_INTERVAL, alert, record
+
+# Per node in maintenance now: 1, with the node's place (leaf, rack) as its other series carry it.
+MAINTENANCE = "instance:gpufleet_node_maintenance:info"
+
+
+def scheduler_nodes(c: Config, series: str) -> str:
+    """`series` (of gpufleet's nodes) with a `node` label: the scheduler's name of each, from its `instance`."""
+    return f'label_replace({series}, "node", "$1", "instance", "{c.scheduler_node_pattern}")'
+
+
+def _slurm(c: Config, states: str) -> str:
+    """Slurm's nodes in any of `states` (a regex of the lower-case words `gpufleet remediate` serves)."""
+    return f'gpufleet_slurm_node_state{{job="{c.remediate_job}",state=~"{states}"}}'
+
+
+def in_maintenance(c: Config) -> str:
+    """Each expected node (NODES_SEEN, so a node powered off for days stays matched) that Slurm or Kubernetes
+    says is in maintenance, as `count` of 1."""
+    slurm_node = c.by("node")
+    reason = (f'gpufleet_slurm_node_reason_info{{job="{c.remediate_job}",reason=~"{_escaped(c.maintenance_reason)}"}}'
+              f' and on ({slurm_node}) {_slurm(c, "drain|down")}')
+    slurm = f'{_slurm(c, "maintenance")} or {reason}'
+    nodes = scheduler_nodes(c, NODES_SEEN)
+    return (f"count by ({c.node()}) ({nodes} and on ({slurm_node}) ({slurm}) or "
+            f"{nodes} and on (node) kube_node_spec_unschedulable == 1)")
+
+
+def _escaped(pattern: str) -> str:
+    """A regex inside a PromQL double-quoted string, whose backslashes are escapes of their own."""
+    return pattern.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def maintenance(c: Config) -> dict[str, Any]:
+    """At the scrape interval: a node put into maintenance must be held back before its reboot's page."""
+    rules = [
+        record(MAINTENANCE, in_maintenance(c)),
+        alert(c, "NodeMaintenance", MAINTENANCE, "info",
+              "A node is in planned maintenance: its alerts reach nobody until it returns.",
+              "{{ $labels.instance }} is in maintenance (a Slurm maintenance reservation, a drain or down whose "
+              "reason the site counts as maintenance, or a Kubernetes cordon). Alertmanager holds back the node's "
+              "other alerts meanwhile; what still fires once it returns to service is sent then.", held=False),
+    ]
+    return {"name": "gpufleet-maintenance", "rules": rules}
+
+
+def maintenance_trends(c: Config) -> dict[str, Any]:
+    """Tickets judged over many minutes: a node the scheduler lost, and maintenance too wide to be routine."""
+    node = c.by("instance")
+    answering = scheduler_nodes(c, f"{c.up()} == 1")
+    slurm_down = f'{answering} and on ({c.by("node")}) {_slurm(c, "down|not_responding")}'
+    kube_down = f'{answering} and on (node) kube_node_status_condition{{condition="Ready",status="true"}} == 0'
+    share = f"count by ({c.cluster_label}) ({MAINTENANCE}) / count by ({c.cluster_label}) ({NODES_SEEN})"
+    rules = [
+        alert(c, "NodeSchedulerDown",
+              f"max by ({c.node()}) ({slurm_down} or {kube_down}) unless on ({node}) {MAINTENANCE}", "warning",
+              "The scheduler cannot use a node whose exporter answers.",
+              "Slurm marks {{ $labels.instance }} down or not responding (or Kubernetes not Ready) while gpufleet "
+              "still scrapes it: no job is placed there, and nothing else says so. `scontrol show node` (or "
+              "`kubectl describe node`) gives the reason: slurmd or the kubelet stopped, munge, a clock skew.",
+              for_="10m", held=False),
+        alert(c, "NodesInMaintenance", f"{share} > {c.maintenance_share:g}", "warning",
+              "A large share of the fleet's nodes is in maintenance at once.",
+              f"{{{{ $value | humanizePercentage }}}} of the nodes of {{{{ $labels.{c.cluster_label} }}}} are in "
+              "maintenance, and none of their alerts reaches anyone. A rollout that large should be a decision; "
+              "maintenance left on after its work is done hides the next fault.", for_="30m", held=False),
+    ]
+    return {"name": "gpufleet-maintenance-trends", "interval": c.d(TREND_INTERVAL), "rules": rules}
