@@ -169,6 +169,7 @@ class NodeSysfs:
             address = board.pci_bus_id.removeprefix("0000")
             tree.set(f"bus/pci/devices/{address.lower()}/vendor", "0x10de")
             tree.set(f"bus/pci/devices/{address.lower()}/class", "0x030200")
+            tree.link(f"bus/pci/devices/{address.lower()}/driver", "../../../bus/pci/drivers/nvidia")
         for switch in range(4):
             tree.set(f"bus/pci/devices/0000:{5 + switch:02x}:00.0/vendor", "0x10de")
             tree.set(f"bus/pci/devices/0000:{5 + switch:02x}:00.0/class", "0x068000")

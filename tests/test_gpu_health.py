@@ -12,7 +12,8 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from gpufleet.devtools.nodes import two_boards
 from gpufleet.devtools.paths import FIXTURE_SYSFS
-from gpufleet.exporter.collector.gpu import GpuCollector
+from gpufleet.exporter.collector import FamilySet
+from gpufleet.exporter.collector.gpu import GpuCollector, add_pci_devices
 from gpufleet.exporter.exposition import Exposition
 from gpufleet.exporter.gpu.nvlink import TRANSMIT, NvlinkSummary
 from gpufleet.exporter.gpu.probes import NVLINK_TRANSMIT, Reading
@@ -22,7 +23,8 @@ from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.gpu.xid import NvmlXidWatcher, XidLedger
 from gpufleet.exporter.scheduler import ScheduledCollector
 from gpufleet.exporter.server import build_app
-from gpufleet.exporter.tree import DiskTree
+from gpufleet.exporter.sysfs import SysfsReader
+from gpufleet.exporter.tree import DiskTree, MemoryTree
 
 from helpers import eventually, named, parse, rendered, series
 
@@ -256,6 +258,27 @@ async def test_an_idle_gpu_reports_the_idle_reason_and_violation_time_accumulate
     assert samples[gpu(0, "gpufleet_gpu_violation_seconds_total", policy="power")] == 12.5
     assert samples[gpu(0, "gpufleet_gpu_violation_seconds_total", policy="thermal")] == 0.25
     assert samples[gpu(1, "gpufleet_gpu_clock_event_active", reason="gpu_idle")] == 0
+
+
+async def test_a_gpu_bound_to_vfio_pci_is_counted_apart_and_one_bound_to_no_driver_still_counts(exporter):
+    """The fixture's ninth GPU is passed through to a VM (vfio-pci): NVML is not meant to list it. A GPU whose
+    nvidia driver failed to bind (no `driver` link) is one NVML should list, and GpuMissingFromNvml is for it."""
+    samples = await exporter.scrape()
+    assert samples[series("gpufleet_gpu_pci_devices")] == 8
+    assert samples[series("gpufleet_gpu_pci_devices_other_driver", driver="vfio-pci")] == 1
+    tree = MemoryTree()
+    for address, driver in (("0000:18:00.0", "nvidia"), ("0000:19:00.0", None), ("0000:1a:00.0", "vfio-pci"),
+                            ("0000:1b:00.0", "nouveau")):
+        tree.set(f"bus/pci/devices/{address}/vendor", "0x10de")
+        tree.set(f"bus/pci/devices/{address}/class", "0x030200")
+        if driver:
+            tree.link(f"bus/pci/devices/{address}/driver", f"../../../bus/pci/drivers/{driver}")
+    families = FamilySet()
+    add_pci_devices(families, SysfsReader(tree))
+    found = rendered(families.collection())
+    assert found == {series("gpufleet_gpu_pci_devices"): 2,
+                     series("gpufleet_gpu_pci_devices_other_driver", driver="nouveau"): 1,
+                     series("gpufleet_gpu_pci_devices_other_driver", driver="vfio-pci"): 1}, found
 
 
 async def test_a_gpu_nvml_no_longer_lists_is_still_seen_on_the_pci_bus(exporter):

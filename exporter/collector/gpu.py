@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import logging
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from typing import ClassVar, Protocol
 
@@ -51,6 +52,7 @@ _GPU_LABELS = ("gpu", "uuid")
 _INFO_LABELS = ("gpu", "uuid", "name", "pci_bus_id", "serial", "vbios", "driver_version", "cuda_version")
 _NVIDIA_VENDOR = "0x10de"
 _DISPLAY_CLASSES = frozenset({0x0300, 0x0302})  # VGA and 3D controllers; NVSwitches (0x0680) are not GPUs.
+_NVIDIA_DRIVER = "nvidia"  # The kernel module NVML talks to, as /sys/bus/pci/drivers names it.
 
 
 class XidSource(Protocol):
@@ -116,20 +118,29 @@ def add_xids(families: FamilySet, ledger: XidLedger) -> None:
 
 
 def add_pci_devices(families: FamilySet, sysfs: SysfsReader) -> None:
-    """NVIDIA GPUs the kernel sees on the PCI bus, whether or not NVML still lists them."""
+    """NVIDIA GPUs the kernel sees on the PCI bus, whether or not NVML still lists them: those meant for NVML,
+    bound to the nvidia driver or to none (a driver that failed to bind is what GpuMissingFromNvml is for), and
+    apart, by driver, those bound to another on purpose (vfio-pci, for a VM), which NVML never lists."""
     if not sysfs.is_dir("bus/pci/devices"):
         return
-    count = 0
+    count, elsewhere = 0, Counter[str]()
     for device in sysfs.listdir("bus/pci/devices"):
         base = f"bus/pci/devices/{device}"
         if sysfs.text(f"{base}/vendor") != _NVIDIA_VENDOR:
             continue
         device_class = sysfs.integer(f"{base}/class")
-        if device_class is not None and device_class >> 8 in _DISPLAY_CLASSES:
+        if device_class is None or device_class >> 8 not in _DISPLAY_CLASSES:
+            continue
+        driver = (sysfs.readlink(f"{base}/driver") or "").rstrip("/").rpartition("/")[2]
+        if driver in ("", _NVIDIA_DRIVER):
             count += 1
-    families.gauge("gpufleet_gpu_pci_devices", "NVIDIA GPUs on the PCI bus, as the kernel lists them.", ()).add_metric(
-        [], count
-    )
+        else:
+            elsewhere[driver] += 1
+    families.gauge("gpufleet_gpu_pci_devices", "NVIDIA GPUs on the PCI bus meant for NVML (bound to the nvidia "
+                   "driver, or to none), as the kernel lists them.", ()).add_metric([], count)
+    for driver, number in sorted(elsewhere.items()):
+        families.gauge("gpufleet_gpu_pci_devices_other_driver", "NVIDIA GPUs on the PCI bus bound to another driver "
+                       "(vfio-pci for a VM), which NVML does not list.", ("driver",)).add_metric([driver], number)
 
 
 def add_jobs(families: FamilySet, attribution: Attribution) -> None:
