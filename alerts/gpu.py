@@ -50,18 +50,27 @@ def _xid_event(c: Config, name: str, codes: tuple[int, ...], severity: str, summ
                  f"{GPU} reported XID {{{{ $labels.xid }}}} {{{{ $value | humanizeDuration }}}} ago.")
 
 
-def _needs(c: Config, name: str, action: Action, severity: str, summary: str, what: str) -> dict[str, Any]:
+def _needs(c: Config, name: str, action: Action, severity: str, summary: str, what: str,
+           deferred: bool | None = None) -> dict[str, Any]:
     """An alert for GPUs held at one recovery action: it fires while the exporter holds it, which is until the
     action is seen done (a reset, a reboot, another board), however long that takes and across restarts.
 
     Each carries `remediation="drain"`, which routes it to `gpufleet remediate` too: the node is drained while
-    the alert fires, and resumed after it resolves. `remediation_reason` is the drain's reason in Slurm."""
+    the alert fires, and resumed after it resolves. `remediation_reason` is the drain's reason in Slurm. With
+    `deferred`, only the GPUs whose action can wait for the node's next drain (a contained memory error), which
+    drains nothing; with `deferred=False`, the others."""
     reason = printf(c.metric("gpufleet_gpu_recovery_action_reason", f'{c.cluster_label}="%s",instance="%s",uuid="%s"'),
                     f"$labels.{c.cluster_label}", "$labels.instance", "$labels.uuid")
-    rule = alert(c, name, f"{c.metric('gpufleet_gpu_recovery_action')} == {int(action)}", severity, summary,
+    expr = f"{c.metric('gpufleet_gpu_recovery_action')} == {int(action)}"
+    if deferred is not None:
+        waits = f"on ({c.by('instance', 'gpu')}) {c.metric('gpufleet_gpu_recovery_action_deferred')} == 1"
+        expr = f"{expr} {'and' if deferred else 'unless'} {waits}"
+    rule = alert(c, name, expr, severity, summary,
                  f"{GPU} needs {what}{{{{ with {reason} | query }}}}{{{{ with first . }}}}: "
                  "{{ .Labels.reason }}, since {{ .Value | humanizeTimestamp }}{{ end }}{{ end }}. "
                  "The alert stays until the exporter sees it done.")
+    if deferred:
+        return rule
     rule["labels"]["remediation"] = "drain"
     rule["annotations"]["remediation_reason"] = (
         f"GPU {{{{ $labels.gpu }}}} needs {what}{{{{ with {reason} | query }}}}{{{{ with first . }}}} "
@@ -104,7 +113,12 @@ def gpu_failures(c: Config) -> dict[str, Any]:
         _needs(c, "GpuNeedsDrain", Action.DRAIN, "critical", "A GPU's driver asks for its work to be drained.",
                "its work drained"),
         _needs(c, "GpuNeedsReset", Action.RESET, "critical", "A GPU needs a reset before it runs work again.",
-               "a reset"),
+               "a reset", deferred=False),
+        # A contained memory error killed only the job that touched the memory; the GPU keeps working, and the reset
+        # that lets its row remapping take effect waits for the node's next drain.
+        _needs(c, "GpuNeedsResetAtDrain", Action.RESET, "warning",
+               "A GPU needs a reset at its node's next drain: a contained memory error.", "a reset at its node's "
+               "next drain", deferred=True),
         _needs(c, "GpuNeedsReboot", Action.REBOOT, "critical", "A GPU needs its node rebooted before it runs work "
                "again.", "its node rebooted"),
         _needs(c, "GpuNeedsReplacement", Action.REPLACE, "warning", "A GPU needs to be replaced: an RMA.",

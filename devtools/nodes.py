@@ -15,6 +15,7 @@ import re
 import shutil
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -109,11 +110,11 @@ def masked(body: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def served(gpus: list[SimulatedGpu], sysfs: Path, flags: argparse.Namespace, xid: tuple[int, int] | None = None,
+def served(gpus: list[SimulatedGpu], sysfs: Path, flags: argparse.Namespace, xids: Sequence[tuple[int, int]] = (),
            collections: int = 2) -> str:
     """What a node of the exporter's own collectors over these boards and sysfs tree serves on /metrics once each
     collector has run and the GPUs have been collected `collections` times, 15 s apart (GPM reports the interval
-    between two); with `xid` (a GPU and a code) raised and counted first."""
+    between two); with `xids` (each a GPU and a code) raised and counted first."""
     clock = FakeClock(1000.0)
     nvml = SimulatedNvml(gpus, clock=clock)
     hardware = Hardware(nvml, DiskTree(sysfs), simulated_procfs(gpus), nvml_event_wait_ms=50)
@@ -122,11 +123,12 @@ def served(gpus: list[SimulatedGpu], sysfs: Path, flags: argparse.Namespace, xid
     try:
         for collector in collectors:
             collector.start()
-        if xid is not None and isinstance(gpu.collector, GpuCollector):
+        if xids and isinstance(gpu.collector, GpuCollector):
             ledger = gpu.collector.xids
             wait_for(lambda: ledger.watching, 10, "the XID watcher's registration")
-            nvml.inject_xid(*xid)
-            wait_for(ledger.snapshot, 10, "the XID in the ledger")
+            for xid in xids:
+                nvml.inject_xid(*xid)
+            wait_for(lambda: len(ledger.snapshot()) == len(set(xids)), 10, "the XIDs in the ledger")
         for collector in collectors:
             collector.collect_now()
         for _ in range(collections - 1):
@@ -141,7 +143,7 @@ def golden_exposition() -> str:
     """The committed golden file's text: every GPM series there, the opt-in ones too, and one XID counted."""
     flags = node.defaults()
     flags.gpu_gpm_detail = True
-    return masked(served(boards(), FIXTURE_SYSFS, flags, xid=(0, 31)))
+    return masked(served(boards(), FIXTURE_SYSFS, flags, xids=[(0, 31)]))
 
 
 def bench_node(flags: argparse.Namespace | None = None) -> str:
@@ -154,18 +156,20 @@ def bench_node(flags: argparse.Namespace | None = None) -> str:
 
 def catalogue_exposition(flags: argparse.Namespace) -> str:
     """The golden node with every state that makes a sparse family appear: an NVLink down and one that counted
-    errors, a MIG mode pending its reset, a port whose link_downed counter stopped at its maximum. With every
-    opt-in flag on, it serves every family the exporter has."""
+    errors, a MIG mode pending its reset, a port whose link_downed counter stopped at its maximum, a contained
+    memory error whose reset waits for the next drain. With every opt-in flag on, it serves every family the
+    exporter has."""
     gpus = boards()
-    busy, _, split = gpus
+    busy, contained, split = gpus
     busy.nvlinks_down = {1}
     busy.nvlink_errors = {(0, "crc_flit"): 5}
     split.mig_pending = False
+    contained.ecc_errors = {("uncorrected", "volatile"): 1, ("uncorrected", "aggregate"): 1}
     with tempfile.TemporaryDirectory() as tmp:
         sysfs = Path(tmp) / "sys"
         shutil.copytree(FIXTURE_SYSFS, sysfs, symlinks=True)
         (sysfs / "class/infiniband/mlx5_1/ports/1/counters/link_downed").write_text("255\n")
-        return served(gpus, sysfs, flags, xid=(0, 31))
+        return served(gpus, sysfs, flags, xids=[(0, 31), (1, 94)])
 
 
 def series_by_family(text: str) -> Counter[str]:

@@ -15,12 +15,14 @@ DOUBLE_BIT_ECC = 48
 ROW_REMAP_FAILURE = 64
 FALLEN_OFF_BUS = 79
 GSP_TIMEOUT = 119  # An RPC to the GPU System Processor timed out: the driver, and nvidia-smi, stop answering.
+CONTAINED_ECC = 94  # An uncorrectable memory error the GPU contained: only the job that touched it was killed.
+UNCONTAINED_ECC = 95  # One it could not contain: every job on the GPU is suspect, and it needs a reset now.
 
 # Codes after which the GPU must be reset or the node rebooted (page).
-RESET_OR_REBOOT = (DOUBLE_BIT_ECC, 62, ROW_REMAP_FAILURE, 74, FALLEN_OFF_BUS, 95, 109, GSP_TIMEOUT, 120, 136, 140, 143,
-                   *range(144, 151), 155, 156, 158)
+RESET_OR_REBOOT = (DOUBLE_BIT_ECC, 62, ROW_REMAP_FAILURE, 74, FALLEN_OFF_BUS, UNCONTAINED_ECC, 109, GSP_TIMEOUT,
+                   120, 136, 140, 143, *range(144, 151), 155, 156, 158)
 # Recorded by the driver, worth a ticket: row remap event, high single-bit rate, contained memory error.
-WATCH = (63, 92, 94)
+WATCH = (63, 92, CONTAINED_ECC)
 # The application's own fault (illegal address, MMU fault, ...): information, a ticket when repeated.
 APPLICATION = (13, 31, 43, 45)
 CLASSES = {"reset or reboot": RESET_OR_REBOOT, "watch": WATCH, "application": APPLICATION}

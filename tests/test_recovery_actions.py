@@ -109,6 +109,35 @@ def test_a_double_bit_error_is_held_until_a_reset_clears_the_volatile_count(node
     assert node.actions()[UUID1] == NONE
 
 
+def deferred(node) -> set[str]:
+    """The UUIDs whose held action waits for the next drain, after a collection."""
+    samples = rendered(node.collector.collect())
+    return {dict(labels)["uuid"] for labels in named(samples, "gpufleet_gpu_recovery_action_deferred")}
+
+
+def test_a_contained_memory_error_defers_its_reset_to_the_next_drain_until_an_uncontained_one_comes(node):
+    """XID 94 with the uncorrectable count: a reset at the next drain (a ticket). The count read a collection before
+    its XID is deferred once the XID comes; an XID 95 makes it urgent; and once repaired, an error that comes with
+    no XID 94 is urgent from the start."""
+    node.actions()
+    board = node.nvml.gpus[0]
+    board.ecc_errors = {("uncorrected", "volatile"): 1, ("uncorrected", "aggregate"): 1}
+    assert node.actions()[UUID0] == RESET and deferred(node) == set()  # Its XID 94 not told yet: urgent.
+    node.xid(0, 94)
+    assert node.actions()[UUID0] == RESET and deferred(node) == {UUID0}
+    assert node.reasons()[UUID0] == "a contained uncorrectable ECC error (XID 94): reset at the next drain"
+    node.start()  # Kept across a restart.
+    assert node.actions()[UUID0] == RESET and deferred(node) == {UUID0}
+    node.xid(0, 95)
+    assert node.actions()[UUID0] == RESET and deferred(node) == set() and node.reasons()[UUID0] == "XID 95"
+    board.ecc_errors = {("uncorrected", "volatile"): 0, ("uncorrected", "aggregate"): 1}
+    assert node.actions()[UUID0] == NONE
+    node.xid(1, 94)
+    node.nvml.gpus[1].ecc_errors = {("uncorrected", "volatile"): 2, ("uncorrected", "aggregate"): 2}
+    board.ecc_errors = {("uncorrected", "volatile"): 1, ("uncorrected", "aggregate"): 2}
+    assert node.actions() == {UUID0: RESET, UUID1: RESET} and deferred(node) == {UUID1}
+
+
 def test_the_drivers_own_verdict_is_read_and_its_none_afterwards_ends_it(node):
     node.actions()
     board = node.nvml.gpus[0]

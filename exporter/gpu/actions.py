@@ -10,7 +10,10 @@ whose value is the action) is raised by what the hardware reports and lowered on
 - an XID of the reset-or-reboot class raises it to RESET, REBOOT for 79 (off the bus), REPLACE for 64 (a row
   remap failure) (`gpufleet.xid.action_for`);
 - uncorrectable ECC errors counted since the driver loaded (volatile) raise it to RESET; the volatile count
-  falling (a reset clears it) lowers it;
+  falling (a reset clears it) lowers it. Where the GPU reported them as contained (XID 94, and no XID 95 or 48
+  since its last repair), only the job that touched the memory was killed and the GPU keeps working: the reset
+  is deferred to the next drain (`gpufleet_gpu_recovery_action_deferred`), a ticket rather than a page, until an
+  uncontained error or another demand for a reset makes it urgent;
 - a failed row remap raises it to REPLACE, which only another board (another UUID) at the GPU's PCI address
   lowers.
 
@@ -36,7 +39,7 @@ from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from gpufleet.exporter.gpu.probes import DRIVER_RECOVERY_ACTION, ECC_ERRORS, ROW_REMAP_FAILED, Reading
 from gpufleet.exporter.gpu.session import GpuIdentity, GpuSample
 from gpufleet.exporter.gpu.xid import XidCount
-from gpufleet.xid import Action, action_for
+from gpufleet.xid import CONTAINED_ECC, DOUBLE_BIT_ECC, UNCONTAINED_ECC, Action, action_for
 
 # NVML's recovery actions (nvmlGpuRecoveryAction_t) as the actions an operator takes.
 DRIVER_ACTIONS = {
@@ -50,6 +53,9 @@ DRIVER_ACTIONS = {
     pynvml.NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT: Action.REBOOT,
 }
 _SETTLED_BY_RESET = (Action.DRAIN, Action.RESET)
+_UNCORRECTABLE = "uncorrectable ECC errors since the driver loaded"
+_CONTAINED = "a contained uncorrectable ECC error (XID 94): reset at the next drain"
+_UNCONTAINED_XIDS = frozenset({DOUBLE_BIT_ECC, UNCONTAINED_ECC})
 _SETTLED_BY_REBOOT = (Action.DRAIN, Action.RESET, Action.REBOOT)
 
 
@@ -63,6 +69,7 @@ class Held:
     since: float
     boot: float | None
     driver: bool = False  # The driver asked for it: its "none" afterwards means it was done.
+    deferred: bool = False  # It can wait for the node's next drain: a contained memory error.
 
 
 @dataclass(frozen=True)
@@ -105,7 +112,7 @@ def _held(entry: object) -> Held | None:
         boot = entry.get("boot")
         return Held(str(entry["uuid"]), Action(int(str(entry["action"]))), str(entry["reason"]),
                     float(str(entry["since"])), None if boot is None else float(str(boot)),
-                    bool(entry.get("driver", False)))
+                    bool(entry.get("driver", False)), bool(entry.get("deferred", False)))
     except (KeyError, ValueError):
         return None
 
@@ -120,6 +127,9 @@ class ActionBook:
         # The XID counts seen, by (UUID, code): a count above its entry is a new XID. A restored state sets it
         # to the counts kept, so that an XID is acted on once, whichever process saw it.
         self._xids: dict[tuple[str, int], int] = {}
+        # The memory XIDs (contained, uncontained) each GPU reported since its last repair, by UUID: whether its
+        # uncorrectable ECC errors were contained.
+        self._memory_xids: dict[str, set[int]] = {}
         self._identities: dict[str, GpuIdentity] = {}
 
     def observe(self, answering: Sequence[GpuSample], lost: Sequence[GpuIdentity], xids: Sequence[XidCount],
@@ -175,6 +185,8 @@ class ActionBook:
         for (uuid, xid), count in counts.items():
             if count > self._xids.get((uuid, xid), 0):
                 new.setdefault(uuid, []).append(xid)
+                if xid == CONTAINED_ECC or xid in _UNCONTAINED_XIDS:
+                    self._memory_xids.setdefault(uuid, set()).add(xid)
         self._xids.update(counts)
         return new
 
@@ -217,6 +229,7 @@ class ActionBook:
         if why is None:
             return []
         del self.held[pci]
+        self._memory_xids.pop(identity.uuid, None)  # Repaired: its next memory error is judged afresh.
         return [f"GPU {identity.index} ({identity.uuid}) no longer needs {held.action.name.lower()}: {why}"]
 
     def _raise(self, identity: GpuIdentity, health: _Health, new_xids: Sequence[int],
@@ -229,7 +242,9 @@ class ActionBook:
                             True))
         demands += [(action_for(xid), f"XID {xid}", False) for xid in new_xids if action_for(xid) is not Action.NONE]
         if health.volatile_dbe:
-            demands.append((Action.RESET, "uncorrectable ECC errors since the driver loaded", False))
+            memory = self._memory_xids.get(identity.uuid, set())
+            contained = CONTAINED_ECC in memory and not memory & _UNCONTAINED_XIDS
+            demands.append((Action.RESET, _CONTAINED if contained else _UNCORRECTABLE, False))
         if health.remap_failed:
             demands.append((Action.REPLACE, "a row remap failed", False))
         changes = []
@@ -237,10 +252,28 @@ class ActionBook:
             held = self.held.get(identity.pci_bus_id)
             if held is not None and held.uuid == identity.uuid and held.action >= action:
                 held.driver = held.driver or (from_driver and held.action == action)
+                changes += self._urgency(identity, held, action, reason)
                 continue
-            self.held[identity.pci_bus_id] = Held(identity.uuid, action, reason, self._clock(), boot, from_driver)
+            self.held[identity.pci_bus_id] = Held(identity.uuid, action, reason, self._clock(), boot, from_driver,
+                                                  deferred=reason == _CONTAINED)
             changes.append(f"GPU {identity.index} ({identity.uuid}) needs {action.name.lower()}: {reason}")
         return changes
+
+    def _urgency(self, identity: GpuIdentity, held: Held, action: Action, reason: str) -> list[str]:
+        """A deferred reset made urgent by another demand for one (an uncontained error's XID, the driver's
+        verdict), not by the ECC count it was deferred for, which a restarted exporter reads with no XID beside it;
+        an urgent reset raised only by the ECC count deferred once the GPU tells the error was contained (its XID 94
+        may follow the count by a collection)."""
+        if held.action != action:
+            return []
+        if held.deferred and reason not in (_CONTAINED, _UNCORRECTABLE):
+            held.deferred, held.reason, held.since = False, reason, self._clock()
+        elif not held.deferred and held.reason == _UNCORRECTABLE and reason == _CONTAINED:
+            held.deferred, held.reason = True, reason
+        else:
+            return []
+        when = "at the next drain" if held.deferred else "now"
+        return [f"GPU {identity.index} ({identity.uuid}) needs {action.name.lower()} {when}: {reason}"]
 
     def kept(self) -> dict[str, dict[str, object]]:
         """The held actions as the state file keeps them."""
@@ -278,6 +311,9 @@ class ActionBook:
         reason = GaugeMetricFamily("gpufleet_gpu_recovery_action_reason",
                                    "Why the GPU is held at its recovery action, and since when (Unix time).",
                                    labels=("gpu", "uuid", "reason"))
+        deferred = GaugeMetricFamily("gpufleet_gpu_recovery_action_deferred",
+                                     "1 while the GPU's held action can wait for its node's next drain (a contained "
+                                     "memory error); absent otherwise.", labels=("gpu", "uuid"))
         for pci, identity in sorted(self._identities.items(), key=lambda item: item[1].index):
             held = self.held.get(pci)
             current = held if held is not None and held.uuid == identity.uuid else None
@@ -285,4 +321,6 @@ class ActionBook:
             action.add_metric(labels, float(current.action) if current else 0.0)
             if current is not None:
                 reason.add_metric([*labels, current.reason], current.since)
-        return [family for family in (action, reason) if family.samples]
+            if current is not None and current.deferred:
+                deferred.add_metric(labels, 1.0)
+        return [family for family in (action, reason, deferred) if family.samples]
