@@ -47,6 +47,8 @@ KINDS: tuple[tuple[dict[str, Any], bool], ...] = (
     # A GPU off the bus for good, and a reboot halfway through the round that does not bring it back (REPAIRS):
     # its page stays open through the reboot, as one incident.
     ({"kind": "gpu_dead", "gpu": 5}, True),
+    # Contained: only the job that touched the memory died, and the reset waits for the next drain (a ticket).
+    ({"kind": "ecc_contained", "gpu": 3}, False),
 )
 # What an operator does on a kind's node while it lasts: a fault, and when, as a share of the round.
 REPAIRS: dict[str, tuple[dict[str, Any], float]] = {"gpu_dead": ({"kind": "node_reboot", "duration": "2s"}, 0.5)}

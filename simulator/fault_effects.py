@@ -73,15 +73,21 @@ class FaultEffects:
                 pynvml.NVML_PERF_POLICY_POWER: self.state.seconds_active(Kind.POWER_BRAKE, gpu) + braked_seconds,
             }
             dbe = [f.start for f in self.state.active(Kind.ECC_DBE, gpu) if replaced < f.start <= t]
+            contained = [f for f in self.state.active(Kind.ECC_CONTAINED, gpu) if replaced < f.start <= t]
             volatile = sum(1 for start in dbe if start > reset)
-            board.ecc_errors = {("uncorrected", "volatile"): volatile, ("uncorrected", "aggregate"): len(dbe)}
-            pending = [f for f in self.state.active(Kind.ROW_REMAP_PENDING, gpu) if replaced < f.start <= t]
+            since_reset = volatile + sum(1 for f in contained if f.start > reset)
+            board.ecc_errors = {("uncorrected", "volatile"): since_reset,
+                                ("uncorrected", "aggregate"): len(dbe) + len(contained)}
+            # A contained error remaps its row at the next reset, as a pending remap does.
+            pending = [f for f in (*self.state.active(Kind.ROW_REMAP_PENDING, gpu), *contained)
+                       if replaced < f.start <= t]
             failed = [f for f in self.state.active(Kind.ROW_REMAP_FAILURE, gpu) if replaced < f.start <= t]
             board.remapped_rows = {"uncorrectable": len(pending) + len(failed)}
             board.row_remap_pending = any(f.active(t) and f.start > reset for f in pending)
             board.row_remap_failed = any(f.active(t) for f in failed)
-            # The driver's own verdict (NVML's recovery action): a reset, after an uncorrectable error or an XID
-            # that calls for one, until the GPU is reset.
+            # The driver's own verdict (NVML's recovery action): a reset, after an uncontained uncorrectable error or
+            # an XID that calls for one, until the GPU is reset; none after a contained one, as NVIDIA's memory error
+            # management guide has it.
             self.nvml.set_recovery_action(gpu, 1 if volatile or self._reset_xid_since(gpu, reset) else 0)
             board.pcie_replays = self.state.counted(Kind.PCIE_REPLAY_STORM, gpu)
             self._fabric(board, reset)

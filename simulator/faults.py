@@ -27,6 +27,7 @@ class FaultKind(StrEnum):
 
     XID = "xid"
     ECC_DBE = "ecc_dbe"
+    ECC_CONTAINED = "ecc_contained"
     ROW_REMAP_PENDING = "row_remap_pending"
     ROW_REMAP_FAILURE = "row_remap_failure"
     GPU_LOST = "gpu_lost"
@@ -63,7 +64,8 @@ class FaultKind(StrEnum):
 
 OLDER_DRIVER = "570.124.06"  # What a driver_mismatch's node boots into, beside the simulated driver's 570.133.20.
 # The XID each kind raises on its GPU when it starts, from the catalog the alerts class them by.
-XIDS = {FaultKind.ECC_DBE: xid.DOUBLE_BIT_ECC, FaultKind.ROW_REMAP_FAILURE: xid.ROW_REMAP_FAILURE,
+XIDS = {FaultKind.ECC_DBE: xid.DOUBLE_BIT_ECC, FaultKind.ECC_CONTAINED: xid.CONTAINED_ECC,
+        FaultKind.ROW_REMAP_FAILURE: xid.ROW_REMAP_FAILURE,
         FaultKind.GPU_LOST: xid.FALLEN_OFF_BUS, FaultKind.GPU_DEAD: xid.FALLEN_OFF_BUS}
 _XID_CLASSES = "; ".join(f"{name}: {', '.join(map(str, codes))}" for name, codes in xid.CLASSES.items())
 
@@ -71,6 +73,9 @@ _XID_CLASSES = "; ".join(f"{name}: {', '.join(map(str, codes))}" for name, codes
 KINDS: dict[FaultKind, tuple[tuple[str, ...], str]] = {
     FaultKind.XID: (("gpu", "xid"), f"one XID event ({_XID_CLASSES})"),
     FaultKind.ECC_DBE: (("gpu",), f"a double-bit ECC error: uncorrected ECC counts rise, XID {xid.DOUBLE_BIT_ECC}"),
+    FaultKind.ECC_CONTAINED: (("gpu",), "an uncorrectable memory error the GPU contains: uncorrected ECC counts rise, "
+                                        f"XID {xid.CONTAINED_ECC}, a row remap waits for the next reset, and the "
+                                        "driver asks for no recovery action (only the job that touched it is killed)"),
     FaultKind.ROW_REMAP_PENDING: (("gpu",), "a row remap waits for a GPU reset"),
     FaultKind.ROW_REMAP_FAILURE: (("gpu",), f"a row remap failed, XID {xid.ROW_REMAP_FAILURE}"),
     FaultKind.GPU_LOST: (("gpu",), f"the GPU falls off the bus: XID {xid.FALLEN_OFF_BUS}, then NVML reports it lost"),

@@ -21,6 +21,7 @@ XID_TEXT = {
     xid.GSP_TIMEOUT: "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function 76 "
                      "(GSP_RM_CONTROL) (0x20800a4c 0x4).",
     xid.DOUBLE_BIT_ECC: "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.",
+    xid.CONTAINED_ECC: "Contained: SM (0x1). RST: No, D-RST: No",
 }
 
 

@@ -122,6 +122,11 @@ async def test_the_healthy_fleet_is_healthy(baseline):
     ({"kind": "ecc_dbe", "gpu": 2}, {"gpufleet_gpu_ecc_errors_total", "gpufleet_gpu_xid_errors_total",
                                      "gpufleet_gpu_recovery_action", "gpufleet_gpu_recovery_action_reason",
                                      "gpufleet_gpu_driver_recovery_action"}),
+    # Contained: the driver asks for nothing, and the exporter defers the reset to the next drain.
+    ({"kind": "ecc_contained", "gpu": 2},
+     {"gpufleet_gpu_ecc_errors_total", "gpufleet_gpu_xid_errors_total", "gpufleet_gpu_remapped_rows",
+      "gpufleet_gpu_row_remap_pending", "gpufleet_gpu_recovery_action", "gpufleet_gpu_recovery_action_reason",
+      "gpufleet_gpu_recovery_action_deferred"}),
     ({"kind": "row_remap_pending", "gpu": 2}, {"gpufleet_gpu_remapped_rows", "gpufleet_gpu_row_remap_pending"}),
     ({"kind": "row_remap_failure", "gpu": 2},
      {"gpufleet_gpu_remapped_rows", "gpufleet_gpu_row_remap_failed", "gpufleet_gpu_xid_errors_total",
