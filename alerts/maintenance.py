@@ -9,7 +9,8 @@ A node in maintenance fires `NodeMaintenance`, an info alert that reaches nobody
 inhibition rule turns into silence for every other alert of that node (kube-prometheus-stack's InfoInhibitor
 does the same). The alerts keep their labels, so their fingerprints, and `gpufleet remediate`'s view of each
 episode, stay as they are; once the node leaves maintenance whatever still fires is sent at the next
-`group_interval`. Rules that count dark nodes (RackDown, NodesUnscraped) leave maintained nodes out.
+`group_interval`. Rules that count dark nodes or ports (RackDown, NodesUnscraped, FabricLeafDown) leave maintained
+nodes out.
 
 Slurm's view comes from `gpufleet remediate`'s /metrics (dry run or not), whose scrape must carry the cluster
 label the exporters' targets carry; Kubernetes' from kube-state-metrics, matched by node name alone, as one

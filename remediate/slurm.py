@@ -30,7 +30,7 @@ class UnknownNode(SlurmError):
 
 @dataclass(frozen=True)
 class Node:
-    """What a drain decision needs of a node: its state flags (`IDLE`, `DRAIN`, `MAINT`, ...), its reason, its
+    """What a drain decision needs of a node: its state flags (`IDLE`, `DRAIN`, `MAINTENANCE`, ...), its reason, its
     partitions, and whether its slurmd answers the controller (Slurm's `*` after the state)."""
 
     name: str
