@@ -137,10 +137,12 @@ def fabric(c: Config) -> dict[str, Any]:
               f"{PORT} is in state {{{{ $value }}}}, not 4 (ACTIVE).", for_="2m", held_by=c.both_jobs()),
         _leaf_down(c, f"{NOT_ACTIVE} unless on ({port}) {unexpected}{known}"),
         # Against the rate the port is known to reach (its own fastest, or its same-model peers'), as the
-        # exporter reports it: never against another HCA, such as a slower storage HCA of the same node.
+        # exporter reports it: never against another HCA, such as a slower storage HCA of the same node. A ticket,
+        # as a PCIe link trained down is: the job runs on, slower (NodeStraggler says how much), and the cable
+        # waits for the node's next drain.
         alert(c, "NicInfinibandRateDegraded",
               f"({c.metric(ib + 'rate_bytes_per_second')} < on ({port}) group_left () "
-              f"{c.metric(ib + 'rate_capability_bytes_per_second')}) unless on ({port}) {NOT_ACTIVE}", "critical",
+              f"{c.metric(ib + 'rate_capability_bytes_per_second')}) unless on ({port}) {NOT_ACTIVE}", "warning",
               "An InfiniBand port runs below the rate it is known to reach.",
               f"{PORT} runs at {{{{ $value | humanize }}}}B/s, below the rate it has run at or its same-model "
               "peers run at: the link trained down.", for_="5m", held_by=c.both_jobs()),

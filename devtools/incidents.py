@@ -27,7 +27,7 @@ KINDS: tuple[tuple[dict[str, Any], bool], ...] = (
     ({"kind": "row_remap_failure", "gpu": 0}, False),
     ({"kind": "nvlink_down", "gpu": 2, "link": 3}, True),
     ({"kind": "ib_link_flap", "port": "mlx5_5/1"}, True),
-    ({"kind": "ib_rate_degraded", "port": "mlx5_6/1"}, True),
+    ({"kind": "ib_rate_degraded", "port": "mlx5_6/1"}, False),
     ({"kind": "exporter_down"}, True),
     ({"kind": "thermal_slowdown", "gpu": 1}, False),
     ({"kind": "power_brake", "gpu": 0}, False),

@@ -114,8 +114,9 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
       expect("NicInfinibandLinkDowned", 12, None, required=False, device="mlx5_5"),
       # Down half of the time, so "port down" may go pending; its 2m `for` outlasts each 6 s down.
       expect("NicInfinibandPortDown", 12, None, required=False, device="mlx5_5")]),
-    ({"kind": "ib_rate_degraded", "node": node(16), "port": "mlx5_6/1"},
-     [expect("NicInfinibandRateDegraded", 16, "pager", device="mlx5_6")]),
+    # A ticket, on a node of its own: on node 16 its lost GPU's page would hold every ticket of the node back.
+    ({"kind": "ib_rate_degraded", "node": node(7), "port": "mlx5_6/1"},
+     [expect("NicInfinibandRateDegraded", 7, "ticket", device="mlx5_6")]),
     # Node 16's GPU 5 falls off the bus for good, and its driver hangs at HANG_AT (XID 119 in its kernel log only):
     # one page for the hang, and GPU 0's reset from the XID, in the node's one incident, with GPU 5's page held
     # through it. The reboot at REPAIR_AT ends the hang and both pages; GPU 5, still off the bus, keeps its own.
