@@ -319,9 +319,13 @@ def _vmalert(rules: Path, storage: str, alertmanager_url: str,
     them alike. LOOKBACK is how long a series that stopped keeps its last value in a query
     (`-datasource.queryStep`, which VictoriaMetrics takes as the window of a bare selector), as Prometheus's
     lookback delta: VictoriaMetrics 1.79 has no staleness markers to end a vanished target's series sooner.
+    Firing alerts are resent every production minute, as compose has it, so Alertmanager keeps each for four
+    (30 s here) after the last send: at vmalert's default of four evaluation intervals (4 s here), a restart that
+    took 8.9 s on a busy machine let Alertmanager resolve five standing alerts, which then started again.
     """
     return vmalert(rules, storage, alertmanager_url, "-evaluationInterval=1s", "-remoteWrite.flushInterval=500ms",
-                   "-disableAlertgroupLabel", f"-datasource.queryStep={LOOKBACK}", "-loggerLevel=WARN", port=port)
+                   "-disableAlertgroupLabel", f"-datasource.queryStep={LOOKBACK}", "-loggerLevel=WARN",
+                   f"-rule.resendDelay={60 / TIME_SCALE:g}s", port=port)
 
 
 def _whole_fleet(scraped: list[set[str]]) -> list[set[str]] | None:
