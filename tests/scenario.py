@@ -46,6 +46,12 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
       expect("GpuXidCritical", 1, None, gpu="1", xid="48")]),
     ({"kind": "xid", "node": node(2), "gpu": 4, "xid": 13},
      [expect("GpuXidApplication", 2, None, gpu="4", xid="13")]),
+    # A contained memory error: one ticket, for the reset at the node's next drain, which holds back its XID's
+    # (reaching the ticket receiver only if the XID is told a collection before the count) and its row remap's.
+    ({"kind": "ecc_contained", "node": node(2), "gpu": 5},
+     [expect("GpuNeedsResetAtDrain", 2, "ticket", gpu="5"), expect("GpuEccUncorrectable", 2, None, gpu="5"),
+      expect("GpuXidWarning", 2, "ticket", required=False, gpu="5", xid="94"),
+      expect("GpuRowRemapPending", 2, None, gpu="5")]),
     ({"kind": "row_remap_pending", "node": node(2), "gpu": 2},
      [expect("GpuRowRemapPending", 2, "ticket", gpu="2")]),
     ({"kind": "pcie_replay_storm", "node": node(2), "gpu": 3},

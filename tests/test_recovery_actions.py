@@ -102,6 +102,8 @@ def test_a_double_bit_error_is_held_until_a_reset_clears_the_volatile_count(node
     node.actions()
     board = node.nvml.gpus[1]
     board.ecc_errors = {("uncorrected", "volatile"): 1, ("uncorrected", "aggregate"): 1}
+    assert node.actions()[UUID1] == NONE  # Waiting for an XID that would say the error was contained.
+    node.clock.now += 15
     assert node.actions()[UUID1] == RESET
     node.clock.now += 3600
     assert node.actions()[UUID1] == RESET
@@ -116,12 +118,14 @@ def deferred(node) -> set[str]:
 
 
 def test_a_contained_memory_error_defers_its_reset_to_the_next_drain_until_an_uncontained_one_comes(node):
-    """XID 94 with the uncorrectable count: a reset at the next drain (a ticket). The count read a collection before
-    its XID is deferred once the XID comes; an XID 95 makes it urgent; and once repaired, an error that comes with
-    no XID 94 is urgent from the start."""
+    """XID 94 with the uncorrectable count: a reset at the next drain (a ticket). A count read with no memory XID
+    waits for one, is urgent after that, and deferred once a late XID 94 comes; an XID 95 makes it
+    urgent again; and once repaired, the GPU's next error is judged afresh."""
     node.actions()
     board = node.nvml.gpus[0]
     board.ecc_errors = {("uncorrected", "volatile"): 1, ("uncorrected", "aggregate"): 1}
+    assert node.actions()[UUID0] == NONE
+    node.clock.now += 15  # Past the wait for its XID, twice the ledger's deduplication window.
     assert node.actions()[UUID0] == RESET and deferred(node) == set()  # Its XID 94 not told yet: urgent.
     node.xid(0, 94)
     assert node.actions()[UUID0] == RESET and deferred(node) == {UUID0}
@@ -135,6 +139,8 @@ def test_a_contained_memory_error_defers_its_reset_to_the_next_drain_until_an_un
     node.xid(1, 94)
     node.nvml.gpus[1].ecc_errors = {("uncorrected", "volatile"): 2, ("uncorrected", "aggregate"): 2}
     board.ecc_errors = {("uncorrected", "volatile"): 1, ("uncorrected", "aggregate"): 2}
+    assert node.actions() == {UUID0: NONE, UUID1: RESET} and deferred(node) == {UUID1}
+    node.clock.now += 15
     assert node.actions() == {UUID0: RESET, UUID1: RESET} and deferred(node) == {UUID1}
 
 

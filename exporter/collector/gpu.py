@@ -183,7 +183,10 @@ class GpuCollector:
         self.xids = xids if xids is not None else XidLedger()
         self.xid_sources = tuple(xid_sources)
         self.kernel_xids = kernel_xids
-        self.actions = ActionBook()
+        # On the ledger's clock, waiting twice as long as the ledger may hold a kernel-log XID before counting it
+        # (once more for the log's reader to reach the line): the XID that tells a contained memory error from an
+        # uncontained one can follow the error count by that much.
+        self.actions = ActionBook(self.xids.clock, xid_wait=2 * self.xids.dedup_window)
         self.state = state or PersistentState()
         # What a previous process kept. Where it says which GPUs the node had, it applies at once, so that it is
         # served before the first collection and through a driver that hangs from the start, and what a board

@@ -13,7 +13,8 @@ whose value is the action) is raised by what the hardware reports and lowered on
   falling (a reset clears it) lowers it. Where the GPU reported them as contained (XID 94, and no XID 95 or 48
   since its last repair), only the job that touched the memory was killed and the GPU keeps working: the reset
   is deferred to the next drain (`gpufleet_gpu_recovery_action_deferred`), a ticket rather than a page, until an
-  uncontained error or another demand for a reset makes it urgent;
+  uncontained error or another demand for a reset makes it urgent. A count read before any memory XID waits for
+  one as long as the XID ledger may take to count it;
 - a failed row remap raises it to REPLACE, which only another board (another UUID) at the GPU's PCI address
   lowers.
 
@@ -120,8 +121,9 @@ def _held(entry: object) -> Held | None:
 class ActionBook:
     """Every GPU's held action, by PCI address: what a node's slots need, whichever board is in them."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time, xid_wait: float = 10.0) -> None:
         self._clock = clock
+        self._xid_wait = xid_wait
         self.held: dict[str, Held] = {}
         self._seen: dict[str, _Seen] = {}
         # The XID counts seen, by (UUID, code): a count above its entry is a new XID. A restored state sets it
@@ -130,6 +132,8 @@ class ActionBook:
         # The memory XIDs (contained, uncontained) each GPU reported since its last repair, by UUID: whether its
         # uncorrectable ECC errors were contained.
         self._memory_xids: dict[str, set[int]] = {}
+        # The GPUs whose uncorrectable ECC count was read with no memory XID told yet: when it was first read, by UUID.
+        self._counted_alone: dict[str, float] = {}
         self._identities: dict[str, GpuIdentity] = {}
 
     def observe(self, answering: Sequence[GpuSample], lost: Sequence[GpuIdentity], xids: Sequence[XidCount],
@@ -241,8 +245,13 @@ class ActionBook:
             demands.append((DRIVER_ACTIONS[int(driver_value)], f"the driver asks for it (action {int(driver_value)})",
                             True))
         demands += [(action_for(xid), f"XID {xid}", False) for xid in new_xids if action_for(xid) is not Action.NONE]
-        if health.volatile_dbe:
-            memory = self._memory_xids.get(identity.uuid, set())
+        # The XID that tells a contained error from an uncontained one may reach the ledger after the count is read
+        # (a kernel-log XID is counted once NVML's events had their chance at it): a count with no memory XID waits
+        # `xid_wait` for it.
+        memory = self._memory_xids.get(identity.uuid, set())
+        if not health.volatile_dbe:
+            self._counted_alone.pop(identity.uuid, None)
+        elif memory or self._clock() - self._counted_alone.setdefault(identity.uuid, self._clock()) >= self._xid_wait:
             contained = CONTAINED_ECC in memory and not memory & _UNCONTAINED_XIDS
             demands.append((Action.RESET, _CONTAINED if contained else _UNCORRECTABLE, False))
         if health.remap_failed:

@@ -88,8 +88,8 @@ class XidLedger:
     """XID counts per GPU and code, shared by the event sources and read by the GPU collector."""
 
     def __init__(self, *, clock: Callable[[], float] = time.time, dedup_window: float = 10.0) -> None:
-        self._clock = clock
-        self._window = dedup_window
+        self.clock = clock
+        self.dedup_window = dedup_window  # A kernel-log XID is counted this long after it is read, at most.
         self._lock = threading.Lock()
         self._counts: dict[tuple[int, str, int], tuple[int, float]] = {}
         self._gpus: dict[PciKey, tuple[int, str]] = {}
@@ -105,7 +105,7 @@ class XidLedger:
                 self._gpus[key] = (index, uuid)
 
     def record_nvml(self, index: int, uuid: str, pci_bus_id: str, xid: int) -> None:
-        now = self._clock()
+        now = self.clock()
         with self._lock:
             self._count(index, uuid, xid, now)
             event = _Event(pci_key(pci_bus_id) or (-1, -1, -1), xid, now)
@@ -117,10 +117,10 @@ class XidLedger:
             self._expire(now)
 
     def record_kmsg(self, pci: PciKey, xid: int) -> None:
-        now = self._clock()
+        now = self.clock()
         with self._lock:
             for event in self._nvml_events:
-                if not event.matched and (event.pci, event.xid) == (pci, xid) and now - event.at <= self._window:
+                if not event.matched and (event.pci, event.xid) == (pci, xid) and now - event.at <= self.dedup_window:
                     event.matched = True
                     return
             self._kmsg_pending.append(_Event(pci, xid, now))
@@ -140,7 +140,7 @@ class XidLedger:
         return verdicts
 
     def snapshot(self) -> list[XidCount]:
-        now = self._clock()
+        now = self.clock()
         with self._lock:
             self._expire(now)
             return [XidCount(gpu, uuid, xid, count, last)
@@ -192,7 +192,7 @@ class XidLedger:
         for pending in self._kmsg_pending:
             if pending.matched:
                 continue
-            if now - pending.at < self._window:
+            if now - pending.at < self.dedup_window:
                 keep.append(pending)
                 continue
             gpu = self._gpus.get(pending.pci)
@@ -202,7 +202,7 @@ class XidLedger:
             else:
                 self._count(gpu[0], gpu[1], pending.xid, pending.at)
         self._kmsg_pending = keep
-        self._nvml_events = [e for e in self._nvml_events if now - e.at <= self._window]
+        self._nvml_events = [e for e in self._nvml_events if now - e.at <= self.dedup_window]
 
 
 def _handle_key(handle: Handle) -> int:
