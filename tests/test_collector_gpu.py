@@ -168,7 +168,7 @@ def test_a_lost_gpu_loses_its_values_and_the_others_keep_reporting(nvml, collect
     assert collection.problems == (f"GPU 1 ({UUID1}) is lost: GPU is lost",)
     # Only the GPU's up and info series remain, and the action it needs: no stale values.
     assert sorted(name for name, labels in samples if ("gpu", "1") in labels) == [
-        "gpufleet_gpu_info", "gpufleet_gpu_recovery_action", "gpufleet_gpu_up"]
+        "gpufleet_gpu_info", "gpufleet_gpu_recovery_action", "gpufleet_gpu_recovery_action_deferred", "gpufleet_gpu_up"]
     assert samples[gpu_series("gpufleet_gpu_up", gpu=1)] == 0
     assert samples[gpu_series("gpufleet_gpu_up", gpu=0)] == 1
     assert samples[gpu_series("gpufleet_gpu_utilization_ratio")] == 0.87

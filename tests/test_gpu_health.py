@@ -124,8 +124,9 @@ async def test_an_xid_followed_by_the_gpu_falling_off_the_bus(exporter):
     samples = await exporter.scrape_until(lambda s: s.get(gpu(3)) == 0
                                           and s.get(gpu(3, "gpufleet_gpu_xid_errors_total", xid="79")) == 1)
     assert sorted(name for name, labels in samples if ("gpu", "3") in labels) == [
-        "gpufleet_gpu_info", "gpufleet_gpu_recovery_action", "gpufleet_gpu_recovery_action_reason",
-        "gpufleet_gpu_up", "gpufleet_gpu_xid_errors_total", "gpufleet_gpu_xid_last_timestamp_seconds"]
+        "gpufleet_gpu_info", "gpufleet_gpu_recovery_action", "gpufleet_gpu_recovery_action_deferred",
+        "gpufleet_gpu_recovery_action_reason", "gpufleet_gpu_up", "gpufleet_gpu_xid_errors_total",
+        "gpufleet_gpu_xid_last_timestamp_seconds"]
     assert samples[gpu(3, "gpufleet_gpu_recovery_action")] == 3  # Its node must be rebooted.
     for other in (0, 1, 2, 4, 5, 6, 7):
         assert samples[gpu(other)] == 1

@@ -114,7 +114,8 @@ def test_a_double_bit_error_is_held_until_a_reset_clears_the_volatile_count(node
 def deferred(node) -> set[str]:
     """The UUIDs whose held action waits for the next drain, after a collection."""
     samples = rendered(node.collector.collect())
-    return {dict(labels)["uuid"] for labels in named(samples, "gpufleet_gpu_recovery_action_deferred")}
+    return {dict(labels)["uuid"] for labels, value in named(samples, "gpufleet_gpu_recovery_action_deferred").items()
+            if value == 1}
 
 
 def test_a_contained_memory_error_defers_its_reset_to_the_next_drain_until_an_uncontained_one_comes(node):

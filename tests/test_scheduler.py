@@ -93,7 +93,8 @@ async def test_a_hung_nvml_call_never_delays_a_scrape_and_fails_only_its_collect
     # No stale GPU values while failing: only what the exporter keeps itself (each GPU's recovery action, none
     # here), and that the driver did not answer. The network collector carries on.
     assert {name for name, _ in samples if name.startswith("gpufleet_gpu_")} == {
-        "gpufleet_gpu_recovery_action", "gpufleet_gpu_xid_events_registered", "gpufleet_gpu_driver_up"}
+        "gpufleet_gpu_recovery_action", "gpufleet_gpu_recovery_action_deferred", "gpufleet_gpu_xid_events_registered",
+        "gpufleet_gpu_driver_up"}
     assert samples[series("gpufleet_gpu_driver_up")] == 0
     assert set(named(samples, "gpufleet_gpu_recovery_action").values()) == {0}
     assert success(samples, "network") == 1

@@ -320,9 +320,11 @@ class ActionBook:
         reason = GaugeMetricFamily("gpufleet_gpu_recovery_action_reason",
                                    "Why the GPU is held at its recovery action, and since when (Unix time).",
                                    labels=("gpu", "uuid", "reason"))
+        # One series per GPU from the start, as the action's: a series that appeared with the deferral would reach
+        # VictoriaMetrics' queries seconds after the action it qualifies, and vmalert paged for a contained error.
         deferred = GaugeMetricFamily("gpufleet_gpu_recovery_action_deferred",
                                      "1 while the GPU's held action can wait for its node's next drain (a contained "
-                                     "memory error); absent otherwise.", labels=("gpu", "uuid"))
+                                     "memory error), else 0.", labels=("gpu", "uuid"))
         for pci, identity in sorted(self._identities.items(), key=lambda item: item[1].index):
             held = self.held.get(pci)
             current = held if held is not None and held.uuid == identity.uuid else None
@@ -330,6 +332,5 @@ class ActionBook:
             action.add_metric(labels, float(current.action) if current else 0.0)
             if current is not None:
                 reason.add_metric([*labels, current.reason], current.since)
-            if current is not None and current.deferred:
-                deferred.add_metric(labels, 1.0)
+            deferred.add_metric(labels, float(current is not None and current.deferred))
         return [family for family in (action, reason, deferred) if family.samples]
