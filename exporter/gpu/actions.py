@@ -54,10 +54,11 @@ DRIVER_ACTIONS = {
     pynvml.NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT: Action.REBOOT,
 }
 _SETTLED_BY_RESET = (Action.DRAIN, Action.RESET)
+_SETTLED_BY_REBOOT = (Action.DRAIN, Action.RESET, Action.REBOOT)
+# Why a GPU needs a reset, where its uncorrectable ECC count alone says so.
 _UNCORRECTABLE = "uncorrectable ECC errors since the driver loaded"
 _CONTAINED = "a contained uncorrectable ECC error (XID 94): reset at the next drain"
 _UNCONTAINED_XIDS = frozenset({DOUBLE_BIT_ECC, UNCONTAINED_ECC})
-_SETTLED_BY_REBOOT = (Action.DRAIN, Action.RESET, Action.REBOOT)
 
 
 @dataclass
@@ -272,7 +273,7 @@ class ActionBook:
         """A deferred reset made urgent by another demand for one (an uncontained error's XID, the driver's
         verdict), not by the ECC count it was deferred for, which a restarted exporter reads with no XID beside it;
         an urgent reset raised only by the ECC count deferred once the GPU tells the error was contained (its XID 94
-        may follow the count by a collection)."""
+        may come after the wait for it)."""
         if held.action != action:
             return []
         if held.deferred and reason not in (_CONTAINED, _UNCORRECTABLE):
