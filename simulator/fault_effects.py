@@ -72,23 +72,7 @@ class FaultEffects:
                 pynvml.NVML_PERF_POLICY_THERMAL: self.state.seconds_active(Kind.THERMAL_SLOWDOWN, gpu) + hot_seconds,
                 pynvml.NVML_PERF_POLICY_POWER: self.state.seconds_active(Kind.POWER_BRAKE, gpu) + braked_seconds,
             }
-            dbe = [f.start for f in self.state.active(Kind.ECC_DBE, gpu) if replaced < f.start <= t]
-            contained = [f for f in self.state.active(Kind.ECC_CONTAINED, gpu) if replaced < f.start <= t]
-            volatile = sum(1 for start in dbe if start > reset)
-            since_reset = volatile + sum(1 for f in contained if f.start > reset)
-            board.ecc_errors = {("uncorrected", "volatile"): since_reset,
-                                ("uncorrected", "aggregate"): len(dbe) + len(contained)}
-            # A contained error remaps its row at the next reset, as a pending remap does.
-            pending = [f for f in (*self.state.active(Kind.ROW_REMAP_PENDING, gpu), *contained)
-                       if replaced < f.start <= t]
-            failed = [f for f in self.state.active(Kind.ROW_REMAP_FAILURE, gpu) if replaced < f.start <= t]
-            board.remapped_rows = {"uncorrectable": len(pending) + len(failed)}
-            board.row_remap_pending = any(f.active(t) and f.start > reset for f in pending)
-            board.row_remap_failed = any(f.active(t) for f in failed)
-            # The driver's own verdict (NVML's recovery action): a reset, after an uncontained uncorrectable error or
-            # an XID that calls for one, until the GPU is reset; none after a contained one, as NVIDIA's memory error
-            # management guide has it.
-            self.nvml.set_recovery_action(gpu, 1 if volatile or self._reset_xid_since(gpu, reset) else 0)
+            self._memory(board, reset, replaced)
             board.pcie_replays = self.state.counted(Kind.PCIE_REPLAY_STORM, gpu)
             self._fabric(board, reset)
             self._settings(board)
@@ -150,6 +134,27 @@ class FaultEffects:
             board.power_limit_default_watts = board.power_limit_watts
         caps = [f.size for f in self.state.active(Kind.POWER_CAPPED, board.index) if f.active(t)]
         board.power_limit_watts = board.power_limit_default_watts * min(caps, default=1.0)
+
+    def _memory(self, board: SimulatedGpu, reset: float, replaced: float) -> None:
+        """The board's uncorrectable errors, row remaps and the driver's verdict on them, since its board was
+        fitted (`replaced`) and its last reset."""
+        gpu, t = board.index, self.state.t
+        dbe = [f.start for f in self.state.active(Kind.ECC_DBE, gpu) if replaced < f.start <= t]
+        contained = [f for f in self.state.active(Kind.ECC_CONTAINED, gpu) if replaced < f.start <= t]
+        volatile = sum(1 for start in dbe if start > reset)
+        since_reset = volatile + sum(1 for f in contained if f.start > reset)
+        board.ecc_errors = {("uncorrected", "volatile"): since_reset,
+                            ("uncorrected", "aggregate"): len(dbe) + len(contained)}
+        # A contained error remaps its row at the next reset, as a pending remap does.
+        pending = [f for f in (*self.state.active(Kind.ROW_REMAP_PENDING, gpu), *contained) if replaced < f.start <= t]
+        failed = [f for f in self.state.active(Kind.ROW_REMAP_FAILURE, gpu) if replaced < f.start <= t]
+        board.remapped_rows = {"uncorrectable": len(pending) + len(failed)}
+        board.row_remap_pending = any(f.active(t) and f.start > reset for f in pending)
+        board.row_remap_failed = any(f.active(t) for f in failed)
+        # The driver's own verdict (NVML's recovery action): a reset, after an uncontained uncorrectable error or an
+        # XID that calls for one, until the GPU is reset; none after a contained one, as NVIDIA's memory error
+        # management guide has it.
+        self.nvml.set_recovery_action(gpu, 1 if volatile or self._reset_xid_since(gpu, reset) else 0)
 
     def _reset_xid_since(self, gpu: int, reset: float) -> bool:
         """Whether an XID that calls for a GPU reset has been raised on `gpu` since it was last reset."""
