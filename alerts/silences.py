@@ -21,7 +21,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet import duration
+from gpufleet import flags
 from gpufleet.alerts import config
 
 COMMENT_PREFIX = "gpufleet maintenance: "
@@ -116,7 +116,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _target_flags(start)
     start.add_argument("--reason", required=True, help="why, for the person who reads the silence later")
     ends = start.add_mutually_exclusive_group(required=True)
-    ends.add_argument("--for", dest="lasts", type=_duration, metavar="DURATION",
+    ends.add_argument("--for", dest="lasts", type=flags.duration, metavar="DURATION",
                       help="how long it lasts (`4h`, `3d`)")
     ends.add_argument("--until", type=_moment, metavar="TIME",
                       help="when it ends, as ISO 8601 with a time zone (2026-11-28T06:00+01:00)")
@@ -147,16 +147,6 @@ def _target_flags(parser: argparse.ArgumentParser, required: bool = True) -> Non
     what.add_argument("--rack", metavar="RACK", help="every node of a rack, and the rack itself")
     parser.add_argument("--cluster", default="", metavar="NAME",
                         help="only in this cluster (default: wherever the names match)")
-
-
-def _duration(text: str) -> float:
-    try:
-        seconds = duration.parse(text)
-    except duration.DurationError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    if seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a maintenance must last some time")
-    return seconds
 
 
 def _moment(text: str) -> datetime.datetime:

@@ -93,7 +93,7 @@ def test_a_node_silence_matches_its_instance_with_or_without_the_exporters_port(
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["start", "--leaf=L1", "--for=1h"], "the following arguments are required: --reason"),
-    (["start", "--leaf=L1", "--reason=x", "--for=0s"], "a maintenance must last some time"),
+    (["start", "--leaf=L1", "--reason=x", "--for=0s"], "duration '0s' must be greater than zero"),
     (["start", "--leaf=L1", "--reason=x", "--until=2026-01-01T00:00"], "has no time zone"),
     (["start", "--leaf=L1", "--rack=R1", "--reason=x", "--for=1h"], "not allowed with argument --leaf"),
     (["start", "--reason=x", "--for=1h"], "one of the arguments --node --leaf --rack is required"),
