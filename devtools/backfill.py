@@ -4,10 +4,13 @@ promtool, as the report tests and the report benchmarks need them."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
+import os
 import re
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import yaml
@@ -21,13 +24,58 @@ DAY = 86400
 
 
 def backfill(tmp: Path, fleet: Fleet, start: float, end: float, step: float, metrics: re.Pattern[str],
-             hold: float = 0.0) -> tuple[Path, int]:
+             hold: float = 0.0, workers: int | None = None) -> tuple[Path, int]:
     """The fleet's history, every `step` from `start` to `end`, imported into `tmp/data` in day-long blocks,
-    a day at a time (a month of hundreds of nodes does not fit in memory at once); and how many node
-    collections it took (see `History` for `hold`)."""
-    past = History(fleet, start, metrics, {"cluster": "test"}, hold)
-    data, dump = tmp / "data", tmp / "history.om"
-    fleet.start()
+    and how many node collections it took (see `History` for `hold`).
+
+    No node's history depends on another's, so the nodes are shared among `workers` forked processes (by
+    default one per CPU), each writing its own blocks: the collections, not the import, are what take long.
+    Prometheus reads the blocks of one day from several workers as one. The fleet must not be started yet:
+    each worker starts and closes its own nodes."""
+    data = tmp / "data"
+    names = list(fleet.nodes)
+    count = max(1, min(workers or os.cpu_count() or 1, len(names)))
+    shares = [names[k::count] for k in range(count)]
+    if count == 1:
+        return data, _write(tmp / "history.om", data, History(fleet, start, metrics, {"cluster": "test"}, hold,
+                                                              names), start, end, step)
+    context = multiprocessing.get_context("fork")
+    running = []
+    for k, share in enumerate(shares):
+        receive, send = context.Pipe(duplex=False)
+        past = History(fleet, start, metrics, {"cluster": "test"}, hold, share)
+        worker = context.Process(target=_worker, args=(send, tmp / f"history-{k}.om", data, past, start, end, step),
+                                 name=f"history-{k}", daemon=True)
+        worker.start()
+        send.close()
+        running.append((worker, receive, share))
+    collections = 0
+    for worker, receive, share in running:
+        worker.join(timeout=_WORKER_TIMEOUT)
+        if worker.is_alive():
+            worker.kill()
+        if worker.exitcode != 0 or not receive.poll():
+            raise RuntimeError(f"the history of {', '.join(share)} was not written (exit {worker.exitcode})")
+        collections += receive.recv()
+    return data, collections
+
+
+# A month of a few nodes writes in minutes; a worker still running after this is stuck, not slow.
+_WORKER_TIMEOUT = 3600.0
+
+
+def _worker(send: Connection, dump: Path, data: Path, past: History, start: float, end: float,
+            step: float) -> None:
+    send.send(_write(dump, data, past, start, end, step))
+    send.close()
+
+
+def _write(dump: Path, data: Path, past: History, start: float, end: float, step: float) -> int:
+    """`past`'s nodes from `start` to `end`, a day at a time (a month of hundreds of nodes does not fit in
+    memory at once), imported into `data`; how many collections it took."""
+    nodes = [past.fleet.nodes[name] for name in past.names]
+    for node in nodes:
+        node.start()
     try:
         day = start
         while day <= end:  # Cut at UTC midnight, where promtool's day-long blocks end.
@@ -40,10 +88,10 @@ def backfill(tmp: Path, fleet: Fleet, start: float, end: float, step: float, met
                             "--max-block-duration=24h", str(dump), str(data)], check=True, capture_output=True,
                            timeout=600)
     finally:
-        for node in fleet.nodes.values():
+        for node in nodes:
             node.close()
     dump.unlink()
-    return data, past.collections
+    return past.collections
 
 
 def _config(tmp: Path) -> Path:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Sequence
 from typing import TextIO
 
 from gpufleet.simulator.faults import FaultKind
@@ -42,8 +43,9 @@ class History:
     """
 
     def __init__(self, fleet: Fleet, origin: float, metrics: re.Pattern[str], labels: dict[str, str],
-                 hold: float = 0.0) -> None:
+                 hold: float = 0.0, names: Sequence[str] | None = None) -> None:
         self.fleet = fleet
+        self.names = list(fleet.nodes) if names is None else list(names)  # The nodes it writes.
         self.origin = origin  # The epoch second that is the fleet's time 0.
         self.metrics = metrics
         self.labels = labels
@@ -81,7 +83,8 @@ class History:
         for index in range(steps):
             t = start - self.origin + index * step
             stamp = f"{start + index * step:.3f}"
-            for name, node in self.fleet.nodes.items():
+            for name in self.names:
+                node = self.fleet.nodes[name]
                 target = ",".join(f'{k}="{v}"' for k, v in {**self.labels, "instance": name, "job": "gpufleet"}.items())
                 if node.has_at(FaultKind.EXPORTER_DOWN, t) or node.state.restarting_at(t):
                     # As Prometheus records a target that does not answer: up 0, nothing else.

@@ -39,7 +39,7 @@ async def test_jobs_end_and_new_ones_take_most_of_their_nodes_while_counters_kee
         seen: dict[str, set[str]] = {}  # job id -> nodes seen running it
         idle_reads = 0
         energy = dict.fromkeys(NODES, 0.0)
-        for t in range(0, 7200, 60):
+        for t in range(0, 7200, 120):
             for name in NODES:
                 samples = parse(await fleet.nodes[name].scrape(float(t), wall))
                 ids = job_ids(samples)
