@@ -120,8 +120,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                       help="how long it lasts (`4h`, `3d`)")
     ends.add_argument("--until", type=_moment, metavar="TIME",
                       help="when it ends, as ISO 8601 with a time zone (2026-11-28T06:00+01:00)")
-    start.add_argument("--author", default=getpass.getuser(),
-                       help="who declares it (default: this user, %(default)s)")
+    start.add_argument("--author", help="who declares it (default: this user)")
     start.set_defaults(handler=run_start)
     end = commands.add_parser("end", help="end maintenances now: by ID, or by the target they were started for")
     end.add_argument("ids", nargs="*", metavar="ID", help="silence IDs, as `start` and `list` print them")
@@ -173,6 +172,14 @@ def _describe(silence: dict[str, Any]) -> str:
     return f'{silence["id"]}  until {silence["endsAt"]}  {{{matchers}}}  by {silence["createdBy"]}: {reason}'
 
 
+def _user() -> str:
+    """This user's login name; empty in a container whose user has no name (no passwd entry, no LOGNAME)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return ""
+
+
 def run_start(args: argparse.Namespace) -> int:
     target = _target(args)
     assert target is not None  # argparse requires one of --node, --leaf, --rack.
@@ -182,8 +189,11 @@ def run_start(args: argparse.Namespace) -> int:
         return _fail(f"--until {args.until.isoformat()} has passed")
     if not args.reason.strip():
         return _fail("--reason must say why")
+    author = args.author or _user()
+    if not author:
+        return _fail("--author must name who declares it: this user has no name to take")
     try:
-        silence_id = Alertmanager(args.url).create(target.matchers(args.config), now, ends, args.author,
+        silence_id = Alertmanager(args.url).create(target.matchers(args.config), now, ends, author,
                                                    args.reason.strip())
     except MaintenanceError as err:
         return _fail(str(err))

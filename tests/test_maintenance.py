@@ -114,3 +114,16 @@ def test_bad_flags_are_usage_errors_that_say_what_is_wrong(argv, message, capsys
 def test_what_cannot_be_done_is_said_and_exits_1(argv, message, capsys):
     assert cli.main(["maintenance", *argv, "--alertmanager.url=http://127.0.0.1:1"]) == 1
     assert f"gpufleet maintenance: error: {message}" in capsys.readouterr().err
+
+
+def test_a_user_without_a_name_must_say_who_declares_it(monkeypatch, capsys):
+    """In a container whose user has no passwd entry and no LOGNAME, `getpass` has no name to give."""
+    def nameless() -> str:
+        raise KeyError("getpwuid(): uid not found: 4242")
+
+    monkeypatch.setattr("getpass.getuser", nameless)
+    argv = ["maintenance", "start", "--leaf=L1", "--reason=x", "--for=1h", "--alertmanager.url=http://127.0.0.1:1"]
+    assert cli.main(argv) == 1
+    assert "--author must name who declares it" in capsys.readouterr().err
+    assert cli.main([*argv, "--author=ops"]) == 1  # Past the author: to the unreachable Alertmanager.
+    assert "cannot reach Alertmanager" in capsys.readouterr().err
