@@ -156,6 +156,10 @@ class Config:
     maintenance_reason: str = "(?i)(maint|maintenance|planned|upgrade|rma)([^a-z].*)?"
     # More than this share of a cluster's nodes in maintenance at once is a ticket: work that big is a decision.
     maintenance_share: float = 0.25
+    # A GPU repair on a node whose GPUs had no work for the last 10 minutes is a ticket once the node is out of
+    # service (drained or down in Slurm, cordoned); it pages (GpuRepairUrgent) if the node is still in service
+    # this long after the repair was raised: time for `gpufleet remediate` or a person to drain it.
+    drain_grace: Duration = "2m"
 
     # vmalert only: how many rules of a pager group (one that runs at the evaluation interval) it asks at once,
     # its group field `concurrency`, capped at the group's size: one after another, a group waits for each of

@@ -14,6 +14,7 @@ from typing import Any
 
 from gpufleet import duration
 from gpufleet.alerts.config import Config
+from gpufleet.alerts.maintenance import out_of_service
 from gpufleet.alerts.recording import (
     ECC_NEW,
     NODE_JOBS,
@@ -78,12 +79,46 @@ def _needs(c: Config, name: str, action: Action, severity: str, summary: str, wh
     return rule
 
 
+def work(c: Config) -> str:
+    """The nodes whose GPUs had work in the last STAKE_WINDOW: a job's process, or a kernel that ran."""
+    node, window = c.by("instance"), c.d(STAKE_WINDOW)
+    return f"max_over_time({UTILIZATION}[{window}]) > 0 or group by ({node}) (last_over_time({NODE_JOBS}[{window}]))"
+
+
 def driver_stake(c: Config) -> str:
     """The nodes whose GPUs had work in the last STAKE_WINDOW, or hold a recovery action: a hung driver there is
     GpuDriverUnresponsive's page, and elsewhere the GPU collector's ticket."""
-    node, window = c.by("instance"), c.d(STAKE_WINDOW)
-    return (f"max_over_time({UTILIZATION}[{window}]) > 0 or group by ({node}) (last_over_time({NODE_JOBS}[{window}]))"
-            f" or max by ({node}) ({c.metric('gpufleet_gpu_recovery_action')}) > 0")
+    return f"{work(c)} or max by ({c.by('instance')}) ({c.metric('gpufleet_gpu_recovery_action')}) > 0"
+
+
+def _repair_urgent(c: Config) -> dict[str, Any]:
+    """The page for a node whose GPU repair cannot wait for morning; the repair alerts themselves are tickets.
+
+    Whether a repair pages is decided when it is raised, and held until every repair of the node is done: a
+    page that ended because the node was drained after it would be a page that resolved while its fault held.
+    It pages at once where the node's GPUs had work in the last STAKE_WINDOW (a job is at stake whether or not
+    the node is drained by now), and after `drain_grace` where the node is still in service then (no
+    `gpufleet remediate`, its dry run, its breaker open, Slurm unreachable): the scheduler would place work on a
+    broken GPU. An idle node drained in time (by `gpufleet remediate`, a person or a health check) has nothing
+    to lose tonight: its repair is the ticket alone. Each repair alert keeps its labels, so the remediator's
+    view of its episode is the same either way; only the routing sends it to the ticket receiver instead of
+    the pager. A warning repair (a replacement) never pages."""
+    node = c.by("instance")
+    repair = 'ALERTS{alertstate="firing",remediation="drain",severity="critical"}'
+    repairs = f"max by ({c.node()}) ({repair})"
+    raised_before = f"group by ({node}) ({repair} offset {c.d(c.drain_grace)})"
+    urgent = f"{repairs} and on ({node}) ({work(c)} or ({raised_before} unless on ({node}) {out_of_service(c)}))"
+    paging = 'label_replace(ALERTS{alertname="GpuRepairUrgent",alertstate="firing"}, "alertstate", "", "", "")'
+    expr = f"max without () ({urgent}) or on ({node}) ({paging} and on ({node}) {repairs})"
+    which = printf(f'{repair[:-1]},{c.cluster_label}="%s",instance="%s"}}', f"$labels.{c.cluster_label}",
+                   "$labels.instance")
+    return node_alert(c, "GpuRepairUrgent", expr, "critical",
+                      "A GPU repair cannot wait: its node had work, or is still in service.",
+                      "{{ $labels.instance }} needs {{ range $n, $a := " + which + " | query }}{{ if $n }}, "
+                      "{{ end }}{{ $a.Labels.alertname }}{{ with $a.Labels.gpu }} (GPU {{ . }}){{ end }}{{ end }}, "
+                      "and its GPUs had work in the last " + STAKE_WINDOW + " or it is still in service "
+                      f"{c.drain_grace} after the repair was raised. The repairs themselves are tickets; this page "
+                      "stays until every one of them is done.", held=False, at_stake=True)
 
 
 def _driver_unresponsive(c: Config) -> dict[str, Any]:
@@ -134,6 +169,8 @@ def gpu_failures(c: Config) -> dict[str, Any]:
         _xid_event(c, "GpuXidUnclassified", CLASSED, "warning",
                    "A GPU reported an XID that gpufleet's catalogue does not class.", outside=True),
         _driver_unresponsive(c),
+        # After the repairs it reads: in Prometheus it sees their ALERTS of this evaluation.
+        _repair_urgent(c),
         alert(c, "GpuLost", f"{c.metric('gpufleet_gpu_up')} == 0", "critical",
               "A GPU stopped answering NVML.",
               f"{GPU} is lost: NVML no longer answers for it.", for_="1m"),

@@ -51,6 +51,14 @@ def in_maintenance(c: Config) -> str:
             f"{nodes} and on (node) kube_node_spec_unschedulable == 1)")
 
 
+def out_of_service(c: Config) -> str:
+    """Each expected node that Slurm has drained, set down or put in maintenance, or that Kubernetes has cordoned:
+    the scheduler places nothing new there, whoever took it out and why."""
+    nodes = scheduler_nodes(c, NODES_SEEN)
+    return (f"group by ({c.by('instance')}) ({nodes} and on ({c.by('node')}) {_slurm(c, 'drain|down|maintenance')} "
+            f"or {nodes} and on (node) kube_node_spec_unschedulable == 1)")
+
+
 def _escaped(pattern: str) -> str:
     """A regex inside a PromQL double-quoted string, whose backslashes are escapes of their own."""
     return pattern.replace("\\", "\\\\").replace('"', '\\"')

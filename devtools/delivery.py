@@ -46,6 +46,7 @@ class Receiver:
 
     def __init__(self) -> None:
         self.received: list[tuple[str, dict[str, str]]] = []
+        self._arrived: list[float] = []  # When each of `received` came (monotonic seconds).
         self.pages: list[Page] = []
         self.heartbeats: list[float] = []  # Monotonic seconds.
         self._lock = threading.Lock()
@@ -82,6 +83,7 @@ class Receiver:
             alerts = [a["labels"] for a in body["alerts"] if a["status"] == "firing"]
         with self._lock:
             self.received.extend((path, labels) for labels in alerts)
+            self._arrived.extend(time.monotonic() for _ in alerts)
 
     def incidents(self) -> list[tuple[str, list[Page]]]:
         """The pager's incidents: each dedup key's triggers from one opening to its resolve (PagerDuty opens a
@@ -103,6 +105,13 @@ class Receiver:
     def snapshot(self) -> list[tuple[str, dict[str, str]]]:
         with self._lock:
             return list(self.received)
+
+    def first(self, path: str, alertname: str, instance: str) -> float | None:
+        """When `path` first received `alertname` firing on `instance` (monotonic seconds), if it has."""
+        with self._lock:
+            return next((at for at, (to, labels) in zip(self._arrived, self.received, strict=True)
+                         if to == path and labels.get("alertname") == alertname and labels.get("instance") == instance),
+                        None)
 
 
 class AlertLog:

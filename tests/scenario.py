@@ -37,12 +37,14 @@ def expect(alertname: str, number: int, receiver: str | None, required: bool = T
 # The layout given to the simulator (layouts.SIXTEEN_NODES): slurm 944279 on nodes 1, 2, 3, 6, 8, 11, 13, 14;
 # a Kubernetes job on 4, 9, 12, 16; slurm 432958 on 10 and 15; nodes 5 and 7 idle.
 SCENARIO: list[tuple[dict, list[Expected]]] = [
-    # A GPU that needs something pages (or tickets) from the recovery action the exporter holds for it; the XID
-    # and ECC events themselves reach nobody.
+    # A GPU that needs its node out of service opens a ticket from the recovery action the exporter holds for it,
+    # and its node, which runs a job, pages once for all of its repairs (GpuRepairUrgent); the XID and ECC events
+    # themselves reach nobody.
     ({"kind": "xid", "node": node(1), "gpu": 0, "xid": 79},
-     [expect("GpuNeedsReboot", 1, "pager", gpu="0"), expect("GpuXidCritical", 1, None, gpu="0", xid="79")]),
+     [expect("GpuNeedsReboot", 1, "ticket", gpu="0"), expect("GpuRepairUrgent", 1, "pager"),
+      expect("GpuXidCritical", 1, None, gpu="0", xid="79")]),
     ({"kind": "ecc_dbe", "node": node(1), "gpu": 1},
-     [expect("GpuNeedsReset", 1, "pager", gpu="1"), expect("GpuEccUncorrectable", 1, None, gpu="1"),
+     [expect("GpuNeedsReset", 1, "ticket", gpu="1"), expect("GpuEccUncorrectable", 1, None, gpu="1"),
       expect("GpuXidCritical", 1, None, gpu="1", xid="48")]),
     ({"kind": "xid", "node": node(2), "gpu": 4, "xid": 13},
      [expect("GpuXidApplication", 2, None, gpu="4", xid="13")]),
@@ -124,19 +126,22 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
     ({"kind": "ib_rate_degraded", "node": node(7), "port": "mlx5_6/1"},
      [expect("NicInfinibandRateDegraded", 7, "ticket", device="mlx5_6")]),
     # Node 16's GPU 5 falls off the bus for good, and its driver hangs at HANG_AT (XID 119 in its kernel log only):
-    # one page for the hang, and GPU 0's reset from the XID, in the node's one incident, with GPU 5's page held
-    # through it. The reboot at REPAIR_AT ends the hang and both pages; GPU 5, still off the bus, keeps its own.
+    # tickets for the hang and for GPU 0's reset from the XID beside GPU 5's, and the node's one page, held through
+    # them. The reboot at REPAIR_AT ends the hang and its two tickets; GPU 5, still off the bus, keeps its own, and
+    # the page stays.
     ({"kind": "gpu_dead", "node": node(16), "gpu": 5},
-     [expect("GpuNeedsReboot", 16, "pager", gpu="5"), expect("GpuLost", 16, None, gpu="5"),
+     [expect("GpuNeedsReboot", 16, "ticket", gpu="5"), expect("GpuRepairUrgent", 16, "pager"),
+      expect("GpuLost", 16, None, gpu="5"),
       expect("GpuXidCritical", 16, None, gpu="5", xid="79")]),
     ({"kind": "driver_hang", "node": node(16), "start": f"{HANG_AT}s"},
-     [expect("GpuDriverUnresponsive", 16, "pager"), expect("GpuNeedsReset", 16, "pager", gpu="0"),
+     [expect("GpuDriverUnresponsive", 16, "ticket"), expect("GpuNeedsReset", 16, "ticket", gpu="0"),
       expect("GpuXidCritical", 16, None, required=False, gpu="0", xid="119")]),
     ({"kind": "node_reboot", "node": node(16), "start": f"{REPAIR_AT}s", "duration": f"{REBOOT_SECONDS}s"},
      [expect("NodeExporterDown", 16, None, required=False)]),
     ({"kind": "gpu_lost", "node": node(15), "gpu": 5},
-     # One page: the reboot the GPU needs, which holds back the lost GPU's own page.
-     [expect("GpuNeedsReboot", 15, "pager", gpu="5"), expect("GpuLost", 15, None, gpu="5"),
+     # One page, for the node's job: the reboot the GPU needs is its ticket, and holds back the lost GPU's page.
+     [expect("GpuNeedsReboot", 15, "ticket", gpu="5"), expect("GpuRepairUrgent", 15, "pager"),
+      expect("GpuLost", 15, None, gpu="5"),
       # The GPU collector fails while a board is lost, or its driver does not answer (node 16): the page for the
       # lost GPU explains it, and the collector's tickets stand aside in the rules.
       expect("GpuXidCritical", 15, None, gpu="5", xid="79")]),
@@ -176,14 +181,15 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
 # Each repair, the alert it must end and when (simulated seconds): held until then, across the restart. A new
 # board ends its old UUID's series rather than setting it to 0, and VictoriaMetrics, without staleness markers,
 # keeps a vanished series for LOOKBACK: vmalert sees that one end so much later.
-REPAIRED = [(expect("GpuNeedsReset", 1, "pager", gpu="1"), REPAIR_AT + 5, False),
-            (expect("GpuNeedsReboot", 15, "pager", gpu="5"), REPAIR_AT + REBOOT_SECONDS, False),
+REPAIRED = [(expect("GpuNeedsReset", 1, "ticket", gpu="1"), REPAIR_AT + 5, False),
+            (expect("GpuNeedsReboot", 15, "ticket", gpu="5"), REPAIR_AT + REBOOT_SECONDS, False),
             (expect("GpuNeedsReplacement", 3, "ticket", gpu="0"), REPAIR_AT + REBOOT_SECONDS, True),
-            (expect("GpuDriverUnresponsive", 16, "pager"), REPAIR_AT + REBOOT_SECONDS, False),
-            (expect("GpuNeedsReset", 16, "pager", gpu="0"), REPAIR_AT + REBOOT_SECONDS, False)]
+            (expect("GpuDriverUnresponsive", 16, "ticket"), REPAIR_AT + REBOOT_SECONDS, False),
+            (expect("GpuNeedsReset", 16, "ticket", gpu="0"), REPAIR_AT + REBOOT_SECONDS, False)]
 # Still needing their repair at the end: node 1's GPU 0, never rebooted, and node 16's GPU 5, which its reboot did
-# not bring back.
-UNREPAIRED = [expect("GpuNeedsReboot", 1, "pager", gpu="0"), expect("GpuNeedsReboot", 16, "pager", gpu="5")]
+# not bring back; and with them their nodes' pages.
+UNREPAIRED = [expect("GpuNeedsReboot", 1, "ticket", gpu="0"), expect("GpuNeedsReboot", 16, "ticket", gpu="5"),
+              expect("GpuRepairUrgent", 1, "pager"), expect("GpuRepairUrgent", 16, "pager")]
 EXPECTED = [e for _, alerts in SCENARIO for e in alerts]
 # The drill at the end: a vmagent shard stopped takes its nodes out of vmalert's sight.
 UNSCRAPED = Expected("NodesUnscraped", None, (("cluster", "e2e"),), "pager")

@@ -177,7 +177,11 @@ def test_every_runbook_gives_its_alerts_severity_and_why():
         text = sections[rule["alert"].lower()]
         match = re.match(r"\n\*\*Severity: ([^.]+)\.\*\* (\S.{20,})\n", text)
         assert match, f"{rule['alert']}: no severity line with its reason"
-        assert match.group(1) == said[rule["labels"]["severity"]], rule["alert"]
+        severity = rule["labels"]["severity"]
+        if rule["labels"].get("remediation") == "drain" and severity == "critical":  # Routed to a ticket.
+            assert match.group(1) == "critical, a ticket, and GpuRepairUrgent pages for its node", rule["alert"]
+        else:
+            assert match.group(1) == said[severity], rule["alert"]
 
 
 def test_every_alert_has_unit_tests_where_it_fires_and_where_it_must_not():
@@ -246,10 +250,13 @@ def test_severity_picks_the_receiver(labels, receiver):
 
 
 @pytest.mark.e2e
-def test_a_gpu_repair_goes_to_the_remediator_and_still_pages():
-    labels = ["severity=critical", "alertname=GpuNeedsReset", "remediation=drain"]
-    result = amtool("config", "routes", "test", f"--config.file={ROUTING}", *labels)
-    assert result.stdout.split() == ["remediate,pager"], result.stdout + result.stderr
+def test_a_gpu_repair_goes_to_the_remediator_and_a_ticket_and_its_nodes_urgent_repair_pages():
+    repair = amtool("config", "routes", "test", f"--config.file={ROUTING}", "severity=critical",
+                    "alertname=GpuNeedsReset", "remediation=drain")
+    assert repair.stdout.split() == ["remediate,ticket"], repair.stdout + repair.stderr
+    urgent = amtool("config", "routes", "test", f"--config.file={ROUTING}", "severity=critical",
+                    "alertname=GpuRepairUrgent")
+    assert urgent.stdout.split() == ["pager"], urgent.stdout + urgent.stderr
 
 
 
@@ -276,12 +283,15 @@ def test_a_flapping_port_pages_as_a_flap_and_not_also_as_down(tmp_path):
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_every_alert_of_the_rules_routes_by_its_severity():
+    """By its severity, and a repair (`remediation="drain"`) to the remediator and a ticket whatever its severity:
+    GpuRepairUrgent says when a repair also pages."""
     expected = {"critical": "pager", "warning": "ticket", "info": "nowhere", WATCHDOG_SEVERITY: "heartbeat"}
     for rule in alerting_rules():
-        severity = rule["labels"]["severity"]
-        result = amtool("config", "routes", "test", f"--config.file={ROUTING}", f"severity={severity}",
-                        f"alertname={rule['alert']}")
-        assert result.stdout.strip() == expected[severity], rule["alert"]
+        labels = rule["labels"]
+        result = amtool("config", "routes", "test", f"--config.file={ROUTING}", f"alertname={rule['alert']}",
+                        *(f"{name}={value}" for name, value in labels.items()))
+        wanted = "remediate,ticket" if labels.get("remediation") == "drain" else expected[labels["severity"]]
+        assert result.stdout.strip() == wanted, rule["alert"]
 
 
 def test_the_routing_keeps_secrets_out_of_the_repository():

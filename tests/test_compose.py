@@ -220,8 +220,8 @@ def test_the_stack_scrapes_the_simulator_loads_its_rules_and_pages_on_a_fault(tm
             started = time.monotonic()
             alert = wait_for(lambda: paged(am_url, "GpuNeedsReboot"), 120, "GpuNeedsReboot at Alertmanager")[0]
     assert alert["labels"]["instance"] == "gpu-node-0001" and alert["labels"]["cluster"] == "sim"
-    # The remediator's receiver too, which names no service until a site runs one: it sends nothing.
-    assert [r["name"] for r in alert["receivers"]] == ["remediate", "pager"]
+    # A ticket, and the remediator's receiver, which names no service until a site runs one: it sends nothing.
+    assert [r["name"] for r in alert["receivers"]] == ["remediate", "ticket"]
     print(f"fault to Alertmanager: {time.monotonic() - started:.0f}s")
 
 

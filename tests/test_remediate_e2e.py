@@ -25,13 +25,15 @@ from gpufleet.devtools.prom import own_metric, query
 from gpufleet.devtools.slurm import Slurm, slurm
 from gpufleet.devtools.waiting import wait_for
 
-from layouts import node
+from layouts import node, write
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 TIME_SCALE = 8
 NODES = [node(number) for number in range(1, 6)]
 MAINTAINED, PLAIN = NODES[3], NODES[4]  # Rebooted for ten production minutes, in a maintenance reservation or not.
 OPERATOR = "ops: PSU swap scheduled (ticket 5120)"
+# One Slurm job, on the first node and the two rebooted ones: nodes 2 and 3 sit idle, whose repairs page nobody.
+LAYOUT = {"jobs": [{"id": "5150", "scheduler": "slurm", "nodes": [NODES[0], MAINTAINED, PLAIN]}]}
 
 
 def _remediate_receiver(path, url: str, token) -> None:
@@ -46,12 +48,6 @@ def _remediate_receiver(path, url: str, token) -> None:
 def _fault(sim_url: str, **fault) -> None:
     status, body = http("POST", f"{sim_url}/control/faults", fault)
     assert status == 201, body
-
-
-def _paged(receiver: Receiver, instance: str) -> float | None:
-    """When the pager first heard of GpuNeedsReboot on `instance` (monotonic seconds)."""
-    return next((page.at for page in receiver.pages if page.action == "trigger" and any(
-        a.get("alertname") == "GpuNeedsReboot" and a.get("instance") == instance for a in page.alerts)), None)
 
 
 @dataclass
@@ -81,8 +77,9 @@ def _stack(tmp_path: Path, receiver: Receiver) -> Iterator[Stack]:
         _remediate_receiver(config, remediate.url, token)
         am = stack.enter_context(alertmanager(tmp_path / "am", config))
         targets = tmp_path / "targets.json"
+        layout = write(tmp_path / "layout.yml", LAYOUT)
         sim = stack.enter_context(simulator(targets, f"--nodes={len(NODES)}", "--seed=0", "--collect-interval=1s",
-                                            "--cluster=e2e"))
+                                            f"--layout={layout}", "--cluster=e2e"))
         port = int(remediate.url.rsplit(":", 1)[1])
         prom = stack.enter_context(prometheus(prometheus_config(
             tmp_path / "prometheus.yml", targets, "1s", rules, am.url, own={"gpufleet-remediate": port},
@@ -93,9 +90,10 @@ def _stack(tmp_path: Path, receiver: Receiver) -> Iterator[Stack]:
 
 def test_a_lost_gpu_drains_its_node_and_the_reboot_and_check_return_it(tmp_path):
     """Three lost GPUs: two drained by gpufleet (one fails its check after the reboot), one on a node an operator
-    drained first. Beside them, a node in Slurm's maintenance reservation and a node in none reboot for ten
-    production minutes, past NodeExporterDown's five: only the second pages, and no drain by gpufleet or for a
-    fault counts as maintenance."""
+    drained first. Each is a ticket; only the node that runs a job pages (GpuRepairUrgent), once, and the two idle
+    ones, drained in time by gpufleet or before by the operator, page nobody. Beside them, a node in Slurm's
+    maintenance reservation and a node in none reboot for ten production minutes, past NodeExporterDown's five:
+    only the second pages, and no drain by gpufleet or for a fault counts as maintenance."""
     (tmp_path / f"fail-{NODES[1]}").touch()  # Its check fails after the reboot.
     receiver = Receiver()
     with _stack(tmp_path, receiver) as running:
@@ -104,12 +102,13 @@ def test_a_lost_gpu_drains_its_node_and_the_reboot_and_check_return_it(tmp_path)
         _reboot_in_maintenance(running)
         for name in NODES[:3]:
             _fault(running.sim_url, kind="xid", node=name, gpu=0, xid=79)
-        # Each page drains its node within a production minute: 7.5 s here.
+        # Each repair drains its node within a production minute of its ticket: 7.5 s here.
         drained = {}
         for name in NODES[:2]:
-            paged = wait_for(lambda name=name: _paged(receiver, name), 60, f"the page for {name}")
+            ticketed = wait_for(lambda name=name: receiver.first("ticket", "GpuNeedsReboot", name), 60,
+                                f"the ticket for {name}")
             wait_for(lambda name=name: cluster.states()[name][0] in ("drained", "draining"), 30, f"{name} drained")
-            drained[name] = (time.monotonic() - paged) * TIME_SCALE
+            drained[name] = (time.monotonic() - ticketed) * TIME_SCALE
             assert cluster.states()[name][1] == "gpufleet: GPU 0 needs its node rebooted (XID 79)"
         wait_for(lambda: own_metric(remediate.url, "gpufleet_remediate_actions_total", action="drain",
                                     result="operator_drained") == 1, 30, "the operator's drain seen")
@@ -130,6 +129,8 @@ def test_a_lost_gpu_drains_its_node_and_the_reboot_and_check_return_it(tmp_path)
         states = cluster.states()
         resolved = query(prom_url, 'ALERTS{alertname="GpuNeedsReboot"}')
         paged = {name: _triggers(receiver, "NodeExporterDown", name) for name in (PLAIN, MAINTAINED)}
+        repairs_paged = {name: _incidents(receiver, name) for name in NODES[:3]}
+        tickets = {name for name in NODES[:3] if receiver.first("ticket", "GpuNeedsReboot", name) is not None}
     print("page to drain, production seconds: " + ", ".join(f"{n} {s:.0f}" for n, s in drained.items()))
     print(f"jobs at stake on {NODES[0]}: {stake}")
     assert all(seconds <= 60 for seconds in drained.values()), drained
@@ -138,6 +139,8 @@ def test_a_lost_gpu_drains_its_node_and_the_reboot_and_check_return_it(tmp_path)
     assert states[NODES[2]] == ("drained", OPERATOR)
     assert states[MAINTAINED][0] == "maint" and in_maintenance == {MAINTAINED}, (states, in_maintenance)
     assert paged == {PLAIN: 1, MAINTAINED: 0}, f"NodeExporterDown pages: {paged}"
+    assert tickets == set(NODES[:3]), tickets
+    assert repairs_paged == {NODES[0]: 1, NODES[1]: 0, NODES[2]: 0}, f"pager incidents: {repairs_paged}"
     assert resolved == [], "GpuNeedsReboot still fires after the reboots"
     assert jobs, "the simulator's node 1 runs no job on GPU 0"
     job = jobs[0]["metric"]
@@ -168,6 +171,12 @@ def _triggers(receiver: Receiver, alertname: str, instance: str) -> int:
     """How many times the pager was told `alertname` on `instance` began (a trigger naming it)."""
     return sum(page.action == "trigger" and any(a.get("alertname") == alertname and a.get("instance") == instance
                                                 for a in page.alerts) for page in receiver.pages)
+
+
+def _incidents(receiver: Receiver, instance: str) -> int:
+    """How many pager incidents named `instance`."""
+    return sum(any(a.get("instance") == instance for page in pages for a in page.alerts)
+               for _, pages in receiver.incidents())
 
 
 def _firing(prom_url: str, alertname: str, instance: str) -> bool:
