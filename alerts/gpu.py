@@ -17,18 +17,17 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.maintenance import out_of_service
 from gpufleet.alerts.recording import (
     ECC_NEW,
-    NODE_JOBS,
+    NODE_WORK,
     PCIE_DEGRADED,
     PCIE_REPLAYS,
     SLOWDOWN,
-    UTILIZATION,
+    STAKE_WINDOW,
     ecc_new,
     pcie_degraded,
     share_of_time,
 )
 from gpufleet.alerts.rule import GPU, TREND_INTERVAL, matcher, printf
 from gpufleet.alerts.rule import alert as node_alert
-from gpufleet.alerts.stake import STAKE_WINDOW
 from gpufleet.fabric import REGISTRATION_FAILED as FABRIC_FAILED
 from gpufleet.xid import APPLICATION, CLASSED, RESET_OR_REBOOT, WATCH, Action
 
@@ -79,16 +78,10 @@ def _needs(c: Config, name: str, action: Action, severity: str, summary: str, wh
     return rule
 
 
-def work(c: Config) -> str:
-    """The nodes whose GPUs had work in the last STAKE_WINDOW: a job's process, or a kernel that ran."""
-    node, window = c.by("instance"), c.d(STAKE_WINDOW)
-    return f"max_over_time({UTILIZATION}[{window}]) > 0 or group by ({node}) (last_over_time({NODE_JOBS}[{window}]))"
-
-
 def driver_stake(c: Config) -> str:
-    """The nodes whose GPUs had work in the last STAKE_WINDOW, or hold a recovery action: a hung driver there is
-    GpuDriverUnresponsive's page, and elsewhere the GPU collector's ticket."""
-    return f"{work(c)} or max by ({c.by('instance')}) ({c.metric('gpufleet_gpu_recovery_action')}) > 0"
+    """The nodes whose GPUs had work in the last STAKE_WINDOW (NODE_WORK), or hold a recovery action: a hung driver
+    there is GpuDriverUnresponsive's page, and elsewhere the GPU collector's ticket."""
+    return f"{NODE_WORK} or max by ({c.by('instance')}) ({c.metric('gpufleet_gpu_recovery_action')}) > 0"
 
 
 def _repair_urgent(c: Config) -> dict[str, Any]:
@@ -107,7 +100,7 @@ def _repair_urgent(c: Config) -> dict[str, Any]:
     repair = 'ALERTS{alertstate="firing",remediation="drain",severity="critical"}'
     repairs = f"max by ({c.node()}) ({repair})"
     raised_before = f"group by ({node}) ({repair} offset {c.d(c.drain_grace)})"
-    urgent = f"{repairs} and on ({node}) ({work(c)} or ({raised_before} unless on ({node}) {out_of_service(c)}))"
+    urgent = f"{repairs} and on ({node}) ({NODE_WORK} or ({raised_before} unless on ({node}) {out_of_service(c)}))"
     paging = 'label_replace(ALERTS{alertname="GpuRepairUrgent",alertstate="firing"}, "alertstate", "", "", "")'
     expr = f"max without () ({urgent}) or on ({node}) ({paging} and on ({node}) {repairs})"
     which = printf(f'{repair[:-1]},{c.cluster_label}="%s",instance="%s"}}', f"$labels.{c.cluster_label}",

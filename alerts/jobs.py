@@ -24,9 +24,9 @@ from typing import Any
 from gpufleet import duration
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.fabric import LINK_DOWNS
-from gpufleet.alerts.recording import GPU_KEY, NODE_JOBS
+from gpufleet.alerts.recording import GPU_KEY, NODE_JOBS, STAKE_WINDOW
 from gpufleet.alerts.rule import TREND_INTERVAL, alert, printf, record
-from gpufleet.alerts.stake import STAKE_WINDOW, job_gpus
+from gpufleet.alerts.stake import job_gpus
 
 # Per job and node: how many of the job's GPUs with GPM were working, spinning or idle (label `activity`).
 ACTIVITY = "job_instance:gpufleet_gpu_activity:count"

@@ -22,6 +22,11 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.rule import TREND_INTERVAL, record
 
 NODE_JOBS = "instance_job:gpufleet_gpu_job_info:count"
+# What a fault puts at stake is the work of this window: the jobs a page names, and whether a node had any.
+STAKE_WINDOW = "10m"
+# Per node, its place kept: 1 while its GPUs had work in the last STAKE_WINDOW (a job's process, or a kernel that
+# ran). Read by the pager group at every evaluation, so recorded once a minute here.
+NODE_WORK = "instance:gpufleet_gpu_work:active10m"
 GPUS_UP = "instance:gpufleet_gpus_up:sum"
 # Sparse, per GPU: 1 while a slowdown reason holds the clocks (label `reason`); 1 while the PCIe link runs
 # degraded (`pcie_degraded`, in the GPU trend group); the uncorrectable ECC errors counted in the last
@@ -243,6 +248,8 @@ def shared(c: Config) -> dict[str, Any]:
                           f"(last_over_time({c.metric('gpufleet_gpu_job_info')}[{c.d(TREND_INTERVAL)}]))"),
         record(UTILIZATION,
                f"avg by ({c.node()}) ({c.metric('gpufleet_gpu_utilization_ratio')})"),
+        record(NODE_WORK, f"group by ({c.node()}) (max_over_time({UTILIZATION}[{c.d(STAKE_WINDOW)}]) > 0 or "
+                          f"last_over_time({NODE_JOBS}[{c.d(STAKE_WINDOW)}]))"),
         # What the GPUs did, beside NVML's "a kernel ran" (GPM; only nodes whose boards have it).
         record(SM_ACTIVE, f"avg by ({c.node()}) ({c.metric('gpufleet_gpu_sm_active_ratio')})"),
         record(TENSOR_ACTIVE, f"avg by ({c.node()}) ({c.metric('gpufleet_gpu_tensor_active_ratio')})"),

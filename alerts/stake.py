@@ -12,11 +12,10 @@ from typing import Any
 
 from gpufleet import duration
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.recording import NODE_JOBS
+from gpufleet.alerts.recording import NODE_JOBS, STAKE_WINDOW
 
 # Each job's GPUs, every minute: its GPU-hours are the sum of these samples over HOURS_WINDOW, in minutes.
 JOB_GPUS = "job:gpufleet_gpu_job_info:count"
-STAKE_WINDOW = "10m"
 HOURS_WINDOW = "30d"
 
 
