@@ -24,17 +24,17 @@ DAY = 86400
 
 
 def backfill(tmp: Path, fleet: Fleet, start: float, end: float, step: float, metrics: re.Pattern[str],
-             hold: float = 0.0, workers: int | None = None) -> tuple[Path, int]:
+             hold: float = 0.0) -> tuple[Path, int]:
     """The fleet's history, every `step` from `start` to `end`, imported into `tmp/data` in day-long blocks,
     and how many node collections it took (see `History` for `hold`).
 
-    No node's history depends on another's, so the nodes are shared among `workers` forked processes (by
-    default one per CPU), each writing its own blocks: the collections, not the import, are what take long.
+    No node's history depends on another's, so the nodes are shared among forked processes, one per CPU, each
+    writing its own blocks: the collections, not the import, are what take long.
     Prometheus reads the blocks of one day from several workers as one. The fleet must not be started yet:
     each worker starts and closes its own nodes."""
     data = tmp / "data"
     names = list(fleet.nodes)
-    count = max(1, min(workers or os.cpu_count() or 1, len(names)))
+    count = max(1, min(os.cpu_count() or 1, len(names)))
     shares = [names[k::count] for k in range(count)]
     if count == 1:
         return data, _write(tmp / "history.om", data, History(fleet, start, metrics, {"cluster": "test"}, hold,
