@@ -131,7 +131,7 @@ def test_a_lost_gpu_drains_its_node_and_the_reboot_and_check_return_it(tmp_path)
         paged = {name: _triggers(receiver, "NodeExporterDown", name) for name in (PLAIN, MAINTAINED)}
         repairs_paged = {name: _incidents(receiver, name) for name in NODES[:3]}
         tickets = {name for name in NODES[:3] if receiver.first("ticket", "GpuNeedsReboot", name) is not None}
-    print("page to drain, production seconds: " + ", ".join(f"{n} {s:.0f}" for n, s in drained.items()))
+    print("ticket to drain, production seconds: " + ", ".join(f"{n} {s:.0f}" for n, s in drained.items()))
     print(f"jobs at stake on {NODES[0]}: {stake}")
     assert all(seconds <= 60 for seconds in drained.values()), drained
     assert states[NODES[1]][0] == "drained" and states[NODES[1]][1].startswith(
