@@ -26,7 +26,7 @@ from gpufleet.alerts.recording import (
     pcie_degraded,
     share_of_time,
 )
-from gpufleet.alerts.rule import GPU, TREND_INTERVAL, matcher, printf
+from gpufleet.alerts.rule import GPU, TREND_INTERVAL, held_while, matcher, printf, with_matchers
 from gpufleet.alerts.rule import alert as node_alert
 from gpufleet.fabric import REGISTRATION_FAILED as FABRIC_FAILED
 from gpufleet.xid import APPLICATION, CLASSED, RESET_OR_REBOOT, WATCH, Action
@@ -101,11 +101,9 @@ def _repair_urgent(c: Config) -> dict[str, Any]:
     repairs = f"max by ({c.node()}) ({repair})"
     raised_before = f"group by ({node}) ({repair} offset {c.d(c.drain_grace)})"
     urgent = f"{repairs} and on ({node}) ({NODE_WORK} or ({raised_before} unless on ({node}) {out_of_service(c)}))"
-    paging = 'label_replace(ALERTS{alertname="GpuRepairUrgent",alertstate="firing"}, "alertstate", "", "", "")'
-    expr = f"max without () ({urgent}) or on ({node}) ({paging} and on ({node}) {repairs})"
-    which = printf(f'{repair[:-1]},{c.cluster_label}="%s",instance="%s"}}', f"$labels.{c.cluster_label}",
+    which = printf(with_matchers(repair, f'{c.cluster_label}="%s",instance="%s"'), f"$labels.{c.cluster_label}",
                    "$labels.instance")
-    return node_alert(c, "GpuRepairUrgent", expr, "critical",
+    return node_alert(c, "GpuRepairUrgent", held_while(c, "GpuRepairUrgent", urgent, repairs), "critical",
                       "A GPU repair cannot wait: its node had work, or is still in service.",
                       "{{ $labels.instance }} needs {{ range $n, $a := " + which + " | query }}{{ if $n }}, "
                       "{{ end }}{{ $a.Labels.alertname }}{{ with $a.Labels.gpu }} (GPU {{ . }}){{ end }}{{ end }}, "

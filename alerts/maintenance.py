@@ -39,24 +39,25 @@ def _slurm(c: Config, states: str) -> str:
     return f'gpufleet_slurm_node_state{{job="{c.remediate_job}",state=~"{states}"}}'
 
 
-def in_maintenance(c: Config) -> str:
-    """Each expected node (NODES_SEEN, so a node powered off for days stays matched) that Slurm or Kubernetes
-    says is in maintenance, as `count` of 1."""
-    slurm_node = c.by("node")
-    reason = (f'gpufleet_slurm_node_reason_info{{job="{c.remediate_job}",reason=~"{_escaped(c.maintenance_reason)}"}}'
-              f' and on ({slurm_node}) {_slurm(c, "drain|down")}')
-    slurm = f'{_slurm(c, "maintenance")} or {reason}'
+def _held_back(c: Config, slurm: str) -> str:
+    """Each expected node (NODES_SEEN, so a node powered off for days stays matched) among Slurm's `slurm`, or that
+    Kubernetes has cordoned."""
     nodes = scheduler_nodes(c, NODES_SEEN)
-    return (f"count by ({c.node()}) ({nodes} and on ({slurm_node}) ({slurm}) or "
-            f"{nodes} and on (node) kube_node_spec_unschedulable == 1)")
+    return f"{nodes} and on ({c.by('node')}) ({slurm}) or {nodes} and on (node) kube_node_spec_unschedulable == 1"
+
+
+def in_maintenance(c: Config) -> str:
+    """Each expected node that Slurm or Kubernetes says is in maintenance, as `count` of 1."""
+    reason = (f'gpufleet_slurm_node_reason_info{{job="{c.remediate_job}",reason=~"{_escaped(c.maintenance_reason)}"}}'
+              f' and on ({c.by("node")}) {_slurm(c, "drain|down")}')
+    slurm = f'{_slurm(c, "maintenance")} or {reason}'
+    return f"count by ({c.node()}) ({_held_back(c, slurm)})"
 
 
 def out_of_service(c: Config) -> str:
     """Each expected node that Slurm has drained, set down or put in maintenance, or that Kubernetes has cordoned:
     the scheduler places nothing new there, whoever took it out and why."""
-    nodes = scheduler_nodes(c, NODES_SEEN)
-    return (f"group by ({c.by('instance')}) ({nodes} and on ({c.by('node')}) {_slurm(c, 'drain|down|maintenance')} "
-            f"or {nodes} and on (node) kube_node_spec_unschedulable == 1)")
+    return f"group by ({c.by('instance')}) ({_held_back(c, _slurm(c, 'drain|down|maintenance'))})"
 
 
 def _escaped(pattern: str) -> str:

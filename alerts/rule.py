@@ -71,11 +71,10 @@ def _dark(config: Config, up: str, gpu: bool, matchers: str = "") -> str:
     return " or ".join(dark)
 
 
-def _held(config: Config, name: str, expr: str, up: str, gpu: bool) -> str:
-    """`expr`, or the alert's own firing instances on nodes gpufleet cannot see now (`_dark`): an exporter down or
-    restarting, a target gone from the scrape, a driver that hangs. ALERTS carries the alert's labels and
-    `alertstate`, dropped here so that the labels match the alert's again. A node no longer expected (forgotten
-    by NODES_SEEN) is not dark, and its alerts resolve.
+def held_while(config: Config, name: str, expr: str, condition: str) -> str:
+    """`expr`, or the alert's own firing instances on the nodes `condition` picks: what keeps a firing alert firing
+    once `expr` no longer says so. ALERTS carries the alert's labels and `alertstate`, dropped here so that the
+    labels match the alert's again.
 
     `max without ()` changes nothing in Prometheus, but in VictoriaMetrics a comparison leaves the series it
     filtered out as gaps until the end of the query, and `or` fills gaps from its right side: while a node's
@@ -83,7 +82,14 @@ def _held(config: Config, name: str, expr: str, up: str, gpu: bool) -> str:
     held for any one of them (the end-to-end test's exporter restart). An aggregation drops the gaps."""
     node = config.by("instance")
     firing = f'label_replace(ALERTS{{alertname="{name}",alertstate="firing"}}, "alertstate", "", "", "")'
-    return f"max without () ({expr}) or on ({node}) ({firing} and on ({node}) ({_dark(config, up, gpu)}))"
+    return f"max without () ({expr}) or on ({node}) ({firing} and on ({node}) ({condition}))"
+
+
+def _held(config: Config, name: str, expr: str, up: str, gpu: bool) -> str:
+    """`expr`, held on nodes gpufleet cannot see now (`_dark`): an exporter down or restarting, a target gone from
+    the scrape, a driver that hangs. A node no longer expected (forgotten by NODES_SEEN) is not dark, and its
+    alerts resolve."""
+    return held_while(config, name, expr, _dark(config, up, gpu))
 
 
 def _dark_query(config: Config, up: str, gpu: bool) -> str:
