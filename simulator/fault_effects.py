@@ -139,15 +139,19 @@ class FaultEffects:
         """The board's uncorrectable errors, row remaps and the driver's verdict on them, since its board was
         fitted (`replaced`) and its last reset."""
         gpu, t = board.index, self.state.t
-        dbe = [f.start for f in self.state.active(Kind.ECC_DBE, gpu) if replaced < f.start <= t]
-        contained = [f for f in self.state.active(Kind.ECC_CONTAINED, gpu) if replaced < f.start <= t]
+
+        def on_this_board(kind: Kind) -> list[Fault]:
+            return [f for f in self.state.active(kind, gpu) if replaced < f.start <= t]
+
+        dbe = [f.start for f in on_this_board(Kind.ECC_DBE)]
+        contained = on_this_board(Kind.ECC_CONTAINED)
         volatile = sum(1 for start in dbe if start > reset)
         since_reset = volatile + sum(1 for f in contained if f.start > reset)
         board.ecc_errors = {("uncorrected", "volatile"): since_reset,
                             ("uncorrected", "aggregate"): len(dbe) + len(contained)}
         # A contained error remaps its row at the next reset, as a pending remap does.
-        pending = [f for f in (*self.state.active(Kind.ROW_REMAP_PENDING, gpu), *contained) if replaced < f.start <= t]
-        failed = [f for f in self.state.active(Kind.ROW_REMAP_FAILURE, gpu) if replaced < f.start <= t]
+        pending = [*on_this_board(Kind.ROW_REMAP_PENDING), *contained]
+        failed = on_this_board(Kind.ROW_REMAP_FAILURE)
         board.remapped_rows = {"uncorrectable": len(pending) + len(failed)}
         board.row_remap_pending = any(f.active(t) and f.start > reset for f in pending)
         board.row_remap_failed = any(f.active(t) for f in failed)
