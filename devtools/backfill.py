@@ -35,20 +35,18 @@ def backfill(tmp: Path, fleet: Fleet, start: float, end: float, step: float, met
     data = tmp / "data"
     names = list(fleet.nodes)
     count = max(1, min(os.cpu_count() or 1, len(names)))
-    shares = [names[k::count] for k in range(count)]
+    pasts = [History(fleet, start, metrics, {"cluster": "test"}, hold, names[k::count]) for k in range(count)]
     if count == 1:
-        return data, _write(tmp / "history.om", data, History(fleet, start, metrics, {"cluster": "test"}, hold,
-                                                              names), start, end, step)
+        return data, _write(tmp / "history.om", data, pasts[0], start, end, step)
     context = multiprocessing.get_context("fork")
     running = []
-    for k, share in enumerate(shares):
+    for k, past in enumerate(pasts):
         receive, send = context.Pipe(duplex=False)
-        past = History(fleet, start, metrics, {"cluster": "test"}, hold, share)
         worker = context.Process(target=_worker, args=(send, tmp / f"history-{k}.om", data, past, start, end, step),
                                  name=f"history-{k}", daemon=True)
         worker.start()
         send.close()
-        running.append((worker, receive, share))
+        running.append((worker, receive, past.names))
     collections = 0
     for worker, receive, share in running:
         worker.join(timeout=_WORKER_TIMEOUT)

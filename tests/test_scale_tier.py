@@ -123,10 +123,11 @@ def store_outage(tier: ScaleTier, am_url: str, sim_url: str, standing: dict,
     return dropped, time.monotonic() - returned, returned_at
 
 
-def _pages(am_url: str) -> list[tuple[str, str]]:
-    """The alert name and node of each alert Alertmanager holds for the pager."""
-    return [(a["labels"]["alertname"], a["labels"].get("instance", "")) for a in alertmanager_alerts(am_url)
-            if "pager" in [r["name"] for r in a["receivers"]]]
+def _pages(am_url: str, at_least: int) -> list[tuple[str, str]] | None:
+    """The alert name and node of each alert Alertmanager holds for the pager, once there are `at_least`."""
+    pages = [(a["labels"]["alertname"], a["labels"].get("instance", "")) for a in alertmanager_alerts(am_url)
+             if "pager" in [r["name"] for r in a["receivers"]]]
+    return pages if len(pages) >= at_least else None
 
 
 def drained_holes(vm_url: str, start: float, end: float) -> dict[str, float]:
@@ -164,7 +165,7 @@ def test_the_scale_tier_pages_through_vmalert_past_a_lost_vmagent_and_a_store_ou
         dropped, paged_again, returned_at = store_outage(tier, am_url, sim_url, alert, second)
         holes = drained_holes(tier.url["victoriametrics"], stopped_at, returned_at + 15)
         # Each node's page for its repair: at once where its GPUs had work, two minutes on where it idles in service.
-        pages = wait_for(lambda: _pages(am_url) if len(_pages(am_url)) >= 2 else None, 180, "both nodes' pages")
+        pages = wait_for(lambda: _pages(am_url, 2), 180, "both nodes' pages")
     # The repair is a ticket, and the remediator's too, which names no service until a site runs one.
     assert alert["labels"]["instance"] == node and [r["name"] for r in alert["receivers"]] == ["remediate", "ticket"]
     assert {g["name"]: g["concurrency"] for g in groups} == CONCURRENCY
