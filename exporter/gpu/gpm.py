@@ -196,6 +196,10 @@ class GpmReader:
             self._request = None
         return readings
 
+    def measures(self, metric: GpuMetric) -> bool:
+        """Whether this reader asks for `metric` and the board has not refused it."""
+        return any(wanted.metric is metric for wanted in self._metrics)
+
     def free(self, nvml: Nvml) -> None:
         """Release the samples; the driver may already be gone, which leaves nothing to release."""
         samples, self._samples, self._primed = self._samples, [], False

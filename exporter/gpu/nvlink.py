@@ -117,13 +117,21 @@ NVLINK_ERROR_COUNTERS = (
 _KIB = 1024
 
 
-def _nvlink(link: int) -> Read:
-    """A link's state and its four data-link error counters: one probe, as they stand or fall together."""
-    label = str(link)
+def _nvlink_state(link: int) -> Read:
+    label = (str(link),)
 
     def read(nvml: Nvml, handle: Handle) -> list[Reading]:
         state = nvml.nvmlDeviceGetNvLinkState(handle, link)
-        readings = [Reading(NVLINK_UP, 1.0 if state == pynvml.NVML_FEATURE_ENABLED else 0.0, (label,))]
+        return [Reading(NVLINK_UP, 1.0 if state == pynvml.NVML_FEATURE_ENABLED else 0.0, label)]
+
+    return read
+
+
+def _nvlink_errors(link: int) -> Read:
+    label = str(link)
+
+    def read(nvml: Nvml, handle: Handle) -> list[Reading]:
+        readings: list[Reading] = []
         for name, counter in NVLINK_ERROR_COUNTERS:
             value = nvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, counter)
             readings += checked(NVLINK_ERRORS, value, 0, COUNTER_MAX - 2, (label, name))
@@ -133,8 +141,10 @@ def _nvlink(link: int) -> Read:
 
 
 def nvlink_probes(links: list[int]) -> list[Probe]:
-    """Per-link state and error counters, for the links a GPU was found to have."""
-    return [Probe(f"NVLink {link} state and errors", _nvlink(link)) for link in links]
+    """Per-link state, read every collection since a link that goes down pages; and the links' data-link error
+    counters, four calls a link that are only ever read as rates over minutes, at the slow interval."""
+    return [*(Probe(f"NVLink {link} state", _nvlink_state(link)) for link in links),
+            *(Probe(f"NVLink {link} errors", _nvlink_errors(link), slow=True) for link in links)]
 
 
 def nvlink_fields(links: list[int]) -> list[Field]:

@@ -43,8 +43,8 @@ class Reading(NamedTuple):
 
 UTILIZATION = GpuMetric(
     "gpufleet_gpu_utilization_ratio",
-    "Share of time in which a kernel ran: the mean of the driver's samples since the last collection "
-    "(of its last sample period where the board keeps none).",
+    "Share of time in which a kernel ran since the last collection: GPM's graphics-engine activity where the "
+    "board has GPM, else the mean of the driver's samples (of its last sample period where it keeps none).",
 )
 MEMORY_COPY_UTILIZATION = GpuMetric(
     "gpufleet_gpu_memory_copy_utilization_ratio",
@@ -206,10 +206,13 @@ class Utilization:
     def __init__(self) -> None:
         self._last_seen = 0  # The driver's time stamp (CPU microseconds) of the newest sample read.
         self._sampled = True  # Until the board says it keeps no samples.
+        # Set by the session while GPM measures the same share over the same interval: the samples cost the H200
+        # milliseconds a GPU, GPM's reading nothing more.
+        self.from_gpm = False
 
     def __call__(self, nvml: Nvml, handle: Handle) -> list[Reading]:
         rates = nvml.nvmlDeviceGetUtilizationRates(handle)
-        mean = self._sample_mean(nvml, handle) if self._sampled else None
+        mean = self._sample_mean(nvml, handle) if self._sampled and not self.from_gpm else None
         # No sample since the last collection (collected faster than the driver samples): the last period's.
         busy = rates.gpu if mean is None else mean
         return checked(UTILIZATION, busy, 0, 100, per=_PERCENT) + checked(

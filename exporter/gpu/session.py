@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import pynvml
 
 from gpufleet.exporter.gpu.fabric import fabric_probe
-from gpufleet.exporter.gpu.gpm import GpmMetric, GpmReader
+from gpufleet.exporter.gpu.gpm import GRAPHICS_ACTIVE, GpmMetric, GpmReader
 from gpufleet.exporter.gpu.mig import MigReader
 from gpufleet.exporter.gpu.nvlink import nvlink_fields, nvlink_probes
 from gpufleet.exporter.gpu.nvml import DEVICE_LOST, DRIVER_LOST, TRANSIENT, UNSUPPORTED, Backoff, as_text
@@ -37,9 +37,11 @@ from gpufleet.exporter.gpu.probes import (
     ECC_ERRORS,
     FIELDS,
     PROBES,
+    UTILIZATION,
     Field,
     Probe,
     Reading,
+    Utilization,
     read_fields,
     utilization_probe,
 )
@@ -102,6 +104,7 @@ class _Device:
     lists_processes: bool = False
     gpm: GpmReader | None = None
     mig: MigReader | None = None
+    utilization: Utilization | None = None  # The utilisation probe's state, told when GPM measures the same.
     unsupported: list[str] = field(default_factory=list)
     slow_readings: tuple[Reading, ...] = ()  # The slow probes' and fields' last readings, served between reads.
     slow_countdown: int = 0  # Collections until the slow ones are read again; 0: at this one.
@@ -110,6 +113,16 @@ class _Device:
 def _gpu_instance(raw: int | None) -> int | None:
     """A process's MIG GPU instance; NVML answers 0xFFFFFFFF (or older bindings nothing) outside MIG mode."""
     return None if raw is None or raw == 0xFFFFFFFF else int(raw)
+
+
+def _utilization_from(activity: list[Reading], readings: list[Reading]) -> list[Reading]:
+    """The readings with utilisation taken from GPM's graphics activity: the share of time a kernel ran, over
+    the interval since the last collection, which the driver's samples would have cost a call to average. Where
+    GPM has no reading yet (the first collection after a GPU opens), the driver's last sample period stands."""
+    graphics = next((r.value for r in activity if r.metric is GRAPHICS_ACTIVE), None)
+    if graphics is None:
+        return readings
+    return [Reading(UTILIZATION, graphics) if r.metric is UTILIZATION else r for r in readings]
 
 
 def cuda_version(raw: int) -> str:
@@ -233,6 +246,7 @@ class NvmlSession:
         device.static_readings = tuple(static)
         device.gpm = gpm
         device.mig = mig
+        device.utilization = next((p.read for p in probes if isinstance(p.read, Utilization)), None)
         device.unsupported = unsupported
         device.slow_readings, device.slow_countdown = (), 0
         self._known[device.index] = identity
@@ -370,6 +384,9 @@ class NvmlSession:
         slow: list[Reading] = []
         processes = None
         slow_due = device.slow_countdown <= 0
+        from_gpm = device.gpm is not None and device.gpm.measures(GRAPHICS_ACTIVE)
+        if device.utilization is not None:
+            device.utilization.from_gpm = from_gpm
         try:
             for probe in device.probes:
                 if probe.slow and not slow_due:
@@ -382,7 +399,9 @@ class NvmlSession:
                 slow += self._guarded("nvmlDeviceGetFieldValues", device, problems, self._field_readings, device,
                                       device.slow_fields) or []
             if device.gpm is not None:
-                readings += self._guarded("GPM", device, problems, device.gpm.read, self._nvml, device.handle) or []
+                activity = self._guarded("GPM", device, problems, device.gpm.read, self._nvml, device.handle) or []
+                readings = _utilization_from(activity, readings) if from_gpm else readings
+                readings += activity
             if device.mig is not None:
                 readings += self._guarded("MIG", device, problems, device.mig.read, self._nvml, device.handle) or []
             if device.lists_processes:
