@@ -16,6 +16,7 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.rules import render
 from gpufleet.dashboards.cli import rendered as dashboards
 from gpufleet.deploy.cli import render as kubernetes
+from gpufleet.devtools.costmodel import calls_text
 from gpufleet.devtools.nodes import golden_exposition
 from gpufleet.devtools.reference import alerts, benchmarks, dcgm, flags, metrics, node_exporter
 
@@ -36,6 +37,7 @@ ARTIFACTS = (
     Artifact("kubernetes", lambda: {f"deploy/kubernetes/{name}": text for name, text in kubernetes(Config()).items()},
              owns="deploy/kubernetes/**/*.yaml"),
     Artifact("golden", lambda: {"tests/fixtures/e2e-output.txt": golden_exposition()}),
+    Artifact("nvml calls", lambda: {"tests/fixtures/nvml-calls.txt": calls_text()}),
     Artifact("flags", lambda: {"docs/reference/flags.md": flags.page()}),
     Artifact("metrics", lambda: {"docs/reference/metrics.md": metrics.page()}),
     Artifact("alerts", lambda: {"docs/reference/alerts.md": alerts.page()}),

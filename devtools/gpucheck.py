@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpufleet.devtools import smi
 from gpufleet.devtools.gpuactivity import activity
 from gpufleet.devtools.gpureport import Options, Report, initialised, installed
-from gpufleet.devtools.gputiming import timing
+from gpufleet.devtools.gputiming import cost_model, timing
 from gpufleet.devtools.net import free_port, get
 from gpufleet.devtools.paths import ROOT
 from gpufleet.devtools.processes import Server, serving
@@ -197,11 +197,13 @@ def pager(nvml: Nvml, options: Options, report: Report) -> None:
 
 
 @contextlib.contextmanager
-def running(options: Options, *flags: str) -> Iterator[Server]:
-    """`gpufleet exporter` on this machine's GPUs (or simulated ones), once its first GPU collection is served."""
+def running(options: Options, *flags: str, simulated: int | None = None) -> Iterator[Server]:
+    """`gpufleet exporter` on this machine's GPUs (or on `simulated` simulated ones, or on the simulated ones
+    the options ask for), once its first GPU collection is served."""
     port = free_port()
-    backend = ["--gpu.backend=sim", f"--sim.gpus={options.sim_gpus}"] if options.backend == "sim" else [
-        "--gpu.backend=nvml"]
+    if simulated is None and options.backend == "sim":
+        simulated = options.sim_gpus
+    backend = ["--gpu.backend=nvml"] if simulated is None else ["--gpu.backend=sim", f"--sim.gpus={simulated}"]
     argv = gpufleet_command("exporter", *backend, *flags, f"--web.listen-address=127.0.0.1:{port}")
     with serving(argv, port, "/metrics", "exporter start", timeout=60) as server:
         wait_for(lambda: b"gpufleet_gpu_info{" in get(server.url + "/metrics"), 30, "the first GPU collection")
@@ -227,19 +229,32 @@ def exporter(options: Options, report: Report) -> Iterator[Server]:
             (options.out / "exporter.log").write_text(server.output(limit=200_000))
 
 
+def at_rest(server: Server, seconds: float) -> float:
+    """The exporter's CPU as a share of a core over `seconds`, scraped every 15 s as Prometheus would."""
+    process = psutil.Process(server.pid)
+    started, cpu = time.monotonic(), cpu_seconds(process)
+    deadline = started + seconds
+    while time.monotonic() < deadline:
+        get(server.url + "/metrics")
+        time.sleep(max(0.0, min(15.0, deadline - time.monotonic())))
+    return (cpu_seconds(process) - cpu) / (time.monotonic() - started)
+
+
 def quiet(options: Options, report: Report) -> None:
-    """The exporter at its default flags, scraped as Prometheus would, for what it costs a node at rest."""
+    """The exporter at its default flags, for what it costs a node at rest; and over as many simulated GPUs, for
+    the part of that the cost model measures rather than projects."""
     with running(options) as server:
-        process = psutil.Process(server.pid)
-        started, cpu = time.monotonic(), cpu_seconds(process)
-        deadline = started + options.quiet_seconds
-        while time.monotonic() < deadline:
-            get(server.url + "/metrics")
-            time.sleep(max(0.0, min(15.0, deadline - time.monotonic())))
-        share = (cpu_seconds(process) - cpu) / (time.monotonic() - started)
-        report.figures["exporter CPU at default flags (share of a core)"] = round(share, 4)
+        report.figures["exporter CPU at default flags (share of a core)"] = round(
+            at_rest(server, options.quiet_seconds), 4)
         report.figures["exporter CPU window (s)"] = options.quiet_seconds
         report.figures["exporter peak RSS at default flags (MiB)"] = round(peak_rss_mib(server.pid), 1)
+        memory = status_mib(server.pid)
+        for key in ("RssAnon", "RssFile"):
+            report.figures[f"exporter {key} at default flags (MiB)"] = round(memory.get(key, 0.0), 1)
+    with running(options, simulated=int(report.number("gpus", options.sim_gpus))) as server:
+        report.figures["exporter CPU over the simulated library (share of a core)"] = round(
+            at_rest(server, options.quiet_seconds), 4)
+        report.figures["exporter peak RSS over the simulated library (MiB)"] = round(peak_rss_mib(server.pid), 1)
 
 
 def scrape(server: Server) -> tuple[str, smi.Samples]:
@@ -328,5 +343,6 @@ def run(options: Options) -> Report:
     report.part("exporter", with_exporter)
     report.part("exporter at default flags", lambda: quiet(options, report))
     report.part("timing", lambda: timing(nvml, options, report))
+    report.part("cost model", lambda: cost_model(report))
     report.part("gpu tests", lambda: gpu_tests(options, report))
     return report

@@ -46,6 +46,13 @@ class Report:
     errors: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)  # seconds each part took
 
+    def number(self, key: str, default: float | None = None) -> float:
+        """A figure an earlier part measured, as a number; `default` where it has none (a skipped part)."""
+        value = self.figures.get(key, default)
+        if not isinstance(value, int | float):
+            raise KeyError(f"no figure {key!r} to work from: did its part run?")
+        return float(value)
+
     def part(self, name: str, run: Callable[[], None]) -> None:
         """Run one part; an error in it is kept, with its traceback in the log, and the check goes on."""
         started = time.monotonic()
@@ -74,7 +81,11 @@ class Report:
             lines.append("GPU collection CPU at default flags, 8 GPUs: "
                          f"{f['GPU collection CPU at default flags, 8 GPUs (share of a core)']:.2%} of a core")
         for key in ("exporter CPU at default flags (share of a core)", "exporter peak RSS at default flags (MiB)",
-                    "NVML loaded and opened: heap (MiB)"):
+                    "NVML loaded and opened: heap (MiB)",
+                    "model: projected exporter CPU at default flags (share of a core)",
+                    "model: measured / projected CPU", "model: projected peak RSS at default flags (MiB)",
+                    "model: measured / projected peak RSS",
+                    "model: calls counted differently over the simulated boards"):
             if key in f:
                 lines.append(f"{key}: {f[key]}")
         if "calls refused by the driver" in f:

@@ -1,6 +1,7 @@
 """What a GPU collection costs, timed on the GPUs the check runs on: the collection as the exporter makes it, with
-and without its slow reads, each NVML call it makes (wall-clock and CPU), each field alone, the cheaper calls that
-could replace the dearest, and `nvidia-smi --query-gpu` on the same GPUs."""
+and without its slow reads, each NVML call where the collector makes it (what the cost model prices calls at),
+each call and field alone, the cheaper calls that could replace the dearest, and `nvidia-smi --query-gpu` on the
+same GPUs."""
 
 from __future__ import annotations
 
@@ -16,15 +17,17 @@ from typing import Any
 import pynvml
 
 from gpufleet.devtools import smi
+from gpufleet.devtools.costmodel import ORDERED_COLUMNS, ORDERED_TABLE, Costs, board_like, count_calls, project
 from gpufleet.devtools.gpureport import Options, Report, initialised
+from gpufleet.devtools.nvmlcalls import collect
 from gpufleet.devtools.results import Table
 from gpufleet.devtools.stats import percentile
 from gpufleet.exporter import node
-from gpufleet.exporter.collector.gpu import GpuCollector, slow_every
+from gpufleet.exporter.collector.gpu import slow_every
 from gpufleet.exporter.gpu.gpm import METRICS, GpmReader
 from gpufleet.exporter.gpu.nvml import Nvml
 from gpufleet.exporter.gpu.probes import FIELDS, PROBES, read_fields, utilization_probe
-from gpufleet.exporter.gpu.session import NvmlSession
+from gpufleet.exporter.gpu.simulated.host import simulated_gpus
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 
 
@@ -35,7 +38,6 @@ class Durations:
 
     wall: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
-    gpus: tuple[int, ...] = ()  # The GPUs a collection read, where the calls were collections.
 
     def __iadd__(self, other: Durations) -> Durations:
         self.wall += other.wall
@@ -94,20 +96,6 @@ def _time_calls(nvml: Nvml, index: int, handle: Any, times: int, calls: dict[str
         reader.free(nvml)
 
 
-def _collections(nvml: Nvml, rounds: int, slow_every: int) -> Durations:
-    """`rounds` GPU collections as the exporter makes them, after a first that opens the GPUs; the slow reads at
-    every `slow_every` collections (past `rounds`: only in the first)."""
-    collector = GpuCollector(NvmlSession(nvml, gpm=METRICS, slow_every=slow_every))
-    try:
-        first = collector.collect()
-        durations = _timed(collector.collect, rounds)
-    finally:
-        collector.close()
-    durations.gpus = tuple(sorted({int(s.labels["gpu"]) for family in first.families for s in family.samples
-                                   if family.name == "gpufleet_gpu_up" and s.value == 1}))
-    return durations
-
-
 def _time_alternatives(nvml: Any, handle: Any, times: int, calls: dict[str, Durations]) -> None:
     """Calls the exporter does not make but could, for what its dearest calls read: the energy counter through
     its own function, only the last second's utilisation samples, and the power reading energy could be integrated
@@ -128,25 +116,31 @@ def _time_alternatives(nvml: Any, handle: Any, times: int, calls: dict[str, Dura
 def timing(nvml: Nvml, options: Options, report: Report) -> None:
     """The GPU collection as the exporter runs it, each NVML call it makes, and nvidia-smi on the same GPUs."""
     f = report.figures
-    every, fast = _collections(nvml, options.rounds, 1), _collections(nvml, options.rounds, options.rounds + 1)
-    wall = [1000 * d for d in every.wall]
-    f["GPU collection rounds"] = options.rounds
-    f["GPU collection mean (ms)"] = round(_mean(wall), 2)
-    f["GPU collection p99 (ms)"] = round(percentile(wall, 0.99), 2)
-    f["GPU collection CPU mean (ms)"] = round(1000 * _mean(every.cpu), 2)
-    f["GPU collection CPU without the slow reads (ms)"] = round(1000 * _mean(fast.cpu), 2)
+    every = slow_every(node.defaults())
+    counted = collect(nvml, rounds=max(1, options.rounds // every), slow_every=every, gpm=METRICS)
+    slow_wall = [1000 * d for d in counted.wall["slow"]]
+    f["GPU collection rounds"] = sum(counted.rounds.values())
+    f["GPU collection mean (ms)"] = round(_mean(slow_wall), 2)
+    f["GPU collection p99 (ms)"] = round(percentile(slow_wall, 0.99), 2)
+    f["GPU collection CPU mean (ms)"] = round(1000 * counted.cpu["slow"], 2)
+    f["GPU collection CPU without the slow reads (ms)"] = round(1000 * counted.cpu["fast"], 2)
     # At the default flags, per GPU and for an 8-GPU node, as a share of one core: the exporter's budget is 1 % for
     # everything.
-    defaults = node.defaults()
-    per_collection = _mean(fast.cpu) + (_mean(every.cpu) - _mean(fast.cpu)) / slow_every(defaults)
-    per_gpu = per_collection / defaults.collector_gpu_interval / (len(every.gpus) or 1)
+    per_collection = (counted.cpu["slow"] + (every - 1) * counted.cpu["fast"]) / every
+    per_gpu = per_collection / node.defaults().collector_gpu_interval / counted.gpus
     f["GPU collection CPU at default flags, per GPU (share of a core)"] = round(per_gpu, 5)
     f["GPU collection CPU at default flags, 8 GPUs (share of a core)"] = round(8 * per_gpu, 4)
+    ordered = Table(ORDERED_COLUMNS)
+    for tier in counted.rounds:
+        cpu = counted.call_cpu(tier)
+        for call, made in counted.counts(tier).items():
+            ordered.add(call, tier, round(made, 3), round(1e6 * cpu[call], 1))
+    report.tables[ORDERED_TABLE] = ordered
     calls: dict[str, Durations] = defaultdict(Durations)
     with initialised(nvml) as handles:
         for index, handle in enumerate(handles):
             _time_calls(nvml, index, handle, options.calls, calls)
-    table = Table(["call", "calls", "mean (µs)", "p99 (µs)", "CPU mean (µs)"])
+    table = Table(["call", "calls", "mean (µs)", "p99 (µs)", "CPU mean (µs)"])  # Each alone, in a loop.
     for name, durations in calls.items():
         micros = [1e6 * d for d in durations.wall]
         table.add(name, len(micros), round(_mean(micros), 1), round(percentile(micros, 0.99), 1),
@@ -160,3 +154,34 @@ def timing(nvml: Nvml, options: Options, report: Report) -> None:
                                      options.smi_rounds).wall]
     f["nvidia-smi query mean (ms)"] = round(_mean(runs), 1)
     f["nvidia-smi query max (ms)"] = round(max(runs), 1)
+
+
+def cost_model(report: Report) -> None:
+    """The cost model's projection for this machine's GPUs at the default flags beside the exporter measured at
+    them: the calls counted over simulated boards made to answer as these do, priced at what `timing` measured,
+    plus the exporter over as many simulated GPUs less its simulated library. A node no GPU machine has is
+    projected the same way, so the model is worth what this agreement is."""
+    f = report.figures
+    record = {"figures": f, "tables": {title: {"columns": t.columns, "rows": t.rows}
+                                       for title, t in report.tables.items()}}
+    defaults = node.defaults()
+    every, gpus = slow_every(defaults), int(report.number("gpus"))
+    like = count_calls(board_like(record, gpus), every)
+    projection = project(like, Costs.from_record(record), count_calls(simulated_gpus(gpus), every),
+                         exporter_share=report.number("exporter CPU over the simulated library (share of a core)"),
+                         gpus=gpus, interval=defaults.collector_gpu_interval, slow_every=every)
+    f["model: projected exporter CPU at default flags (share of a core)"] = round(projection.total, 4)
+    f["model: projected NVML calls (share of a core)"] = round(projection.nvml, 4)
+    f["model: measured / projected CPU"] = round(
+        report.number("exporter CPU at default flags (share of a core)") / projection.total, 2)
+    peak = report.number("exporter peak RSS over the simulated library (MiB)") + sum(
+        report.number(f"NVML loaded and opened: {part} (MiB)", 0.0) for part in ("heap", "mapped files"))
+    f["model: projected peak RSS at default flags (MiB)"] = round(peak, 1)
+    measured_peak = report.number("exporter peak RSS at default flags (MiB)")
+    f["model: measured / projected peak RSS"] = round(measured_peak / peak, 2)
+    real = {(str(row[1]), str(row[0])): float(str(row[2])) for row in report.tables[ORDERED_TABLE].rows}
+    simulated = {(tier, call): made for tier in like.rounds for call, made in like.counts(tier).items()}
+    differing = [f"{tier} {call}: simulated {simulated.get((tier, call), 0):g}, here {real.get((tier, call), 0):g}"
+                 for tier, call in sorted(real.keys() | simulated.keys())
+                 if abs(simulated.get((tier, call), 0) - real.get((tier, call), 0)) > 0.01]
+    f["model: calls counted differently over the simulated boards"] = "; ".join(differing) or "none"
