@@ -40,6 +40,7 @@ from gpufleet.exporter.gpu.simulated.host import simulated_gpus
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.gpu.xid import NvmlXidWatcher, XidLedger
 
+SIMULATED_SECONDS = 15.0  # Long enough for the simulated exporter's memory to reach what it keeps.
 # What loading NVML and opening every GPU adds to a process's memory: its heap and its mapped files, in MiB.
 NVML_MEMORY = """
 import os, pynvml
@@ -197,16 +198,17 @@ def pager(nvml: Nvml, options: Options, report: Report) -> None:
 
 
 @contextlib.contextmanager
-def running(options: Options, *flags: str, simulated: int | None = None) -> Iterator[Server]:
+def running(options: Options, *flags: str, simulated: int | None = None, first: bool = True) -> Iterator[Server]:
     """`gpufleet exporter` on this machine's GPUs (or on `simulated` simulated ones, or on the simulated ones
-    the options ask for), once its first GPU collection is served."""
+    the options ask for), once its first GPU collection is served (unless not `first`: no GPU collector)."""
     port = free_port()
     if simulated is None and options.backend == "sim":
         simulated = options.sim_gpus
     backend = ["--gpu.backend=nvml"] if simulated is None else ["--gpu.backend=sim", f"--sim.gpus={simulated}"]
     argv = gpufleet_command("exporter", *backend, *flags, f"--web.listen-address=127.0.0.1:{port}")
     with serving(argv, port, "/metrics", "exporter start", timeout=60) as server:
-        wait_for(lambda: b"gpufleet_gpu_info{" in get(server.url + "/metrics"), 30, "the first GPU collection")
+        if first:
+            wait_for(lambda: b"gpufleet_gpu_info{" in get(server.url + "/metrics"), 30, "the first GPU collection")
         yield server
 
 
@@ -241,20 +243,23 @@ def at_rest(server: Server, seconds: float) -> float:
 
 
 def quiet(options: Options, report: Report) -> None:
-    """The exporter at its default flags, for what it costs a node at rest; and over as many simulated GPUs, for
-    the part of that the cost model measures rather than projects."""
+    """The exporter at its default flags, for what it costs a node at rest; without its GPU collector, for the
+    part of that the cost model measures rather than projects; and over as many simulated GPUs, for its memory
+    apart from NVML's."""
+    f = report.figures
     with running(options) as server:
-        report.figures["exporter CPU at default flags (share of a core)"] = round(
-            at_rest(server, options.quiet_seconds), 4)
-        report.figures["exporter CPU window (s)"] = options.quiet_seconds
-        report.figures["exporter peak RSS at default flags (MiB)"] = round(peak_rss_mib(server.pid), 1)
+        f["exporter CPU at default flags (share of a core)"] = round(at_rest(server, options.quiet_seconds), 4)
+        f["exporter CPU window (s)"] = options.quiet_seconds
+        f["exporter peak RSS at default flags (MiB)"] = round(peak_rss_mib(server.pid), 1)
         memory = status_mib(server.pid)
         for key in ("RssAnon", "RssFile"):
-            report.figures[f"exporter {key} at default flags (MiB)"] = round(memory.get(key, 0.0), 1)
-    with running(options, simulated=int(report.number("gpus", options.sim_gpus))) as server:
-        report.figures["exporter CPU over the simulated library (share of a core)"] = round(
+            f[f"exporter {key} at default flags (MiB)"] = round(memory.get(key, 0.0), 1)
+    with running(options, "--no-collector.gpu", first=False) as server:
+        f["exporter CPU without the GPU collector (share of a core)"] = round(
             at_rest(server, options.quiet_seconds), 4)
-        report.figures["exporter peak RSS over the simulated library (MiB)"] = round(peak_rss_mib(server.pid), 1)
+    with running(options, simulated=int(report.number("gpus", options.sim_gpus))) as server:
+        at_rest(server, min(SIMULATED_SECONDS, options.quiet_seconds))
+        f["exporter peak RSS over the simulated library (MiB)"] = round(peak_rss_mib(server.pid), 1)
 
 
 def scrape(server: Server) -> tuple[str, smi.Samples]:

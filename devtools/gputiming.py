@@ -17,17 +17,24 @@ from typing import Any
 import pynvml
 
 from gpufleet.devtools import smi
-from gpufleet.devtools.costmodel import ORDERED_COLUMNS, ORDERED_TABLE, Costs, board_like, count_calls, project
+from gpufleet.devtools.costmodel import (
+    ORDERED_COLUMNS,
+    ORDERED_TABLE,
+    Costs,
+    board_like,
+    collector_share,
+    count_calls,
+    project,
+)
 from gpufleet.devtools.gpureport import Options, Report, initialised
 from gpufleet.devtools.nvmlcalls import collect
 from gpufleet.devtools.results import Table
 from gpufleet.devtools.stats import percentile
 from gpufleet.exporter import node
-from gpufleet.exporter.collector.gpu import slow_every
+from gpufleet.exporter.collector.gpu import counter_every, slow_every
 from gpufleet.exporter.gpu.gpm import METRICS, GpmReader
 from gpufleet.exporter.gpu.nvml import Nvml
 from gpufleet.exporter.gpu.probes import FIELDS, PROBES, read_fields, utilization_probe
-from gpufleet.exporter.gpu.simulated.host import simulated_gpus
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 
 
@@ -116,18 +123,19 @@ def _time_alternatives(nvml: Any, handle: Any, times: int, calls: dict[str, Dura
 def timing(nvml: Nvml, options: Options, report: Report) -> None:
     """The GPU collection as the exporter runs it, each NVML call it makes, and nvidia-smi on the same GPUs."""
     f = report.figures
-    every = slow_every(node.defaults())
-    counted = collect(nvml, rounds=max(1, options.rounds // every), slow_every=every, gpm=METRICS)
-    slow_wall = [1000 * d for d in counted.wall["slow"]]
+    defaults = node.defaults()
+    counted = collect(nvml, rounds=max(1, options.rounds // counter_every(defaults)), slow_every=slow_every(defaults),
+                      counter_every=counter_every(defaults), gpm=METRICS)
+    dearest = [1000 * d for d in counted.wall["counter"]]
     f["GPU collection rounds"] = sum(counted.rounds.values())
-    f["GPU collection mean (ms)"] = round(_mean(slow_wall), 2)
-    f["GPU collection p99 (ms)"] = round(percentile(slow_wall, 0.99), 2)
-    f["GPU collection CPU mean (ms)"] = round(1000 * counted.cpu["slow"], 2)
+    f["GPU collection mean (ms)"] = round(_mean(dearest), 2)
+    f["GPU collection p99 (ms)"] = round(percentile(dearest, 0.99), 2)
+    f["GPU collection CPU mean (ms)"] = round(1000 * counted.cpu["counter"], 2)
     f["GPU collection CPU without the slow reads (ms)"] = round(1000 * counted.cpu["fast"], 2)
     # At the default flags, per GPU and for an 8-GPU node, as a share of one core: the exporter's budget is 1 % for
     # everything.
-    per_collection = (counted.cpu["slow"] + (every - 1) * counted.cpu["fast"]) / every
-    per_gpu = per_collection / node.defaults().collector_gpu_interval / counted.gpus
+    per_collection = sum(counted.share(tier) * counted.cpu[tier] for tier in counted.rounds)
+    per_gpu = per_collection / defaults.collector_gpu_interval / counted.gpus
     f["GPU collection CPU at default flags, per GPU (share of a core)"] = round(per_gpu, 5)
     f["GPU collection CPU at default flags, 8 GPUs (share of a core)"] = round(8 * per_gpu, 4)
     ordered = Table(ORDERED_COLUMNS)
@@ -159,17 +167,17 @@ def timing(nvml: Nvml, options: Options, report: Report) -> None:
 def cost_model(report: Report) -> None:
     """The cost model's projection for this machine's GPUs at the default flags beside the exporter measured at
     them: the calls counted over simulated boards made to answer as these do, priced at what `timing` measured,
-    plus the exporter over as many simulated GPUs less its simulated library. A node no GPU machine has is
-    projected the same way, so the model is worth what this agreement is."""
+    plus the GPU collector's work around them and the exporter without its GPU collector, both measured here. A
+    node no GPU machine has is projected the same way, so the model is worth what this agreement is."""
     f = report.figures
     record = {"figures": f, "tables": {title: {"columns": t.columns, "rows": t.rows}
                                        for title, t in report.tables.items()}}
     defaults = node.defaults()
-    every, gpus = slow_every(defaults), int(report.number("gpus"))
-    like = count_calls(board_like(record, gpus), every)
-    projection = project(like, Costs.from_record(record), count_calls(simulated_gpus(gpus), every),
-                         exporter_share=report.number("exporter CPU over the simulated library (share of a core)"),
-                         gpus=gpus, interval=defaults.collector_gpu_interval, slow_every=every)
+    gpus = int(report.number("gpus"))
+    like = count_calls(board_like(record, gpus))
+    projection = project(like, Costs.from_record(record), collector=collector_share(board_like(record, gpus)),
+                         rest=report.number("exporter CPU without the GPU collector (share of a core)"), gpus=gpus,
+                         interval=defaults.collector_gpu_interval)
     f["model: projected exporter CPU at default flags (share of a core)"] = round(projection.total, 4)
     f["model: projected NVML calls (share of a core)"] = round(projection.nvml, 4)
     f["model: measured / projected CPU"] = round(

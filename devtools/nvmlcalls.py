@@ -6,12 +6,14 @@ collector makes them, through a wrapper around the library, and counted the same
 library here: counts times per-call CPU is the exporter's NVML cost, and a change that adds a call shows in the
 counts before any GPU is at hand.
 
-A collection is of one of two tiers: `slow`, which also reads what the session reads at its slow interval (the
-first after a GPU opens is one), and `fast`, the ones between. `open` holds what opening the GPUs costs, once.
+A collection is named for the dearest tier it reads (`exporter.gpu.probes.Tier`): `counter` where the counters
+are due (the slow reads may be too), `slow` where only the slow reads are, `fast` otherwise. The first after the
+GPUs open reads everything; what opening them costs, once, is kept apart as `open`.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
@@ -22,7 +24,7 @@ from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.gpu.gpm import GpmMetric
 from gpufleet.exporter.gpu.session import NvmlSession
 
-TIERS = ("fast", "slow")
+TIERS = ("fast", "slow", "counter")
 # Calls whose arguments choose what the driver does: the argument at this position becomes part of the key.
 _CHOOSING_ARGUMENT = {
     "nvmlDeviceGetClockInfo": 1,
@@ -62,6 +64,10 @@ class CallLog:
     tier: str = "open"
     tallies: dict[str, dict[str, Tally]] = field(default_factory=lambda: defaultdict(lambda: defaultdict(Tally)))
 
+    def cpu(self) -> float:
+        """Seconds of CPU inside the library's calls so far, in every tier."""
+        return sum(tally.cpu for calls in self.tallies.values() for tally in calls.values())
+
     def __getattr__(self, name: str) -> Any:
         target = getattr(self.library, name)
         if not name.startswith("nvml") or not callable(target):
@@ -94,28 +100,33 @@ class Collections:
         per = self.gpus * self.rounds[tier]
         return {key: tally.calls / per for key, tally in sorted(self.tallies[tier].items())}
 
+    def share(self, tier: str) -> float:
+        """The share of collections that are of the tier, at the schedule they were made on."""
+        return self.rounds[tier] / sum(self.rounds.values())
+
     def call_cpu(self, tier: str) -> dict[str, float]:
         """Seconds of CPU per call, where the collector made it."""
         return {key: tally.cpu / tally.calls for key, tally in sorted(self.tallies[tier].items()) if tally.calls}
 
 
 
-def collect(library: Any, *, rounds: int, slow_every: int, gpm: tuple[GpmMetric, ...],
+def collect(library: Any, *, rounds: int, slow_every: int, counter_every: int, gpm: tuple[GpmMetric, ...],
             advance: Callable[[], None] = lambda: None) -> Collections:
-    """Open the GPUs, then make `rounds` slow collections and the fast ones between them, as the exporter makes
-    them at `slow_every` (none fast where it is 1); `advance` runs before each (a simulated clock's step)."""
+    """Open the GPUs, then make `rounds` whole cycles of the schedule the exporter keeps at `slow_every` and
+    `counter_every`; `advance` runs before each collection (a simulated clock's step)."""
     log = CallLog(library)
-    collector = GpuCollector(NvmlSession(log, gpm=gpm, slow_every=slow_every))
+    collector = GpuCollector(NvmlSession(log, gpm=gpm, slow_every=slow_every, counter_every=counter_every))
     cpu: dict[str, float] = dict.fromkeys(TIERS, 0.0)
     made: dict[str, int] = dict.fromkeys(TIERS, 0)
     wall: dict[str, list[float]] = {tier: [] for tier in TIERS}
     try:
-        collector.collect()  # Opens every GPU, and is the first slow collection: counted as the opening.
+        collector.collect()  # Opens every GPU, and reads every tier: counted as the opening.
         gpus = len(collector.session.known_gpus())
         if not gpus:
             raise RuntimeError("no GPU opened, so there is no collection to count")
-        for index in range(1, rounds * slow_every + 1):
-            log.tier = "slow" if index % slow_every == 0 else "fast"
+        for index in range(1, rounds * math.lcm(slow_every, counter_every) + 1):
+            log.tier = ("counter" if index % counter_every == 0 else "slow" if index % slow_every == 0
+                        else "fast")
             advance()
             started, clock = time.thread_time(), time.perf_counter()
             collector.collect()

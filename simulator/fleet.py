@@ -70,7 +70,7 @@ def collector_flags(collect_interval: float = math.inf, *flags: str) -> argparse
         if name.startswith("collector_") and name.endswith("_interval"):
             setattr(args, name, min(value, collect_interval))
     # A visit runs each due collector once, so the GPU reads everything it reads at every visit.
-    args.gpu_slow_interval = args.collector_gpu_interval
+    args.gpu_slow_interval = args.gpu_counter_interval = args.collector_gpu_interval
     return args
 
 

@@ -91,23 +91,31 @@ def test_a_driver_without_the_second_memory_call_counts_the_reserve_as_used(nvml
     assert samples[gpu_series("gpufleet_gpu_memory_free_bytes")] == board.memory_total_bytes - 40 * GIB - 615 * 1024**2
 
 
-def test_dear_readings_are_read_every_few_collections_and_served_unchanged_between(nvml, clock):
-    collector = GpuCollector(NvmlSession(nvml, clock=clock, slow_every=3))
+def test_dear_readings_are_read_at_their_tier_and_served_unchanged_between(nvml, clock):
+    collector = GpuCollector(NvmlSession(nvml, clock=clock, slow_every=3, counter_every=6))
     board = nvml.gpus[0]
     _, first = collect(collector)
     board.violation_seconds[pynvml.NVML_PERF_POLICY_POWER] = 7.0
     board.pcie_replays = 5
-    board.load = steady(dataclasses.replace(BUSY, power_watts=300.0, energy_joules=200000.0))
+    board.load = steady(dataclasses.replace(BUSY, power_watts=300.0, energy_joules=200000.0,
+                                            temperature_celsius=80.0))
+    counters = (("gpufleet_gpu_violation_seconds_total", {"policy": "power"}), ("gpufleet_gpu_pcie_replays_total", {}),
+                ("gpufleet_gpu_energy_joules_total", {}))
     _, soon = collect(collector)
     assert soon[gpu_series("gpufleet_gpu_power_watts")] == 300.0  # Read every collection.
-    for name, labels in (("gpufleet_gpu_violation_seconds_total", {"policy": "power"}),
-                         ("gpufleet_gpu_pcie_replays_total", {}), ("gpufleet_gpu_energy_joules_total", {})):
+    for name, labels in (*counters, ("gpufleet_gpu_thermal_margin_celsius", {})):
         assert soon[gpu_series(name, **labels)] == first[gpu_series(name, **labels)], name
     collect(collector)
-    _, later = collect(collector)
-    assert later[gpu_series("gpufleet_gpu_violation_seconds_total", policy="power")] == 7.0
-    assert later[gpu_series("gpufleet_gpu_pcie_replays_total")] == 5
-    assert later[gpu_series("gpufleet_gpu_energy_joules_total")] == 200000.0
+    _, slow = collect(collector)  # The fourth: the slow tier's second read.
+    assert slow[gpu_series("gpufleet_gpu_thermal_margin_celsius")] == 89 - 80
+    for name, labels in counters:
+        assert slow[gpu_series(name, **labels)] == first[gpu_series(name, **labels)], name
+    for _ in range(2):
+        collect(collector)
+    _, counted = collect(collector)  # The seventh: the counters' second read.
+    assert counted[gpu_series("gpufleet_gpu_violation_seconds_total", policy="power")] == 7.0
+    assert counted[gpu_series("gpufleet_gpu_pcie_replays_total")] == 5
+    assert counted[gpu_series("gpufleet_gpu_energy_joules_total")] == 200000.0
 
 
 def test_fans_are_reported_per_fan_where_the_board_has_them(collector):

@@ -93,6 +93,14 @@ def test_the_whole_check_runs_over_the_simulated_nvml_and_writes_what_it_found(t
     assert 0 <= activity[(0, "gpufleet_gpu_tensor_active_ratio")] <= 1
     calls = {row[0] for row in tables["NVML calls"]["rows"]}
     assert {"nvmlDeviceGetFieldValues (all fields)", "GPM (sample and metrics)", "nvmlDeviceGetMigMode"} <= calls
+    # The calls as the collector makes them, by tier, and the cost model checked against the exporter measured:
+    # simulated boards made like these make exactly the calls these made.
+    ordered = {(row[1], row[0]): row[2] for row in tables["NVML calls in the collector's order"]["rows"]}
+    assert ordered[("counter", "nvmlDeviceGetViolationStatus(0)")] == 1
+    assert ("fast", "nvmlDeviceGetViolationStatus(0)") not in ordered
+    assert ordered[("fast", "nvmlDeviceGetNvLinkState")] == 18
+    assert figures["model: calls counted differently over the simulated boards"] == "none"
+    assert 0 < figures["model: projected exporter CPU at default flags (share of a core)"] < 0.5
     # What needs nvidia-smi or PyTorch says in one line why it did not run; nothing broke.
     assert "skipped: nvidia-smi comparison (idle): nvidia-smi is not installed" in run["notes"]
     assert "skipped: load: the simulated GPUs run their own load" in run["notes"]

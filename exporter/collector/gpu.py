@@ -166,6 +166,12 @@ def slow_every(args: argparse.Namespace) -> int:
     return every
 
 
+def counter_every(args: argparse.Namespace) -> int:
+    """How many GPU collections the flags' counter interval spans: the dear counters come at every this many."""
+    every: int = max(1, round(args.gpu_counter_interval / args.collector_gpu_interval))
+    return every
+
+
 class GpuCollector:
     name: ClassVar[str] = "gpu"
     default_interval: ClassVar[float] = 5.0
@@ -243,10 +249,16 @@ class GpuCollector:
                                                "has it (Hopper and newer; 6 series per GPU; default: on)")
         parser.add_argument("--collector.gpu.slow-interval", dest="gpu_slow_interval", type=duration, default=15.0,
                             metavar="DURATION",
-                            help="how often to read what costs the driver a millisecond or more a GPU and is read as "
-                                 "a rate over minutes or changes slowly: energy, clock violation time, PCIe replays, "
-                                 "pending ECC mode, thermal margin; rounded to whole GPU collections, between which "
-                                 "the last values are served (default: %(default)gs)")
+                            help="how often to read the gauges that cost the driver a millisecond or more a GPU and "
+                                 "change slowly: thermal margin, NVSwitch fabric registration; rounded to whole GPU "
+                                 "collections, between which the last values are served (default: %(default)gs)")
+        parser.add_argument("--collector.gpu.counter-interval", dest="gpu_counter_interval", type=duration,
+                            default=60.0, metavar="DURATION",
+                            help="how often to read the counters that cost the driver a millisecond or more a GPU and "
+                                 "are only read as rates or increases over minutes: energy, clock violation time, "
+                                 "PCIe replays, NVLink errors; and the pending ECC and persistence modes; rounded to "
+                                 "whole GPU collections, between which the last values are served "
+                                 "(default: %(default)gs)")
         parser.add_argument("--collector.gpu.gpm-detail", dest="gpu_gpm_detail",
                             action=argparse.BooleanOptionalAction, default=False,
                             help="also export SM occupancy, each tensor pipe's and each FP precision's activity and "
@@ -277,7 +289,7 @@ class GpuCollector:
         mapping = DiskTree(args.job_mapping_dir) if args.job_mapping_dir else None
         jobs = JobAttribution(hardware.procfs, mapping, args.gpu_process_memory, pod_resources, PodJobs(site))
         gpm = metric_set(args.gpu_gpm_detail) if args.gpu_gpm else ()
-        session = NvmlSession(hardware.nvml, gpm=gpm, slow_every=slow_every(args))
+        session = NvmlSession(hardware.nvml, gpm=gpm, slow_every=slow_every(args), counter_every=counter_every(args))
         return cls(session, sysfs=hardware.sysfs, procfs=hardware.procfs, jobs=jobs, xids=ledger, xid_sources=sources,
                    kernel_xids=kernel_xids, nvlink_per_link=args.gpu_nvlink_per_link, state=hardware.state,
                    expected_count=args.gpu_expected_count)

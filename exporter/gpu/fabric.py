@@ -18,7 +18,7 @@ import pynvml
 
 from gpufleet import fabric
 from gpufleet.exporter.gpu.nvml import Handle, Nvml
-from gpufleet.exporter.gpu.probes import GpuMetric, Probe, Reading
+from gpufleet.exporter.gpu.probes import GpuMetric, Probe, Reading, Tier
 
 STATE = GpuMetric("gpufleet_gpu_fabric_state", "The GPU's registration with the NVSwitch fabric manager (1 not "
                   "started, 2 in progress, 3 completed); absent on a board without a fabric.")
@@ -88,4 +88,4 @@ class FabricInfo:
 
 def fabric_probe() -> Probe:
     """Slow: the state changes at registration and on faults, and the alerts wait minutes before they fire."""
-    return Probe("nvmlDeviceGetGpuFabricInfoV", FabricInfo(), slow=True)
+    return Probe("nvmlDeviceGetGpuFabricInfoV", FabricInfo(), tier=Tier.SLOW)

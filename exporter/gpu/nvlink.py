@@ -33,6 +33,7 @@ from gpufleet.exporter.gpu.probes import (
     Probe,
     Read,
     Reading,
+    Tier,
     checked,
 )
 
@@ -142,9 +143,9 @@ def _nvlink_errors(link: int) -> Read:
 
 def nvlink_probes(links: list[int]) -> list[Probe]:
     """Per-link state, read every collection since a link that goes down pages; and the links' data-link error
-    counters, four calls a link that are only ever read as rates over minutes, at the slow interval."""
+    counters, four calls a link that are only ever read as rates over minutes, with the other counters."""
     return [*(Probe(f"NVLink {link} state", _nvlink_state(link)) for link in links),
-            *(Probe(f"NVLink {link} errors", _nvlink_errors(link), slow=True) for link in links)]
+            *(Probe(f"NVLink {link} errors", _nvlink_errors(link), tier=Tier.COUNTER) for link in links)]
 
 
 def nvlink_fields(links: list[int]) -> list[Field]:
@@ -157,5 +158,6 @@ def nvlink_fields(links: list[int]) -> list[Field]:
         fields.append(Field(pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, f"NVLink {link} data received",
                             NVLINK_RECEIVE, 0, COUNTER_MAX - 2, times=_KIB, scope=link, label_values=(str(link),)))
         fields += [Field(field_id, f"NVLink {error} errors (NVLink5)", NVLINK_ERRORS, 0, COUNTER_MAX - 2,
-                         scope=link, label_values=(str(link), error)) for error, field_id in NVLINK5_ERROR_FIELDS]
+                         scope=link, label_values=(str(link), error), tier=Tier.COUNTER)
+                   for error, field_id in NVLINK5_ERROR_FIELDS]
     return fields

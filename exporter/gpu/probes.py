@@ -10,6 +10,7 @@ so that no sentinel ever reaches /metrics.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -180,16 +181,32 @@ Read = Callable[[Nvml, Handle], list[Reading]]
 Call = Callable[[Nvml, Handle], int]
 
 
+class Tier(enum.Enum):
+    """How often a read is made: the H200 answers most calls in microseconds and a few in a millisecond or more
+    a GPU, which read every collection would cost an 8-GPU node more than its whole CPU budget.
+
+    * FAST: every collection; what the pager and the straggler rules read.
+    * SLOW: at `--collector.gpu.slow-interval`; dear gauges that change slowly and whose alerts wait minutes
+      (thermal margin, fabric registration).
+    * COUNTER: at `--collector.gpu.counter-interval`; dear counters that are only ever read as rates or
+      increases over minutes or more (energy, violation time, PCIe replays, NVLink errors), and settings an
+      operator changes by hand.
+    """
+
+    FAST = "fast"
+    SLOW = "slow"
+    COUNTER = "counter"
+
+
 @dataclass(frozen=True)
 class Probe:
-    """One NVML call. `static` ones describe the board and are read once per NVML session; `slow` ones cost the
-    driver a millisecond or more a GPU and change slowly or are read as rates over minutes, and are read at the
-    session's slow interval rather than every collection."""
+    """One NVML call. `static` ones describe the board and are read once per NVML session; the others at their
+    tier's interval."""
 
     name: str
     read: Read
     static: bool = False
-    slow: bool = False
+    tier: Tier = Tier.FAST
 
 
 class Utilization:
@@ -374,9 +391,9 @@ PROBES: tuple[Probe, ...] = (  # Stateless, shared by every GPU; `utilization_pr
     Probe("nvmlDeviceGetPowerUsage", _milliwatts(POWER, lambda nvml, h: nvml.nvmlDeviceGetPowerUsage(h))),
     Probe("nvmlDeviceGetEnforcedPowerLimit",
           _milliwatts(POWER_LIMIT, lambda nvml, h: nvml.nvmlDeviceGetEnforcedPowerLimit(h))),
-    Probe("nvmlDeviceGetPersistenceMode", _persistence_mode, slow=True),  # An operator's setting: rarely changes.
+    Probe("nvmlDeviceGetPersistenceMode", _persistence_mode, tier=Tier.COUNTER),  # An operator's setting.
     Probe("nvmlDeviceGetTemperature", _temperature),
-    Probe("nvmlDeviceGetMarginTemperature", _margin, slow=True),
+    Probe("nvmlDeviceGetMarginTemperature", _margin, tier=Tier.SLOW),
     Probe("nvmlDeviceGetClockInfo(SM)", _clock(CLOCK, _current_clock, "sm", pynvml.NVML_CLOCK_SM)),
     Probe("nvmlDeviceGetClockInfo(MEM)", _clock(CLOCK, _current_clock, "memory", pynvml.NVML_CLOCK_MEM)),
     Probe("nvmlDeviceGetPerformanceState", _performance_state),
@@ -385,7 +402,7 @@ PROBES: tuple[Probe, ...] = (  # Stateless, shared by every GPU; `utilization_pr
           _link(PCIE_GENERATION, lambda nvml, h: nvml.nvmlDeviceGetCurrPcieLinkGeneration(h))),
     Probe("nvmlDeviceGetCurrPcieLinkWidth", _link(PCIE_WIDTH, lambda nvml, h: nvml.nvmlDeviceGetCurrPcieLinkWidth(h))),
     Probe("nvmlDeviceGetCurrentClocksEventReasons", _clock_events),
-    *(Probe(f"nvmlDeviceGetViolationStatus({name})", _violation(name, policy), slow=True)
+    *(Probe(f"nvmlDeviceGetViolationStatus({name})", _violation(name, policy), tier=Tier.COUNTER)
       for name, policy in VIOLATION_POLICIES),
     # Board constants: read once per NVML session.
     Probe("nvmlDeviceGetMaxClockInfo(SM)", _clock(CLOCK_MAX, _max_clock, "sm", pynvml.NVML_CLOCK_SM), True),
@@ -420,7 +437,7 @@ class Field:
     times: float = 1
     scope: int | None = None  # The link, for per-link fields.
     label_values: tuple[str, ...] = ()
-    slow: bool = False  # Read at the slow interval, as a slow `Probe`.
+    tier: Tier = Tier.FAST  # When it is read, as a `Probe`; the fields of a tier are asked in one call.
 
     def readings(self, raw: float) -> list[Reading]:
         """The field's raw value in base units, or nothing where it is a sentinel or out of range."""
@@ -434,9 +451,9 @@ def _ecc(field_id: int, error: str, scope: str) -> Field:
 FIELDS: tuple[Field, ...] = (
     Field(pynvml.NVML_FI_DEV_MEMORY_TEMP, "memory temperature", MEMORY_TEMPERATURE, -50, 250),
     Field(pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, "total energy", ENERGY, 0, float(2**62), per=_MILLI,
-          slow=True),
+          tier=Tier.COUNTER),
     Field(pynvml.NVML_FI_DEV_ECC_CURRENT, "ECC mode", ECC_ENABLED, 0, 1),
-    Field(pynvml.NVML_FI_DEV_ECC_PENDING, "pending ECC mode", ECC_PENDING_ENABLED, 0, 1, slow=True),
+    Field(pynvml.NVML_FI_DEV_ECC_PENDING, "pending ECC mode", ECC_PENDING_ENABLED, 0, 1, tier=Tier.COUNTER),
     _ecc(pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL, "corrected", "volatile"),
     _ecc(pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, "uncorrected", "volatile"),
     _ecc(pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL, "corrected", "aggregate"),
@@ -453,11 +470,12 @@ FIELDS: tuple[Field, ...] = (
           label_values=("double_bit",)),
     Field(pynvml.NVML_FI_DEV_RETIRED_PENDING, "retired pages pending", RETIRED_PAGES_PENDING, 0, 1),
     Field(pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, "recovery action", DRIVER_RECOVERY_ACTION, 0, 7),
-    Field(pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, "PCIe replays", PCIE_REPLAYS, 0, COUNTER_MAX - 2, slow=True),
+    Field(pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, "PCIe replays", PCIE_REPLAYS, 0, COUNTER_MAX - 2,
+          tier=Tier.COUNTER),
     # Zero on almost every GPU for its whole life: a series only from the first rollover on (low 1), so that
     # the node stays within its series budget. Field 95 in nvml.h and in nvidia-ml-py alike.
     Field(pynvml.NVML_FI_DEV_PCIE_REPLAY_ROLLOVER_COUNTER, "PCIe replay rollovers", PCIE_REPLAY_ROLLOVERS, 1,
-          COUNTER_MAX - 2, slow=True),
+          COUNTER_MAX - 2, tier=Tier.COUNTER),
     # Likewise (field 160, "NVLink data ECC Error Counter total for all Links" in both).
     Field(pynvml.NVML_FI_DEV_NVLINK_ECC_DATA_ERROR_COUNT_TOTAL, "NVLink data ECC errors", NVLINK_ECC_ERRORS, 1,
           COUNTER_MAX - 2),

@@ -41,6 +41,7 @@ from gpufleet.exporter.gpu.probes import (
     Field,
     Probe,
     Reading,
+    Tier,
     Utilization,
     read_fields,
     utilization_probe,
@@ -98,16 +99,16 @@ class _Device:
     handle: Any = None
     identity: GpuIdentity | None = None
     probes: tuple[Probe, ...] = ()
-    fields: tuple[Field, ...] = ()
-    slow_fields: tuple[Field, ...] = ()
+    fields: dict[Tier, tuple[Field, ...]] = field(default_factory=dict)  # Each tier's fields, asked in one call.
     static_readings: tuple[Reading, ...] = ()
     lists_processes: bool = False
     gpm: GpmReader | None = None
     mig: MigReader | None = None
     utilization: Utilization | None = None  # The utilisation probe's state, told when GPM measures the same.
     unsupported: list[str] = field(default_factory=list)
-    slow_readings: tuple[Reading, ...] = ()  # The slow probes' and fields' last readings, served between reads.
-    slow_countdown: int = 0  # Collections until the slow ones are read again; 0: at this one.
+    # The last readings of each tier read less often than every collection, served between its reads.
+    kept: dict[Tier, tuple[Reading, ...]] = field(default_factory=dict)
+    countdown: dict[Tier, int] = field(default_factory=dict)  # Collections until a tier is read again; 0: now.
 
 
 def _gpu_instance(raw: int | None) -> int | None:
@@ -135,12 +136,12 @@ class NvmlSession:
 
     def __init__(self, nvml: Any, *, clock: Callable[[], float] = time.monotonic,
                  backoff_initial: float = 1.0, backoff_max: float = 60.0, gpm: tuple[GpmMetric, ...] = (),
-                 slow_every: int = 1) -> None:
+                 slow_every: int = 1, counter_every: int = 1) -> None:
         self._nvml = nvml
         self._gpm = gpm  # The GPM metrics to read where a board supports GPM; none turns GPM off.
-        # The slow probes and fields are read at every this many collections. Counted rather than timed, so that a
-        # collection the scheduler starts a moment early cannot put them off to the next.
-        self._slow_every = slow_every
+        # The slow and the counter tier are read at every this many collections. Counted rather than timed, so
+        # that a collection the scheduler starts a moment early cannot put them off to the next.
+        self._every = {Tier.SLOW: slow_every, Tier.COUNTER: counter_every}
         self._clock = clock
         self._backoff = Backoff(backoff_initial, backoff_max)
         self._next_attempt = 0.0
@@ -241,14 +242,13 @@ class NvmlSession:
         device.handle = handle
         device.identity = identity
         device.probes = tuple(probes)
-        device.fields = tuple(f for f in fields if not f.slow)
-        device.slow_fields = tuple(f for f in fields if f.slow)
+        device.fields = {tier: tuple(f for f in fields if f.tier is tier) for tier in Tier}
         device.static_readings = tuple(static)
         device.gpm = gpm
         device.mig = mig
         device.utilization = next((p.read for p in probes if isinstance(p.read, Utilization)), None)
         device.unsupported = unsupported
-        device.slow_readings, device.slow_countdown = (), 0
+        device.kept, device.countdown = {}, dict.fromkeys(self._every, 0)
         self._known[device.index] = identity
         return True
 
@@ -380,24 +380,14 @@ class NvmlSession:
         if device.handle is None and not self._open(device, problems):
             return None
         assert device.identity is not None
-        readings: list[Reading] = []
-        slow: list[Reading] = []
+        due = [Tier.FAST, *(tier for tier, left in device.countdown.items() if left <= 0)]
         processes = None
-        slow_due = device.slow_countdown <= 0
         from_gpm = device.gpm is not None and device.gpm.measures(GRAPHICS_ACTIVE)
         if device.utilization is not None:
             device.utilization.from_gpm = from_gpm
         try:
-            for probe in device.probes:
-                if probe.slow and not slow_due:
-                    continue
-                read = self._guarded(probe.name, device, problems, probe.read, self._nvml, device.handle) or []
-                (slow if probe.slow else readings).extend(read)
-            readings += self._guarded("nvmlDeviceGetFieldValues", device, problems, self._field_readings, device,
-                                      device.fields) or []
-            if slow_due:
-                slow += self._guarded("nvmlDeviceGetFieldValues", device, problems, self._field_readings, device,
-                                      device.slow_fields) or []
+            read = self._read_tiers(device, due, problems)
+            readings = read.pop(Tier.FAST)
             if device.gpm is not None:
                 activity = self._guarded("GPM", device, problems, device.gpm.read, self._nvml, device.handle) or []
                 readings = _utilization_from(activity, readings) if from_gpm else readings
@@ -412,10 +402,25 @@ class NvmlSession:
             device.handle = None  # Reopen on a later cycle: a reset GPU comes back with a new handle.
             problems.append(f"GPU {device.index} ({device.identity.uuid}) is lost: {lost}")
             return None
-        if slow_due:
-            device.slow_readings, device.slow_countdown = tuple(slow), self._slow_every
-        device.slow_countdown -= 1
-        return GpuSample(device.identity, tuple(readings) + device.slow_readings + device.static_readings, processes)
+        for tier, tier_readings in read.items():
+            device.kept[tier], device.countdown[tier] = tuple(tier_readings), self._every[tier]
+        for tier in device.countdown:
+            device.countdown[tier] -= 1
+        kept = tuple(reading for tier_readings in device.kept.values() for reading in tier_readings)
+        return GpuSample(device.identity, tuple(readings) + kept + device.static_readings, processes)
+
+    def _read_tiers(self, device: _Device, due: list[Tier], problems: list[str]) -> dict[Tier, list[Reading]]:
+        """The probes and fields of each tier due at this collection."""
+        read: dict[Tier, list[Reading]] = {tier: [] for tier in due}
+        for probe in device.probes:
+            if probe.tier in read:
+                read[probe.tier] += self._guarded(probe.name, device, problems, probe.read, self._nvml,
+                                                  device.handle) or []
+        for tier in due:
+            if device.fields.get(tier):
+                read[tier] += self._guarded("nvmlDeviceGetFieldValues", device, problems, self._field_readings,
+                                            device, device.fields[tier]) or []
+        return read
 
     def _processes(self, device: _Device) -> tuple[GpuProcess, ...]:
         return tuple(
