@@ -234,7 +234,8 @@ def collector_share(boards: list[SimulatedGpu], args: argparse.Namespace | None 
     finally:
         gpu.stop()
         gpu.close()
-    return outside / collections / args.collector_gpu_interval
+    interval: float = args.collector_gpu_interval
+    return outside / collections / interval
 
 
 def project(like: Collections, costs: Costs, *, collector: float, rest: float, gpus: int,

@@ -34,10 +34,11 @@ from gpufleet.devtools.resources import cpu_seconds, peak_rss_mib, status_mib
 from gpufleet.devtools.results import Table
 from gpufleet.devtools.waiting import HarnessError, wait_for
 from gpufleet.exporter.gpu.nvml import Nvml, as_text
-from gpufleet.exporter.gpu.probes import FIELDS, PROBES, utilization_probe
+from gpufleet.exporter.gpu.probes import FIELDS, PROBES
 from gpufleet.exporter.gpu.session import cuda_version
 from gpufleet.exporter.gpu.simulated.host import simulated_gpus
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
+from gpufleet.exporter.gpu.utilization import utilization_probe
 from gpufleet.exporter.gpu.xid import NvmlXidWatcher, XidLedger
 
 SIMULATED_SECONDS = 15.0  # Long enough for the simulated exporter's memory to reach what it keeps.

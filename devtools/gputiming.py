@@ -34,8 +34,9 @@ from gpufleet.exporter import node
 from gpufleet.exporter.collector.gpu import counter_every, slow_every
 from gpufleet.exporter.gpu.gpm import METRICS, GpmReader
 from gpufleet.exporter.gpu.nvml import Nvml
-from gpufleet.exporter.gpu.probes import FIELDS, PROBES, read_fields, utilization_probe
+from gpufleet.exporter.gpu.probes import FIELDS, PROBES, read_fields
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
+from gpufleet.exporter.gpu.utilization import utilization_probe
 
 
 @dataclass

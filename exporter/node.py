@@ -23,8 +23,6 @@ from gpufleet.exporter.collector.network import NetworkCollector
 from gpufleet.exporter.collector.thermal_zone import ThermalZoneCollector
 from gpufleet.exporter.gpu.nvml import Nvml
 from gpufleet.exporter.gpu.session import GpuUnavailable, NvmlSession
-from gpufleet.exporter.gpu.simulated.host import simulated_gpus, simulated_procfs
-from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.kernellog import DevKmsg
 from gpufleet.exporter.scheduler import ScheduledCollector
@@ -93,6 +91,10 @@ def hardware(args: argparse.Namespace) -> Hardware:
     sysfs = DiskTree(args.sysfs_root)
     state = PersistentState(FileStore(args.state_path)) if args.state_path else PersistentState()
     if args.gpu_backend == "sim":
+        # Imported here: a GPU node's exporter never loads the simulated library (psutil with it).
+        from gpufleet.exporter.gpu.simulated.host import simulated_gpus, simulated_procfs
+        from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
+
         gpus = simulated_gpus(args.sim_gpus, args.sim_seed)
         # Simulated processes get simulated cgroup files, so attribution runs its production path.
         return Hardware(SimulatedNvml(gpus), sysfs, simulated_procfs(gpus), state=state,

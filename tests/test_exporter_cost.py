@@ -21,10 +21,10 @@ from gpufleet.devtools.costmodel import (
 from gpufleet.devtools.nvmlcalls import CallLog
 from gpufleet.devtools.paths import FIXTURES
 from gpufleet.exporter.collector.gpu import GpuCollector
+from gpufleet.exporter.gpu.gpm import METRICS
 from gpufleet.exporter.gpu.session import NvmlSession
 from gpufleet.exporter.gpu.simulated.host import simulated_gpus
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
-from gpufleet.exporter.gpu.gpm import METRICS
 
 from helpers import rendered
 

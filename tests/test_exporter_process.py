@@ -44,7 +44,8 @@ def exporter(kmsg):
     port = free_port()
     process = gpufleet("exporter", "--gpu.backend=sim", "--sim.gpus=8", f"--path.sysfs={FIXTURE_SYSFS}",
                        f"--web.listen-address=127.0.0.1:{port}", "--collector.gpu.interval=1s",
-                       "--collector.gpu.slow-interval=2s", f"--path.kmsg={kmsg}", "--collector.kernel.interval=1s")
+                       "--collector.gpu.slow-interval=2s", "--collector.gpu.counter-interval=2s", f"--path.kmsg={kmsg}",
+                       "--collector.kernel.interval=1s")
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:

@@ -16,8 +16,9 @@ import pytest
 
 from gpufleet.exporter.gpu.nvlink import nvlink_fields
 from gpufleet.exporter.gpu.nvml import Nvml
-from gpufleet.exporter.gpu.probes import FIELDS, PROBES, utilization_probe
+from gpufleet.exporter.gpu.probes import FIELDS, PROBES
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
+from gpufleet.exporter.gpu.utilization import utilization_probe
 
 CALLS = sorted(name for name in vars(Nvml) if name.startswith("nvml"))
 

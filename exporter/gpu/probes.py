@@ -182,20 +182,12 @@ Call = Callable[[Nvml, Handle], int]
 
 
 class Tier(enum.Enum):
-    """How often a read is made: the H200 answers most calls in microseconds and a few in a millisecond or more
-    a GPU, which read every collection would cost an 8-GPU node more than its whole CPU budget.
+    """How often a read is made. The H200 answers most calls in microseconds, and a few in a millisecond or more
+    a GPU: read every collection, those would cost an 8-GPU node more than its whole CPU budget."""
 
-    * FAST: every collection; what the pager and the straggler rules read.
-    * SLOW: at `--collector.gpu.slow-interval`; dear gauges that change slowly and whose alerts wait minutes
-      (thermal margin, fabric registration).
-    * COUNTER: at `--collector.gpu.counter-interval`; dear counters that are only ever read as rates or
-      increases over minutes or more (energy, violation time, PCIe replays, NVLink errors), and settings an
-      operator changes by hand.
-    """
-
-    FAST = "fast"
-    SLOW = "slow"
-    COUNTER = "counter"
+    FAST = "fast"  # Every collection: what the pager and the straggler rules read.
+    SLOW = "slow"  # --collector.gpu.slow-interval: dear gauges that change slowly, whose alerts wait minutes.
+    COUNTER = "counter"  # --collector.gpu.counter-interval: dear counters read only as rates; hand-set modes.
 
 
 @dataclass(frozen=True)
@@ -207,53 +199,6 @@ class Probe:
     read: Read
     static: bool = False
     tier: Tier = Tier.FAST
-
-
-class Utilization:
-    """GPU and memory-copy utilisation; the GPU's averaged over every sample the driver took since the
-    previous collection, where the driver keeps samples.
-
-    `nvmlDeviceGetUtilizationRates` answers for the driver's last sample period only (1/6 s to 1 s):
-    one reading per scrape sees a training step's short stalls as rarely as a scrape lands in one, so
-    a node whose GPUs idle a tenth of every step looks as busy as its peers. The driver keeps its
-    samples in a buffer; reading all those newer than the last one seen gives the mean over the whole
-    interval, at the cost of one call. One per GPU: it remembers the last sample it read.
-    """
-
-    def __init__(self) -> None:
-        self._last_seen = 0  # The driver's time stamp (CPU microseconds) of the newest sample read.
-        self._sampled = True  # Until the board says it keeps no samples.
-        # Set by the session while GPM measures the same share over the same interval: the samples cost the H200
-        # milliseconds a GPU, GPM's reading nothing more.
-        self.from_gpm = False
-
-    def __call__(self, nvml: Nvml, handle: Handle) -> list[Reading]:
-        rates = nvml.nvmlDeviceGetUtilizationRates(handle)
-        mean = self._sample_mean(nvml, handle) if self._sampled and not self.from_gpm else None
-        # No sample since the last collection (collected faster than the driver samples): the last period's.
-        busy = rates.gpu if mean is None else mean
-        return checked(UTILIZATION, busy, 0, 100, per=_PERCENT) + checked(
-            MEMORY_COPY_UTILIZATION, rates.memory, 0, 100, per=_PERCENT
-        )
-
-    def _sample_mean(self, nvml: Nvml, handle: Handle) -> float | None:
-        try:
-            value_type, samples = nvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES,
-                                                            self._last_seen)
-        except pynvml.NVMLError as err:
-            if err.value in UNSUPPORTED:
-                self._sampled = False
-                return None
-            if err.value == pynvml.NVML_ERROR_NOT_FOUND:
-                return None
-            raise
-        member = _FIELD_MEMBERS.get(value_type)
-        fresh = [sample for sample in samples if sample.timeStamp > self._last_seen]
-        if member is None or not fresh:
-            return None
-        self._last_seen = max(sample.timeStamp for sample in fresh)
-        values: list[float] = [getattr(sample.sampleValue, member) for sample in fresh]
-        return sum(values) / len(values)
 
 
 def _codec(metric: GpuMetric, call: Callable[[Nvml, Handle], Sequence[int]]) -> Read:
@@ -377,12 +322,7 @@ def _violation(name: str, policy: int) -> Read:
     return read
 
 
-def utilization_probe() -> Probe:
-    """A new `Utilization` for one GPU, as a probe: it keeps that GPU's last sample read."""
-    return Probe("nvmlDeviceGetUtilizationRates", Utilization())
-
-
-PROBES: tuple[Probe, ...] = (  # Stateless, shared by every GPU; `utilization_probe` is one per GPU.
+PROBES: tuple[Probe, ...] = (  # Stateless, shared by every GPU; `utilization.utilization_probe` is one per GPU.
     Probe("nvmlDeviceGetEncoderUtilization",
           _codec(ENCODER_UTILIZATION, lambda nvml, h: nvml.nvmlDeviceGetEncoderUtilization(h))),
     Probe("nvmlDeviceGetDecoderUtilization",
@@ -481,7 +421,7 @@ FIELDS: tuple[Field, ...] = (
           COUNTER_MAX - 2),
 )
 
-_FIELD_MEMBERS = {
+FIELD_MEMBERS = {  # The member of `nvmlValue_t` that holds each value type.
     pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
     pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
     pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
@@ -496,7 +436,7 @@ def field_value(value: FieldValue) -> float | None:
     """The number in one `nvmlFieldValue_t`, or None where NVML returned no value for it."""
     if value.nvmlReturn != pynvml.NVML_SUCCESS:
         return None
-    member = _FIELD_MEMBERS.get(value.valueType)
+    member = FIELD_MEMBERS.get(value.valueType)
     if member is None:
         return None
     number: float = getattr(value.value, member)

@@ -42,10 +42,9 @@ from gpufleet.exporter.gpu.probes import (
     Probe,
     Reading,
     Tier,
-    Utilization,
     read_fields,
-    utilization_probe,
 )
+from gpufleet.exporter.gpu.utilization import Utilization, utilization_probe
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
