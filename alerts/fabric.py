@@ -134,7 +134,8 @@ def fabric(c: Config) -> dict[str, Any]:
         # have been, across restarts and reboots, so that a port that died is not taken for one never cabled.
         alert(c, "NicInfinibandPortDown", f"{not_active} unless on ({port}) {unexpected}{known}", "critical",
               "An InfiniBand port is not active.",
-              f"{PORT} is in state {{{{ $value }}}}, not 4 (ACTIVE).", for_="2m", held_by=c.both_jobs()),
+              f"{PORT} is in state {{{{ $value }}}}, not 4 (ACTIVE).", for_="2m", held_by=c.both_jobs(),
+              inhibited_by=("FabricLeafDown", (c.leaf_label, "device")) if c.leaf_label else None),
         _leaf_down(c, f"{NOT_ACTIVE} unless on ({port}) {unexpected}{known}"),
         # Against the rate the port is known to reach (its own fastest, or its same-model peers'), as the
         # exporter reports it: never against another HCA, such as a slower storage HCA of the same node. A ticket,

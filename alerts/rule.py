@@ -13,11 +13,15 @@ PORT = "{{ $labels.device }} port {{ $labels.port }} of {{ $labels.instance }}"
 # evaluating a 5-minute rate or a 10-minute `for` every 15 s finds nothing sooner that matters, and at a
 # thousand nodes it costs four times the CPU. Groups without an interval run at the scrape interval.
 TREND_INTERVAL = "1m"
+# How long after its inhibiting alert last fired an alert is not held (`alert`'s `inhibited_by`): a few evaluations
+# of any group, so that neither group's order nor an engine's lag between them lets the hold begin.
+INHIBITION_LOOKBACK = "5m"
 
 
 def alert(config: Config, name: str, expr: str, severity: str, summary: str, description: str,
           for_: str | None = None, held: bool = True, held_by: tuple[str, ...] = (),
-          at_stake: bool | None = None, gpu: bool = False) -> dict[str, Any]:
+          at_stake: bool | None = None, gpu: bool = False,
+          inhibited_by: tuple[str, tuple[str, ...]] | None = None) -> dict[str, Any]:
     """An alerting rule with the annotations every gpufleet alert carries; `for_` goes through the time scale.
 
     Every alert but the exporter's own reads a node's series, which go stale the moment gpufleet stops seeing
@@ -32,11 +36,21 @@ def alert(config: Config, name: str, expr: str, severity: str, summary: str, des
 
     `at_stake` adds the jobs on the alert's node or GPU (`alerts.stake`); by default every page about a node's
     series has it.
+
+    `inhibited_by` names the alert that inhibits this one at Alertmanager, and the labels the inhibition matches
+    on. An instance that alert covered is not held: its incident is the other alert's, which is not held itself
+    and resolves as its nodes go dark, and a held instance would then outlive the inhibition and page on its
+    own for a fault nobody can see. A fault still there when the node is seen again fires afresh.
     """
     from gpufleet.alerts import stake  # It reads recording's series, whose module builds rules with this one.
 
     up = config.up(*held_by)
-    rule: dict[str, Any] = {"alert": name, "expr": _held(config, name, expr, up, gpu) if held else expr}
+    excluded = ""
+    if inhibited_by:
+        source, labels = inhibited_by
+        excluded = (f'on ({config.by(*labels)}) max_over_time(ALERTS{{alertname="{source}",alertstate="firing"}}'
+                    f"[{config.d(INHIBITION_LOOKBACK)}])")
+    rule: dict[str, Any] = {"alert": name, "expr": _held(config, name, expr, up, gpu, excluded) if held else expr}
     if for_:
         rule["for"] = config.d(for_)
     rule["labels"] = {"severity": severity}
@@ -71,10 +85,10 @@ def _dark(config: Config, up: str, gpu: bool, matchers: str = "") -> str:
     return " or ".join(dark)
 
 
-def held_while(config: Config, name: str, expr: str, condition: str) -> str:
-    """`expr`, or the alert's own firing instances on the nodes `condition` picks: what keeps a firing alert firing
-    once `expr` no longer says so. ALERTS carries the alert's labels and `alertstate`, dropped here so that the
-    labels match the alert's again.
+def held_while(config: Config, name: str, expr: str, condition: str, excluded: str = "") -> str:
+    """`expr`, or the alert's own firing instances on the nodes `condition` picks, less those `excluded` matches
+    (an `unless` operand): what keeps a firing alert firing once `expr` no longer says so. ALERTS carries the
+    alert's labels and `alertstate`, dropped here so that the labels match the alert's again.
 
     `max without ()` changes nothing in Prometheus, but in VictoriaMetrics a comparison leaves the series it
     filtered out as gaps until the end of the query, and `or` fills gaps from its right side: while a node's
@@ -82,14 +96,16 @@ def held_while(config: Config, name: str, expr: str, condition: str) -> str:
     held for any one of them (the end-to-end test's exporter restart). An aggregation drops the gaps."""
     node = config.by("instance")
     firing = f'label_replace(ALERTS{{alertname="{name}",alertstate="firing"}}, "alertstate", "", "", "")'
+    if excluded:
+        firing = f"({firing} unless {excluded})"
     return f"max without () ({expr}) or on ({node}) ({firing} and on ({node}) ({condition}))"
 
 
-def _held(config: Config, name: str, expr: str, up: str, gpu: bool) -> str:
+def _held(config: Config, name: str, expr: str, up: str, gpu: bool, excluded: str = "") -> str:
     """`expr`, held on nodes gpufleet cannot see now (`_dark`): an exporter down or restarting, a target gone from
     the scrape, a driver that hangs. A node no longer expected (forgotten by NODES_SEEN) is not dark, and its
     alerts resolve."""
-    return held_while(config, name, expr, _dark(config, up, gpu))
+    return held_while(config, name, expr, _dark(config, up, gpu), excluded)
 
 
 def _dark_query(config: Config, up: str, gpu: bool) -> str:
