@@ -9,6 +9,7 @@ its NVLinks), so the counts, and the collector's work on their answers, are thos
 no GPU has timed yet is priced at the cost of a measured one, named in `STAND_INS` with the reason, until a GPU
 times it: the projection says which calls those were.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,7 +23,7 @@ from typing import Any
 
 import pynvml
 
-from gpufleet.devtools.nvmlcalls import CallLog, Collections, collect
+from gpufleet.devtools.nvmlcalls import TIERS, CallLog, Collections, collect
 from gpufleet.exporter import node
 from gpufleet.exporter.collector.gpu import counter_every, slow_every
 from gpufleet.exporter.gpu.gpm import METRICS
@@ -34,16 +35,15 @@ from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 ORDERED_TABLE = "NVML calls in the collector's order"
 ALONE_TABLE = "NVML calls"
 ORDERED_COLUMNS = ["call", "tier", "calls per GPU and collection", "CPU mean (µs)"]
-# Calls no GPU has timed, the measured call each is priced at meanwhile, and why that one. The H200 checked so
-# far has no NVLinks; its cheapest link query is the PCIe link width, an RM control answered from the driver's
-# own state, which is what the NVLink state and error counter queries are too.
-STAND_INS: dict[str, tuple[str, str]] = {
-    "nvmlDeviceGetNvLinkState": ("nvmlDeviceGetCurrPcieLinkWidth", "a link query, not timed on a board with NVLinks"),
-    "nvmlDeviceGetNvLinkErrorCounter": ("nvmlDeviceGetCurrPcieLinkWidth",
-                                        "a link query, not timed on a board with NVLinks"),
-    # The H200 had no NVSwitch fabric, so the registration query was not made; the margin temperature is the
-    # dearest single read the board answered, a bound rather than a guess.
-    "nvmlDeviceGetGpuFabricInfoV": ("nvmlDeviceGetMarginTemperature", "not timed on a board with a fabric"),
+# Calls no GPU has timed, and the measured call each is priced at meanwhile.
+STAND_INS: dict[str, str] = {
+    # The H200 checked so far has no NVLinks. Its PCIe link width is a link query answered from the driver's own
+    # state, as the NVLink state and error counter queries are.
+    "nvmlDeviceGetNvLinkState": "nvmlDeviceGetCurrPcieLinkWidth",
+    "nvmlDeviceGetNvLinkErrorCounter": "nvmlDeviceGetCurrPcieLinkWidth",
+    # Nor an NVSwitch fabric, so the registration query was refused at start and never timed: priced as one of
+    # the board's dear queries rather than a cheap one, so that the projection errs high.
+    "nvmlDeviceGetGpuFabricInfoV": "nvmlDeviceGetMarginTemperature",
 }
 _FIELDS = re.compile(r"nvmlDeviceGetFieldValues\((?P<ids>[0-9,]*)\)")
 
@@ -98,12 +98,7 @@ class Costs:
             elif key := _alone_key(row):
                 alone[key] = seconds  # A call timed alone outranks the probe that makes it with others.
         alone["nvmlGpmMetricsGet"] = 0.0
-        return cls(dict.fromkeys(("fast", "slow"), alone), f"{where}, each call alone", fields)
-
-    @classmethod
-    def measured(cls, counted: Collections, source: str) -> Costs:
-        """The costs of the calls as `counted` timed them: the simulated library's own, for what it adds."""
-        return cls({tier: counted.call_cpu(tier) for tier in counted.rounds}, source)
+        return cls(dict.fromkeys(TIERS, alone), f"{where}, each call alone", fields)
 
     def price(self, tier: str, call: str) -> tuple[float, str]:
         """Seconds of CPU for one call in a collection of `tier`, and the measured call it was priced at where it
@@ -113,8 +108,7 @@ class Costs:
                 return measured[call], ""
         name = call.split("(")[0]
         if name in STAND_INS:
-            stand_in = STAND_INS[name][0]
-            return self.price(tier, stand_in)[0], stand_in
+            return self.price(tier, STAND_INS[name])[0], STAND_INS[name]
         fields = _FIELDS.fullmatch(call)
         if fields and self.per_field:
             return self._field_sum(fields["ids"].split(","))
@@ -148,6 +142,8 @@ def _rows(table: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Line:
+    """One call's part of a projection."""
+
     tier: str
     call: str
     calls: float  # Per GPU and collection of the tier.
@@ -216,7 +212,8 @@ def nvml_share(counted: Collections, costs: Costs, *, gpus: int, interval: float
 
 def collector_share(boards: list[SimulatedGpu], args: argparse.Namespace | None = None, cycles: int = 2) -> float:
     """The share of a core the GPU collector, built as the exporter builds it, spends outside NVML on these
-    simulated boards at the schedule of `args` (the defaults): each collection's CPU, less the library's calls."""
+    simulated boards at the schedule of `args` (the defaults): each collection's CPU, less the library's calls.
+    The call log's own bookkeeping counts with the collector, so this errs high."""
     args = args or node.defaults("--gpu.backend=sim", f"--sim.gpus={len(boards)}")
     now = [1000.0]
     log = CallLog(SimulatedNvml(boards, clock=lambda: now[0]))

@@ -97,7 +97,7 @@ class _Device:
     index: int
     handle: Any = None
     identity: GpuIdentity | None = None
-    probes: tuple[Probe, ...] = ()
+    probes: dict[Tier, tuple[Probe, ...]] = field(default_factory=dict)
     fields: dict[Tier, tuple[Field, ...]] = field(default_factory=dict)  # Each tier's fields, asked in one call.
     static_readings: tuple[Reading, ...] = ()
     lists_processes: bool = False
@@ -240,7 +240,7 @@ class NvmlSession:
         device.lists_processes = self._lists_processes(handle, unsupported)
         device.handle = handle
         device.identity = identity
-        device.probes = tuple(probes)
+        device.probes = {tier: tuple(p for p in probes if p.tier is tier) for tier in Tier}
         device.fields = {tier: tuple(f for f in fields if f.tier is tier) for tier in Tier}
         device.static_readings = tuple(static)
         device.gpm = gpm
@@ -410,15 +410,14 @@ class NvmlSession:
 
     def _read_tiers(self, device: _Device, due: list[Tier], problems: list[str]) -> dict[Tier, list[Reading]]:
         """The probes and fields of each tier due at this collection."""
-        read: dict[Tier, list[Reading]] = {tier: [] for tier in due}
-        for probe in device.probes:
-            if probe.tier in read:
-                read[probe.tier] += self._guarded(probe.name, device, problems, probe.read, self._nvml,
-                                                  device.handle) or []
+        read: dict[Tier, list[Reading]] = {}
         for tier in due:
-            if device.fields.get(tier):
-                read[tier] += self._guarded("nvmlDeviceGetFieldValues", device, problems, self._field_readings,
-                                            device, device.fields[tier]) or []
+            readings = read[tier] = []
+            for probe in device.probes[tier]:
+                readings += self._guarded(probe.name, device, problems, probe.read, self._nvml, device.handle) or []
+            if device.fields[tier]:
+                readings += self._guarded("nvmlDeviceGetFieldValues", device, problems, self._field_readings,
+                                          device, device.fields[tier]) or []
         return read
 
     def _processes(self, device: _Device) -> tuple[GpuProcess, ...]:
