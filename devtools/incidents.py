@@ -95,7 +95,7 @@ def inject(sim_url: str, nodes: list[str], kinds: int, seconds: float, seed: int
         faults = [{"duration": seconds, **fault.fault, "node": fault.node}]
         if fault.kind in REPAIRS:
             repair, share = REPAIRS[fault.kind]
-            faults.append({**repair, "node": fault.node, "start": f"+{share * seconds:.3f}s"})
+            faults.append({**repair, "node": fault.node, "start": f"+{round(share * seconds * 1000)}ms"})
         for body in faults:
             status, answer = http("POST", f"{sim_url}/control/faults", body)
             if status != 201:
