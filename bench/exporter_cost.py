@@ -35,8 +35,8 @@ from gpufleet.devtools.resources import peak_rss_mib, status_mib
 from gpufleet.exporter import node
 
 GPUS = 8
-TARGET = 0.008  # The bound for the projection, a share of one core.
-WARM_UP = 15.0  # Seconds
+TARGET = 0.008  # What the projection is held to, a share of one core: room within the exporter's budget.
+WARM_UP = 15.0  # Seconds of the exporter's start left out of its CPU.
 
 
 def latest_gpu_record(path: Path) -> dict:

@@ -1,10 +1,9 @@
 """The NVML calls a GPU collection makes, counted, and the CPU each takes in the collector's own order.
 
-A call's cost on a real board depends on what came before it: the H200 answered a utilisation sample read in
-microseconds alone and in milliseconds after the collection's other reads. So calls are timed where the
-collector makes them, through a wrapper around the library, and counted the same way over the simulated
-library here: counts times per-call CPU is the exporter's NVML cost, and a change that adds a call shows in the
-counts before any GPU is at hand.
+What a call costs a real board can depend on what the driver was asked just before, which a call timed alone in
+a loop does not show. So calls are timed where the collector makes them, through a wrapper around the library,
+and counted the same way over the simulated library here: counts times per-call CPU is the exporter's NVML
+cost, and a change that adds a call shows in the counts before any GPU is at hand.
 
 A collection is named for the dearest tier it reads (`exporter.gpu.probes.Tier`): `counter` where the counters
 are due (the slow reads may be too), `slow` where only the slow reads are, `fast` otherwise. The first after the
@@ -52,6 +51,8 @@ def call_key(name: str, args: tuple[Any, ...]) -> str:
 
 @dataclass
 class Tally:
+    """One call's count and CPU, under one tier."""
+
     calls: int = 0
     cpu: float = 0.0  # Seconds of this thread's CPU inside the calls.
 
