@@ -160,16 +160,20 @@ def add_jobs(families: FamilySet, attribution: Attribution) -> None:
     families.add(memory)
 
 
+def _collections_in(seconds: float, args: argparse.Namespace) -> int:
+    """How many GPU collections `seconds` spans at the flags' GPU interval, at least one."""
+    every: int = max(1, round(seconds / args.collector_gpu_interval))
+    return every
+
+
 def slow_every(args: argparse.Namespace) -> int:
     """How many GPU collections the flags' slow interval spans: the slow reads come at every this many."""
-    every: int = max(1, round(args.gpu_slow_interval / args.collector_gpu_interval))
-    return every
+    return _collections_in(args.gpu_slow_interval, args)
 
 
 def counter_every(args: argparse.Namespace) -> int:
     """How many GPU collections the flags' counter interval spans: the dear counters come at every this many."""
-    every: int = max(1, round(args.gpu_counter_interval / args.collector_gpu_interval))
-    return every
+    return _collections_in(args.gpu_counter_interval, args)
 
 
 class GpuCollector:
