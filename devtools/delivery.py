@@ -106,6 +106,11 @@ class Receiver:
         with self._lock:
             return list(self.received)
 
+    def arrivals(self) -> list[tuple[float, str, dict[str, str]]]:
+        """What `snapshot` holds, each with when it came (monotonic seconds)."""
+        with self._lock:
+            return list(zip(self._arrived, *zip(*self.received, strict=True), strict=True)) if self.received else []
+
     def first(self, path: str, alertname: str, instance: str) -> float | None:
         """When `path` first received `alertname` firing on `instance` (monotonic seconds), if it has."""
         with self._lock:
@@ -119,10 +124,12 @@ class AlertLog:
     second; but the Watchdog, which fires always (its heartbeats reach `Receiver.heartbeats`).
 
     `episodes` keeps each alert's spells of firing as [first, last] seen (monotonic seconds): an alert
-    missing from more than `gap` seconds of polls had resolved, and a later firing is a new episode. Polls are
-    blind while the engine does not answer (the drills restart it on the same port) and for `gap` seconds
-    after it answers again, as a restarted engine lists its alerts only from each group's first evaluation:
-    that time is not counted as missing. Whether a restart resolved anything is Alertmanager's to say.
+    missing from more than `gap` seconds of polls had resolved, and a later firing is a new episode. Missing
+    is counted from the first poll that answered without it: on a busy machine a poll can come seconds late,
+    and time nobody asked is no evidence of a break. Polls are blind while the engine does not answer (the
+    drills restart it on the same port) and for `gap` seconds after it answers again, as a restarted engine
+    lists its alerts only from each group's first evaluation: that time is not counted as missing. Whether a
+    restart resolved anything is Alertmanager's to say.
     """
 
     def __init__(self, url: str, gap: float = 3.0) -> None:
@@ -133,6 +140,7 @@ class AlertLog:
         self.episodes: dict[Labels, list[list[float]]] = {}
         self.annotations: dict[Labels, dict[str, str]] = {}  # As each alert's latest episode began.
         self._blind: list[list[float]] = []  # [from, to] of each spell of blind polls; to is inf while down.
+        self._missing: dict[Labels, float] = {}  # Firing alerts by the first poll since that answered without them.
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._thread.start()
@@ -154,21 +162,25 @@ class AlertLog:
                 continue
             if self._blind and self._blind[-1][1] == math.inf:
                 self._blind[-1][1] = now + self.gap
+            firing = set()
             for alert in json.loads(body)["data"]["alerts"] or []:  # vmalert answers null for none.
                 if alert["labels"].get("alertname") == WATCHDOG:  # Always firing, by design.
                     continue
                 key = frozenset(alert["labels"].items())
-                first, state = self.seen.get(key, (time.monotonic(), alert["state"]))
+                first, state = self.seen.get(key, (now, alert["state"]))
                 self.seen[key] = (first, "firing" if "firing" in (state, alert["state"]) else state)
                 if alert["state"] == "firing":
-                    now = time.monotonic()
+                    firing.add(key)
                     self.fired.setdefault(key, now)
                     spells = self.episodes.setdefault(key, [])
-                    if spells and now - spells[-1][1] - self._blind_within(spells[-1][1], now) <= self.gap:
+                    since = self._missing.pop(key, now)
+                    if spells and now - since - self._blind_within(since, now) <= self.gap:
                         spells[-1][1] = now
                     else:
                         spells.append([now, now])
                         self.annotations[key] = alert.get("annotations", {})
+            for key in self.episodes.keys() - firing:
+                self._missing.setdefault(key, now)
 
     def stop(self) -> None:
         self._stop.set()

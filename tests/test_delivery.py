@@ -22,7 +22,9 @@ class Engine(BaseHTTPRequestHandler):
             self.send_response(503)
             self.end_headers()
             return
-        alerts = [ALERT] if Engine.mode == "firing" else None  # vmalert answers null for none.
+        if Engine.mode == "slow":
+            time.sleep(3.5)  # An engine, or a poller, on a machine too busy to answer in time.
+        alerts = [ALERT] if Engine.mode in ("firing", "slow") else None  # vmalert answers null for none.
         body = json.dumps({"status": "success", "data": {"alerts": alerts}}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -50,3 +52,21 @@ def test_a_restart_of_the_engine_is_no_break_but_an_alert_missing_while_it_answe
         server.shutdown()
     [spells] = log.episodes.values()
     assert len(spells) == 2, spells
+
+
+def test_a_poll_that_comes_late_is_no_break():
+    """Seconds between two polls that both list the alert are not seconds it was missing, however many: only a
+    poll answered without it says it resolved."""
+    Engine.mode = "firing"
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    log = AlertLog(f"http://127.0.0.1:{server.server_address[1]}", gap=2.0)
+    try:
+        for mode, seconds in (("firing", 2.5), ("slow", 4.0), ("firing", 2.5)):
+            Engine.mode = mode
+            time.sleep(seconds)
+    finally:
+        log.stop()
+        server.shutdown()
+    [spells] = log.episodes.values()
+    assert len(spells) == 1, spells
