@@ -14,11 +14,12 @@ from gpufleet.alerts.maintenance import MAINTENANCE
 from gpufleet.alerts.recording import (
     LINK_UTILIZATION,
     NODE_JOBS,
+    NODES_SEEN,
     RATE_WINDOW,
     congested,
     link_ratios,
 )
-from gpufleet.alerts.rule import PORT, TREND_INTERVAL, alert, printf, record
+from gpufleet.alerts.rule import PORT, TREND_INTERVAL, alert, dark_nodes, printf, record
 
 _LINK = ("{{ $labels.device }}{{ with $labels.port }} port {{ . }}{{ end }} of {{ $labels.instance }}")
 # Sparse, per port, each recorded first in its group so that each pair of alerts reads one window once:
@@ -98,12 +99,30 @@ def _leaf_down(c: Config, down: str) -> dict[str, Any]:
                   f"unless on ({c.by('instance')}) {MAINTENANCE})")
     job = f'job="{c.exporter_job}"'
     nodes = f"count by ({leaf}) ({c.metric('up', job, on_leaf)})"
-    return alert(c, "FabricLeafDown",
-                 f"({nodes_down} >= {c.leaf_down_nodes}) and "
-                 f"({nodes_down} / on ({leaf}) group_left () {nodes} >= {c.leaf_down_share:g})",
+    down = (f"({nodes_down} >= {c.leaf_down_nodes}) and "
+            f"({nodes_down} / on ({leaf}) group_left () {nodes} >= {c.leaf_down_share:g})")
+    return alert(c, "FabricLeafDown", f"max without () ({down}) or on ({leaf}, device) {_leaf_held(c, nodes_down)}",
                  "critical", "The InfiniBand links of the nodes behind one leaf switch went down together.",
                  f"{{{{ $value }}}} nodes behind {c.leaf_label} {{{{ $labels.{c.leaf_label} }}}} lost their "
-                 "{{ $labels.device }} link at once: the switch (or its rail), not the nodes.", for_="1m", held=False)
+                 "{{ $labels.device }} link at once, or cannot be seen since: the switch (or its rail), not the nodes.",
+                 for_="1m", held=False)
+
+
+def _leaf_held(c: Config, nodes_down: str) -> str:
+    """A firing FabricLeafDown kept firing while enough of its leaf's nodes are down or dark that it may still hold.
+
+    A node whose scrape fails has no port state, so it no longer counts as down: a scrape shard lost, or a scraper
+    too busy to answer for a moment, would resolve the leaf's page and lift its inhibition of the nodes' own port
+    alerts, each of which would then page alone. Counted as down while dark, the leaf stays one incident until it
+    can be seen to be back; one dark node behind a leaf that is back, fewer than the alert needs, does not hold it."""
+    leaf = c.by(c.leaf_label)
+    on_leaf = f'{c.leaf_label}!=""'
+    firing = f'max by ({leaf}, device) (ALERTS{{alertname="FabricLeafDown",alertstate="firing"}})'
+    dark = f"count by ({leaf}) ({dark_nodes(c, on_leaf)} unless on ({c.by('instance')}) {MAINTENANCE})"
+    possible = f"(({nodes_down} or {firing} * 0) + on ({leaf}) group_left () {dark})"
+    # As many as the alert needs: at least `leaf_down_nodes`, and `leaf_down_share` of the nodes expected there.
+    needed = f"clamp_min(count by ({leaf}) ({NODES_SEEN}{{{on_leaf}}}) * {c.leaf_down_share:g}, {c.leaf_down_nodes})"
+    return f"({possible} >= on ({leaf}) group_left () {needed}) and on ({leaf}, device) {firing}"
 
 
 def fabric(c: Config) -> dict[str, Any]:

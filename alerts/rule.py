@@ -85,6 +85,12 @@ def _dark(config: Config, up: str, gpu: bool, matchers: str = "") -> str:
     return " or ".join(dark)
 
 
+def dark_nodes(config: Config, matchers: str = "") -> str:
+    """The nodes gpufleet cannot see now (`_dark`, of its own exporter's scrape), among those `matchers` pick: for
+    an alert about many nodes, which must not take their going dark for their recovery."""
+    return _dark(config, config.up(), False, matchers)
+
+
 def held_while(config: Config, name: str, expr: str, condition: str, excluded: str = "") -> str:
     """`expr`, or the alert's own firing instances on the nodes `condition` picks, less those `excluded` matches
     (an `unless` operand): what keeps a firing alert firing once `expr` no longer says so. ALERTS carries the
