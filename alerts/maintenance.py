@@ -22,8 +22,8 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.recording import NODES_SEEN
-from gpufleet.alerts.rule import TREND_INTERVAL, alert, record
+from gpufleet.alerts.recording import NODE_WORK, NODES_SEEN, STAKE_WINDOW
+from gpufleet.alerts.rule import TREND_INTERVAL, alert, held_while, record
 
 # Per node in maintenance now: 1, with the node's place (leaf, rack) as its other series carry it.
 MAINTENANCE = "instance:gpufleet_node_maintenance:info"
@@ -78,16 +78,23 @@ def maintenance(c: Config) -> dict[str, Any]:
     return {"name": "gpufleet-maintenance", "rules": rules}
 
 
+def _scheduler_lost(c: Config, nodes: str) -> str:
+    """Each of `nodes` (a series per node) that Slurm marks down or not responding, or Kubernetes not Ready, and
+    that is not in maintenance."""
+    named = scheduler_nodes(c, nodes)
+    slurm_down = f'{named} and on ({c.by("node")}) {_slurm(c, "down|not_responding")}'
+    kube_down = f'{named} and on (node) kube_node_status_condition{{condition="Ready",status="true"}} == 0'
+    return f"max by ({c.node()}) ({slurm_down} or {kube_down}) unless on ({c.by('instance')}) {MAINTENANCE}"
+
+
 def maintenance_trends(c: Config) -> dict[str, Any]:
-    """Tickets judged over many minutes: a node the scheduler lost, and maintenance too wide to be routine."""
-    node = c.by("instance")
-    answering = scheduler_nodes(c, f"{c.up()} == 1")
-    slurm_down = f'{answering} and on ({c.by("node")}) {_slurm(c, "down|not_responding")}'
-    kube_down = f'{answering} and on (node) kube_node_status_condition{{condition="Ready",status="true"}} == 0'
+    """A node the scheduler lost (a ticket, and a page while its GPUs have work), and maintenance too wide to be
+    routine (a ticket)."""
+    lost = _scheduler_lost(c, f"{c.up()} == 1")
     share = f"count by ({c.cluster_label}) ({MAINTENANCE}) / count by ({c.cluster_label}) ({NODES_SEEN})"
     rules = [
-        alert(c, "NodeSchedulerDown",
-              f"max by ({c.node()}) ({slurm_down} or {kube_down}) unless on ({node}) {MAINTENANCE}", "warning",
+        _scheduler_down_urgent(c, lost),
+        alert(c, "NodeSchedulerDown", lost, "warning",
               "The scheduler cannot use a node whose exporter answers.",
               "Slurm marks {{ $labels.instance }} down or not responding (or Kubernetes not Ready) while gpufleet "
               "still scrapes it: no job is placed there, and nothing else says so. `scontrol show node` (or "
@@ -100,3 +107,24 @@ def maintenance_trends(c: Config) -> dict[str, Any]:
               "maintenance left on after its work is done hides the next fault.", for_="30m", held=False),
     ]
     return {"name": "gpufleet-maintenance-trends", "interval": c.d(TREND_INTERVAL), "rules": rules}
+
+
+def _scheduler_down_urgent(c: Config, lost: str) -> dict[str, Any]:
+    """The page for a node the scheduler lost while its GPUs had work: slurmd or the kubelet gone under a running job.
+
+    Slurm sets such a node DOWN and fails its jobs once slurmd has been silent for `SlurmdTimeout` (5 minutes by
+    default), and Kubernetes evicts its pods once it has been not Ready for their toleration (5 minutes by default):
+    restarting the daemon before then keeps the job. So it pages after two minutes where NodeSchedulerDown, for an
+    idle node, waits ten to ticket. Decided while the node still answers, then held for as long as the scheduler
+    has the node down, whether or not its work goes on or its exporter answers: the job it paged for may be gone by
+    then, but the node is what the page is about, and a page that ended with the job would be a page that resolved
+    while its fault held."""
+    node = c.by("instance")
+    urgent = held_while(c, "NodeSchedulerDownUrgent", f"{lost} and on ({node}) {NODE_WORK}",
+                        _scheduler_lost(c, NODES_SEEN))
+    return alert(c, "NodeSchedulerDownUrgent", urgent, "critical",
+                 "The scheduler lost a node whose GPUs have work.",
+                 "Slurm marks {{ $labels.instance }} down or not responding (or Kubernetes not Ready) while its GPUs "
+                 "had work in the last " + STAKE_WINDOW + ": its jobs fail when Slurm's SlurmdTimeout (or the pods' "
+                 "not-ready toleration) runs out, unless slurmd (or the kubelet) answers again first.",
+                 for_="2m", held=False, at_stake=True)
