@@ -35,38 +35,34 @@ class Engine(BaseHTTPRequestHandler):
         pass
 
 
-def test_a_restart_of_the_engine_is_no_break_but_an_alert_missing_while_it_answers_is():
-    """A restarted engine lists its alerts again only from its first evaluation: the seconds it did not answer,
-    and a gap after it answers, are not counted as the alert missing (whether the restart resolved it is
-    Alertmanager's to say). Missing for longer than the gap while the engine answers is a new episode."""
+def _spells(modes: tuple[tuple[str, float], ...]) -> list[list[float]]:
+    """The firing alert's episodes, as an AlertLog with a 2 s gap saw an engine go through `modes` (mode, seconds)."""
+    Engine.mode = modes[0][0]
     server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     log = AlertLog(f"http://127.0.0.1:{server.server_address[1]}", gap=2.0)
     try:
-        for mode, seconds in (("firing", 2.5), ("down", 2.0), ("empty", 1.5), ("firing", 2.5), ("empty", 4.5),
-                              ("firing", 2.5)):
+        for mode, seconds in modes:
             Engine.mode = mode
             time.sleep(seconds)
     finally:
         log.stop()
         server.shutdown()
     [spells] = log.episodes.values()
+    return spells
+
+
+def test_a_restart_of_the_engine_is_no_break_but_an_alert_missing_while_it_answers_is():
+    """A restarted engine lists its alerts again only from its first evaluation: the seconds it did not answer,
+    and a gap after it answers, are not counted as the alert missing (whether the restart resolved it is
+    Alertmanager's to say). Missing for longer than the gap while the engine answers is a new episode."""
+    spells = _spells((("firing", 2.5), ("down", 2.0), ("empty", 1.5), ("firing", 2.5), ("empty", 4.5),
+                      ("firing", 2.5)))
     assert len(spells) == 2, spells
 
 
 def test_a_poll_that_comes_late_is_no_break():
     """Seconds between two polls that both list the alert are not seconds it was missing, however many: only a
     poll answered without it says it resolved."""
-    Engine.mode = "firing"
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    log = AlertLog(f"http://127.0.0.1:{server.server_address[1]}", gap=2.0)
-    try:
-        for mode, seconds in (("firing", 2.5), ("slow", 4.0), ("firing", 2.5)):
-            Engine.mode = mode
-            time.sleep(seconds)
-    finally:
-        log.stop()
-        server.shutdown()
-    [spells] = log.episodes.values()
+    spells = _spells((("firing", 2.5), ("slow", 4.0), ("firing", 2.5)))
     assert len(spells) == 1, spells
