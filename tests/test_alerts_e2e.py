@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -367,7 +368,9 @@ def _dark_to_the_engine(labels: dict[str, str], pending_at: float, failed_scrape
         return failed_just_before(labels["instance"])
     if labels["alertname"] == "RackDown":
         rack = [name for name, place in SIXTEEN_NODES_TOPOLOGY["nodes"].items() if place.get("rack") == labels["rack"]]
-        return sum(failed_just_before(name) for name in rack) >= Config().rack_down_nodes
+        config = Config()
+        return sum(failed_just_before(name) for name in rack) >= max(config.rack_down_nodes,
+                                                                     math.ceil(config.rack_down_share * len(rack)))
     return False
 
 
