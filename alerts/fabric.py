@@ -101,24 +101,30 @@ def _leaf_down(c: Config, down: str) -> dict[str, Any]:
     nodes = f"count by ({leaf}) ({c.metric('up', job, on_leaf)})"
     down = (f"({nodes_down} >= {c.leaf_down_nodes}) and "
             f"({nodes_down} / on ({leaf}) group_left () {nodes} >= {c.leaf_down_share:g})")
-    return alert(c, "FabricLeafDown", f"max without () ({down}) or on ({leaf}, device) {_leaf_held(c, nodes_down)}",
+    return alert(c, "FabricLeafDown", f"max without () ({down}) or on ({leaf}, device) {_leaf_held(c)}",
                  "critical", "The InfiniBand links of the nodes behind one leaf switch went down together.",
                  f"{{{{ $value }}}} nodes behind {c.leaf_label} {{{{ $labels.{c.leaf_label} }}}} lost their "
                  "{{ $labels.device }} link at once, or cannot be seen since: the switch (or its rail), not the nodes.",
                  for_="1m", held=False)
 
 
-def _leaf_held(c: Config, nodes_down: str) -> str:
+def _leaf_held(c: Config) -> str:
     """A firing FabricLeafDown kept firing while enough of its leaf's nodes are down or dark that it may still hold.
 
     A node whose scrape fails has no port state, so it no longer counts as down: a scrape shard lost, or a scraper
     too busy to answer for a moment, would resolve the leaf's page and lift its inhibition of the nodes' own port
     alerts, each of which would then page alone. Counted as down while dark, the leaf stays one incident until it
-    can be seen to be back; one dark node behind a leaf that is back, fewer than the alert needs, does not hold it."""
+    can be seen to be back; one dark node behind a leaf that is back, fewer than the alert needs, does not hold it.
+    The ports counted down here are every port not ACTIVE (NOT_ACTIVE, sparse), with the ports disabled on
+    purpose or never cabled among them: leaving those out means reading every port's state once more at every
+    evaluation, and they count only while some of the leaf's nodes are dark."""
     leaf = c.by(c.leaf_label)
     on_leaf = f'{c.leaf_label}!=""'
+    node = c.by("instance")
     firing = f'max by ({leaf}, device) (ALERTS{{alertname="FabricLeafDown",alertstate="firing"}})'
-    dark = f"count by ({leaf}) ({dark_nodes(c, on_leaf)} unless on ({c.by('instance')}) {MAINTENANCE})"
+    nodes_down = (f"count by ({leaf}, device) (max by ({leaf}, instance, device) ({NOT_ACTIVE}{{{on_leaf}}}) "
+                  f"unless on ({node}) {MAINTENANCE})")
+    dark = f"count by ({leaf}) ({dark_nodes(c, on_leaf)} unless on ({node}) {MAINTENANCE})"
     possible = f"(({nodes_down} or {firing} * 0) + on ({leaf}) group_left () {dark})"
     # As many as the alert needs: at least `leaf_down_nodes`, and `leaf_down_share` of the nodes expected there.
     needed = f"clamp_min(count by ({leaf}) ({NODES_SEEN}{{{on_leaf}}}) * {c.leaf_down_share:g}, {c.leaf_down_nodes})"
