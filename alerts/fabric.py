@@ -94,9 +94,7 @@ def _leaf_down(c: Config, down: str) -> dict[str, Any]:
     so the leaf is one incident rather than one per node."""
     leaf = c.by(c.leaf_label)
     on_leaf = f'{c.leaf_label}!=""'
-    # A node in maintenance (recabled, rebooted) takes its links down on purpose: not the switch's doing.
-    nodes_down = (f"count by ({leaf}, device) (max by ({leaf}, instance, device) ({down}) "
-                  f"unless on ({c.by('instance')}) {MAINTENANCE})")
+    nodes_down = _nodes_down(c, down)
     job = f'job="{c.exporter_job}"'
     nodes = f"count by ({leaf}) ({c.metric('up', job, on_leaf)})"
     down = (f"({nodes_down} >= {c.leaf_down_nodes}) and "
@@ -106,6 +104,14 @@ def _leaf_down(c: Config, down: str) -> dict[str, Any]:
                  f"{{{{ $value }}}} nodes behind {c.leaf_label} {{{{ $labels.{c.leaf_label} }}}} lost their "
                  "{{ $labels.device }} link at once, or cannot be seen since: the switch (or its rail), not the nodes.",
                  for_="1m", held=False)
+
+
+def _nodes_down(c: Config, ports: str) -> str:
+    """How many nodes behind each leaf have a port of each HCA among `ports`. A node in maintenance (recabled,
+    rebooted) takes its links down on purpose: not the switch's doing."""
+    leaf = c.by(c.leaf_label)
+    return (f"count by ({leaf}, device) (max by ({leaf}, instance, device) ({ports}) "
+            f"unless on ({c.by('instance')}) {MAINTENANCE})")
 
 
 def _leaf_held(c: Config) -> str:
@@ -122,8 +128,7 @@ def _leaf_held(c: Config) -> str:
     on_leaf = f'{c.leaf_label}!=""'
     node = c.by("instance")
     firing = f'max by ({leaf}, device) (ALERTS{{alertname="FabricLeafDown",alertstate="firing"}})'
-    nodes_down = (f"count by ({leaf}, device) (max by ({leaf}, instance, device) ({NOT_ACTIVE}{{{on_leaf}}}) "
-                  f"unless on ({node}) {MAINTENANCE})")
+    nodes_down = _nodes_down(c, f"{NOT_ACTIVE}{{{on_leaf}}}")
     dark = f"count by ({leaf}) ({dark_nodes(c, on_leaf)} unless on ({node}) {MAINTENANCE})"
     possible = f"(({nodes_down} or {firing} * 0) + on ({leaf}) group_left () {dark})"
     # As many as the alert needs: at least `leaf_down_nodes`, and `leaf_down_share` of the nodes expected there.

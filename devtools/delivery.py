@@ -109,7 +109,7 @@ class Receiver:
     def arrivals(self) -> list[tuple[float, str, dict[str, str]]]:
         """What `snapshot` holds, each with when it came (monotonic seconds)."""
         with self._lock:
-            return list(zip(self._arrived, *zip(*self.received, strict=True), strict=True)) if self.received else []
+            return [(at, path, labels) for at, (path, labels) in zip(self._arrived, self.received, strict=True)]
 
     def first(self, path: str, alertname: str, instance: str) -> float | None:
         """When `path` first received `alertname` firing on `instance` (monotonic seconds), if it has."""
