@@ -156,6 +156,9 @@ class Config:
     maintenance_reason: str = "(?i)(maint|maintenance|planned|upgrade|rma)([^a-z].*)?"
     # More than this share of a cluster's nodes in maintenance at once is a ticket: work that big is a decision.
     maintenance_share: float = 0.25
+    # A node still in maintenance this long after the stated end of the last Slurm maintenance reservation that held
+    # it is a ticket (NodeMaintenanceOverdue): the work ran late, or nobody returned the node.
+    maintenance_overdue: Duration = "1h"
     # A GPU repair on a node whose GPUs had no work for the last 10 minutes is a ticket once the node is out of
     # service (drained or down in Slurm, cordoned); it pages (GpuRepairUrgent) if the node is still in service
     # this long after the repair was raised: time for `gpufleet remediate` or a person to drain it.

@@ -100,6 +100,7 @@ def maintenance_trends(c: Config) -> dict[str, Any]:
               "still scrapes it: no job is placed there, and nothing else says so. `scontrol show node` (or "
               "`kubectl describe node`) gives the reason: slurmd or the kubelet stopped, munge, a clock skew.",
               for_="10m", held=False),
+        _maintenance_overdue(c),
         alert(c, "NodesInMaintenance", f"{share} > {c.maintenance_share:g}", "warning",
               "A large share of the fleet's nodes is in maintenance at once.",
               f"{{{{ $value | humanizePercentage }}}} of the nodes of {{{{ $labels.{c.cluster_label} }}}} are in "
@@ -128,3 +129,18 @@ def _scheduler_down_urgent(c: Config, lost: str) -> dict[str, Any]:
                  "had work in the last " + STAKE_WINDOW + ": its jobs fail when Slurm's SlurmdTimeout (or the pods' "
                  "not-ready toleration) runs out, unless slurmd (or the kubelet) answers again first.",
                  for_="2m", held=False, at_stake=True)
+
+
+def _maintenance_overdue(c: Config) -> dict[str, Any]:
+    """The ticket for a node whose maintenance outlived its stated end. Slurm ends a maintenance reservation at its
+    end, but a node drained (or set down) for the work stays in maintenance after it; `gpufleet remediate` keeps the
+    last end it saw for such a node. A drain or cordon alone states no end, and a silence ends by itself: what
+    still fires then pages."""
+    end = f'max by ({c.by("node")}) (gpufleet_slurm_node_maintenance_end_timestamp_seconds{{job="{c.remediate_job}"}})'
+    past = f"{scheduler_nodes(c, MAINTENANCE)} * 0 + on ({c.by('node')}) group_left () (time() - {end})"
+    return alert(c, "NodeMaintenanceOverdue", f"max by ({c.node()}) ({past}) > 0", "warning",
+                 "A node is still in maintenance after its stated end.",
+                 "{{ $labels.instance }} is still in maintenance {{ $value | humanizeDuration }} after the end of "
+                 "the last maintenance reservation that held it, and none of its alerts reaches anyone meanwhile. "
+                 "Finish the work and return it to service (`scontrol update nodename=<node> state=resume`), or "
+                 "state a new end with a new reservation.", for_=c.maintenance_overdue, held=False)

@@ -25,6 +25,8 @@ from gpufleet.remediate.webhook import Alert
 
 log = logging.getLogger(__name__)
 
+_OUT_OF_SERVICE = frozenset({"DRAIN", "DOWN", "MAINTENANCE"})  # Slurm's flags of a node it places nothing on.
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -204,11 +206,24 @@ class Remediator:
         maintenance) from a fault."""
         try:
             self.known = await self.slurm.nodes()
+            self._remember_ends(await self.slurm.maintenance_ends())
             self.slurm_up = True
         except SlurmError as err:
             self.slurm_up = False
             self.slurm_errors += 1
-            log.warning("slurm: cannot list nodes: %s", err)
+            log.warning("slurm: cannot list nodes or reservations: %s", err)
+
+    def _remember_ends(self, active: dict[str, float]) -> None:
+        """The stated end of each node's maintenance: that of the active maintenance reservations holding it, or,
+        once they have ended, the last one's for as long as Slurm keeps the node out of service (a drain or down for
+        the work, which the rules judge) and knows it."""
+        ends = self.state.maintenance_ends
+        for name in list(ends):
+            node = self.known.get(name)
+            if name not in active and (node is None or not node.states & _OUT_OF_SERVICE):
+                del ends[name]
+        ends.update(active)
+        self.files.save(self.state)
 
     def close_breaker(self, who: str) -> None:
         self._audit("breaker", "-", "closed", why=f"closed by {who}; it was: {self.state.breaker.why}")

@@ -123,6 +123,12 @@ class RemediatorCollector(Collector):
         yield GaugeMetricFamily(p + "slurm_nodes", "Nodes in Slurm's last node list: a webhook for another is "
                                 "refused.", value=len(r.known))
         yield from _slurm_nodes(r.known.values())
+        ends = GaugeMetricFamily("gpufleet_slurm_node_maintenance_end_timestamp_seconds", "The stated end of the "
+                                 "last maintenance reservation that held the node, while it holds it or Slurm keeps "
+                                 "the node out of service after it.", labels=["node"])
+        for name, end in sorted(state.maintenance_ends.items()):
+            ends.add_metric([name], end)
+        yield ends
         failed = GaugeMetricFamily(p + "check_failed", "1 for each node whose check failed after its repair: it "
                                    "stays drained.", labels=["node"])
         for name, record in sorted(state.nodes.items()):

@@ -8,6 +8,7 @@ drains from an operator's, across its own restarts.
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 
 from gpufleet.remediate import command
@@ -86,6 +87,36 @@ def _fields(line: str) -> dict[str, str]:
     return fields
 
 
+@dataclass(frozen=True)
+class Reservation:
+    """A reservation, as far as maintenance goes: its nodes (a Slurm hostlist), its stated end (Unix seconds; none
+    for one Slurm gives no end), whether it is a maintenance reservation (`Flags=MAINT`) and whether it holds its
+    nodes now (`State=ACTIVE`) rather than later."""
+
+    name: str
+    hostlist: str
+    end: float | None
+    maintenance: bool
+    active: bool
+
+
+def parse_reservations(text: str) -> list[Reservation]:
+    """`scontrol show reservation -o`, whose times are the local time of the host that runs it."""
+    found = []
+    for line in text.splitlines():
+        fields = _fields(line)
+        if "ReservationName" not in fields:
+            continue  # "No reservations in the system".
+        try:
+            end: float | None = datetime.datetime.fromisoformat(fields.get("EndTime", "")).timestamp()
+        except ValueError:
+            end = None
+        flags = fields.get("Flags", "").split(",")
+        found.append(Reservation(fields["ReservationName"], fields.get("Nodes", ""), end, "MAINT" in flags,
+                                 fields.get("State") == "ACTIVE"))
+    return found
+
+
 class Slurm:
     """`scontrol` and `sinfo` with a timeout on every call; `SLURM_CONF` and munge come from the environment,
     as for any Slurm client on the host."""
@@ -116,6 +147,17 @@ class Slurm:
         if name not in nodes:
             raise UnknownNode(f"Slurm has no node {name!r}")
         return nodes[name]
+
+    async def maintenance_ends(self) -> dict[str, float]:
+        """Each node held by an active maintenance reservation now, with the latest end stated for it."""
+        ends: dict[str, float] = {}
+        for reservation in parse_reservations(await self._run("show", "reservation", "-o")):
+            if not (reservation.maintenance and reservation.active and reservation.hostlist
+                    and reservation.end is not None):
+                continue
+            for name in (await self._run("show", "hostnames", reservation.hostlist)).split():
+                ends[name] = max(reservation.end, ends.get(name, reservation.end))
+        return ends
 
     async def drain(self, name: str, reason: str) -> None:
         """Drain the node; on a drained node, rewrite its reason (it stays drained)."""

@@ -1,5 +1,6 @@
 """What the remediator remembers across restarts: the alerts it has seen, the nodes it holds, its drains of the
-last hour and its breaker, in one JSON file written atomically after each change.
+last hour, its breaker and the stated end of each node's last maintenance reservation, in one JSON file written
+atomically after each change.
 
 A file that cannot be read is moved aside (`<file>.corrupt`) with an error in the log, and the remediator starts
 empty: it then takes back the nodes it drained from their Slurm reasons as their alerts come again, and the
@@ -50,6 +51,9 @@ class State:
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
     drains: list[tuple[float, str, list[str]]] = field(default_factory=list)  # When, node, its partitions.
     breaker: Breaker = field(default_factory=Breaker)
+    # Each node still out of service since a maintenance reservation held it: that reservation's stated end. Slurm
+    # forgets a reservation once it ends, which is when the end is needed.
+    maintenance_ends: dict[str, float] = field(default_factory=dict)
 
     def recent_drains(self, now: float) -> list[tuple[float, str, list[str]]]:
         self.drains = [drain for drain in self.drains if drain[0] > now - HOUR]
@@ -58,7 +62,8 @@ class State:
     def to_json(self) -> dict[str, Any]:
         return {"version": 1, "alerts": {k: list(v) for k, v in self.alerts.items()},
                 "nodes": {name: asdict(record) for name, record in self.nodes.items()},
-                "drains": [list(d) for d in self.drains], "breaker": asdict(self.breaker)}
+                "drains": [list(d) for d in self.drains], "breaker": asdict(self.breaker),
+                "maintenance_ends": self.maintenance_ends}
 
     @classmethod
     def from_json(cls, raw: Any) -> State:
@@ -67,7 +72,8 @@ class State:
         return cls(alerts={k: (float(v[0]), bool(v[1])) for k, v in raw["alerts"].items()},
                    nodes={name: NodeRecord(**record) for name, record in raw["nodes"].items()},
                    drains=[(float(t), str(n), [str(p) for p in parts]) for t, n, parts in raw["drains"]],
-                   breaker=Breaker(**raw["breaker"]))
+                   breaker=Breaker(**raw["breaker"]),
+                   maintenance_ends={str(k): float(v) for k, v in raw.get("maintenance_ends", {}).items()})
 
 
 class StateFile:

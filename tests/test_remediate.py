@@ -304,3 +304,40 @@ def test_slurms_view_of_each_node_is_served_for_the_rules_to_tell_planned_work_f
     assert served == {(NODES[4], "idle"), (NODES[4], "drain"), (NODES[5], "idle"), (NODES[5], "maintenance"),
                       (NODES[6], "idle"), (NODES[6], "drain"), (NODES[7], "down")}, served
     assert reasons == {NODES[4]: 1, NODES[6]: 1, NODES[7]: 1}, reasons
+
+
+def test_a_maintenance_reservations_end_is_kept_while_its_node_stays_out_of_service_after_it(cluster, tmp_path):
+    """The stated end of a maintenance reservation is served for its node while the reservation holds it, kept
+    once the reservation is gone while Slurm keeps the node drained for the work (NodeMaintenanceOverdue's case),
+    across a restart of the remediator, and forgotten once the node is back in service; a plain reservation states
+    no maintenance end."""
+    user, node, plain = getpass.getuser(), NODES[5], NODES[6]
+    end, flags = "gpufleet_slurm_node_maintenance_end_timestamp_seconds", ("--slurm.list-interval=1s",
+                                                                           f"--state.file={tmp_path / 'state.json'}")
+    stated = time.time() + 3600
+    cluster.run("scontrol", "create", "reservation", "ReservationName=hbm-swap", "StartTime=now", "Duration=60",
+                f"Nodes={node}", "Flags=MAINT", f"Users={user}")
+    cluster.run("scontrol", "create", "reservation", "ReservationName=bench", "StartTime=now", "Duration=60",
+                f"Nodes={plain}", f"Users={user}")
+    try:
+        with remediator(cluster.env, *flags) as r:
+            wait_for(lambda: own_metric(r.url, end, node=node) > 0, 30, "the reservation's end")
+            served = own_metric(r.url, end, node=node)
+            cluster.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=maintenance: HBM swap")
+            cluster.run("scontrol", "delete", "ReservationName=hbm-swap")
+            wait_for(lambda: own_metric(r.url, "gpufleet_slurm_node_state", node=node, state="maintenance") == 0, 30,
+                     "the reservation gone")
+            time.sleep(2)  # Two more listings.
+            kept = own_metric(r.url, end, node=node)
+            plain_end = own_metric(r.url, end, node=plain)
+        with remediator(cluster.env, *flags) as r:
+            wait_for(lambda: own_metric(r.url, "gpufleet_remediate_slurm_nodes") > 0, 30, "the first listing")
+            restarted = own_metric(r.url, end, node=node)
+            cluster.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+            wait_for(lambda: own_metric(r.url, end, node=node) == 0, 30, "the end forgotten once the node returns")
+    finally:
+        for name in ("hbm-swap", "bench"):
+            cluster.run("scontrol", "delete", f"ReservationName={name}", check=False)
+        cluster.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+    assert abs(served - stated) < 120, (served, stated)
+    assert kept == restarted == served and plain_end == 0, (kept, restarted, plain_end)

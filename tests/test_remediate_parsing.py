@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpufleet.remediate.check import Check
-from gpufleet.remediate.slurm import parse_nodes
+from gpufleet.remediate.slurm import parse_nodes, parse_reservations
 from gpufleet.remediate.webhook import Refused, parse
 
 NODE = re.compile(r"^(?P<node>[^:]+)")
@@ -35,6 +35,19 @@ def alert(**changes):
             "labels": {"alertname": "GpuNeedsReset", "instance": "gpu-node-0001:19400", "gpu": "3",
                        "remediation": "drain"},
             "annotations": {"remediation_reason": "GPU 3 needs a reset\n (XID 79)"}, **changes}
+
+
+def test_a_reservation_gives_its_hostlist_its_local_end_and_whether_it_is_maintenance_held_now():
+    text = ("ReservationName=psu StartTime=2026-11-28T08:29:33 EndTime=2026-11-28T09:29:33 Duration=01:00:00 "
+            "Nodes=gpu-node-[0003-0005,0007] NodeCnt=4 Flags=MAINT,SPEC_NODES TRES=cpu=8 Users=root State=ACTIVE\n"
+            "ReservationName=later EndTime=2026-11-28T10:29:33 Nodes=gpu-node-0001 Flags=MAINT State=INACTIVE\n"
+            "ReservationName=forever EndTime=Unknown Nodes=gpu-node-0002 Flags=SPEC_NODES State=ACTIVE\n")
+    psu, later, forever = parse_reservations(text)
+    assert psu.hostlist == "gpu-node-[0003-0005,0007]" and psu.maintenance and psu.active
+    assert psu.end == time.mktime((2026, 11, 28, 9, 29, 33, 0, 0, -1))  # scontrol writes the local time.
+    assert later.maintenance and not later.active
+    assert forever.end is None and not forever.maintenance
+    assert parse_reservations("No reservations in the system\n") == []
 
 
 def test_an_alert_names_its_node_its_episode_and_its_reason():
