@@ -127,8 +127,7 @@ def main() -> None:
                         help="nodes with a GPU taken out on purpose, halfway through the healthy start "
                              "(default: %(default)s)")
     parser.add_argument("--short", action="store_true",
-                        help="CI's version: jobs of 4 and 8, one 20%% clock and one 20%% NIC straggler, one round, "
-                             "five fault kinds")
+                        help="CI's version: jobs of 4 and 8, one 20%% clock and one 20%% NIC straggler, one round")
     results.add_argument(parser)
     args = parser.parse_args()
     outcome = run(sweep_from(args))

@@ -135,7 +135,8 @@ def prometheus_config(path: Path, targets: Path, interval: str, rules: Path | No
 
 @contextlib.contextmanager
 def prometheus(config: Path, data: Path, port: int | None = None, web_config: Path | None = None,
-               env: Mapping[str, str] | None = None, timeout: float = 60, output: Output = "file") -> Iterator[Server]:
+               env: Mapping[str, str] | None = None, timeout: float = 60, output: Output = "file",
+               flags: Sequence[str] = ()) -> Iterator[Server]:
     """Prometheus on `port` (a free one by default: pass one where its config must name its own address).
 
     With `web_config` (users and passwords), it is ready when it refuses an anonymous request. A year's
@@ -143,7 +144,8 @@ def prometheus(config: Path, data: Path, port: int | None = None, web_config: Pa
     """
     port = port or free_port()
     argv = [binary("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={data}",
-            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", "--storage.tsdb.retention.time=1y"]
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", "--storage.tsdb.retention.time=1y",
+            *flags]
     if web_config is not None:
         argv.append(f"--web.config.file={web_config}")
     with serving(argv, port, "/-/ready", "prometheus start", timeout, 401 if web_config else 200, output, env,

@@ -2,10 +2,9 @@
 
 Jobs of 4 and 8 nodes, two with an InfiniBand port never cabled; after a healthy spell, a 20 % clock
 straggler in the first and a 20 % NIC straggler in the second. Both must be found with their cause named,
-and nothing else may fire. Then five fault kinds, each on a node of its own: the four that need a person now
-(XID 79, a double-bit ECC error, a lost GPU, a port down) open one pager incident each at production timing,
-the failed row remap none (it tickets), and nothing else pages.
-The full sweep (causes, sizes, job sizes, seeds) runs outside CI; its figures are in bench/results/.
+and nothing else may fire or page. The pages of the fault kinds are CI's on-call week's
+(tests/test_oncall_week.py). The full sweep (causes, sizes, job sizes, seeds) runs outside CI; its figures are
+in bench/results/.
 """
 
 from __future__ import annotations
@@ -17,12 +16,10 @@ from gpufleet.devtools.detection import run, short
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
-def test_the_short_sweep_finds_both_stragglers_and_pages_once_per_fault_with_no_false_alert():
+def test_the_short_sweep_finds_both_stragglers_with_no_false_alert_or_page():
     outcome = run(short())
     print(outcome.table())
     assert [(str(c.cause), c.detected is not None, c.named) for c in outcome.cases] == [
         ("clock", True, True), ("nic", True, True)], outcome.table()
     assert outcome.tally.false == [], outcome.table()
-    assert [(f.kind, f.incidents) for f in outcome.round] == [
-        ("xid", 1), ("ecc_dbe", 1), ("gpu_lost", 1), ("ib_link_down", 1), ("row_remap_failure", 0)], outcome.table()
     assert outcome.false_pages == [], outcome.table()
