@@ -368,7 +368,7 @@ class Running:
         injected = fault.injected
         if injected.kind in ("job_hang", "driver_hang"):
             found = query(self.prom_url, f'group by (job_id) (gpufleet_gpu_job_info{{instance="{injected.node}",'
-                                         'job_id!=""}})')
+                                         'job_id!=""})')
             job = found[0]["metric"]["job_id"] if found else ""
             injected.job = job if injected.kind == "job_hang" else ""
             if not job:
