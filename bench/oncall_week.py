@@ -1,6 +1,6 @@
 """An on-call week of a 2,000-GPU fleet: real faults and the week's planned work, and what reached the pager.
 
-    python bench/oncall_week.py            # 250 nodes of 8 GPUs, 5.25 production hours at time scale 8 (40 min)
+    python bench/oncall_week.py            # 250 nodes of 8 GPUs, 4.5 production hours at time scale 5 (54 min)
     python bench/oncall_week.py --short    # what CI runs: 16 nodes, 45 production minutes at time scale 16
 
 The week itself is `gpufleet.devtools.oncall`, judged by `gpufleet.devtools.oncall_judge`: the simulator, Slurm,
@@ -8,7 +8,7 @@ The week itself is `gpufleet.devtools.oncall`, judged by `gpufleet.devtools.onca
 their timers divided by the time scale. Faults: every kind of the simulator's end-to-end round once, each on a node
 of its own, and the faults seven days of the fleet draw from the Llama 3 profile (simulator/fault-rates/llama3.yml,
 its GSP timeouts as hung drivers), moved into the timeline. Planned work, done as docs/alerts/maintenance.md says:
-every exporter restarted, a rolling driver upgrade of a tenth of the fleet, an RMA that keeps a node off for three
+every exporter restarted, a rolling driver upgrade of a tenth of the fleet, an RMA that keeps a node off for 2.5
 production hours, a Prometheus restart, a leaf switch's firmware, a GPU removed, a GPU that does not survive a
 node's maintenance (it must page once the node returns, and not before), and a maintenance reservation that its
 drain outlives (its ticket, an hour after the stated end).
@@ -64,6 +64,10 @@ def main() -> None:
     print(oncall_judge.report(judged, running, interval_minutes))
     print("\n".join(f"  log: {line}" for line in running.log if line))
     figures = oncall_judge.figures(judged, week, interval_minutes)
+    health = running.health
+    figures.update({"slowest rule group evaluation (share of its interval)": round(health.worst_evaluation, 3),
+                    "rule group evaluations skipped": health.missed_evaluations,
+                    "node scrapes failed (share)": round(health.failed_scrapes, 4)})
     table = results.Table(["fault", "node", "cause", "expected", "incidents", "tickets", "time to page (min)"])
     for verdict in judged.verdicts:
         table.add(oncall_judge.label(verdict.fault), verdict.fault.injected.node, verdict.fault.cause,

@@ -181,13 +181,16 @@ def figures(judged: Judged, week: Week, interval_minutes: float) -> dict[str, fl
         "other false pages": len(judged.other_pages),
         "most incidents for one fault": max((len(v.incidents) for v in judged.verdicts), default=0),
         "pages resolved while their fault held": sum(v.resolved_early for v in judged.verdicts),
-        "faults that reached no receiver": sum(not v.reached for v in judged.verdicts if v.fault.expect != "none"),
+        "faults that reached no receiver": sum(not v.reached for v in judged.verdicts
+                                               if v.fault.expect in ("page", "ticket")),
         "faults that should page and did not": sum(not v.incidents for v in must_page),
         "faults that paged and should not": sum(bool(v.incidents) for v in judged.verdicts if v.fault.expect != "page"),
         "faults paged later than the detection bench": len(late(judged, week, interval_minutes)),
         "tickets, faults": judged.tickets["faults"], "tickets, planned work": judged.tickets["planned work"],
         "tickets, other": judged.tickets["other"],
-        "most pages in a 12-hour shift": max(judged.shift_pages, default=0),
+        "most pages in a 12-hour shift of the timeline": max(judged.shift_pages, default=0),
+        "pages per 12-hour shift, the week's spread over its shifts": (
+            round(judged.pages / (2 * week.days), 2) if week.days else None),
     }
 
 
@@ -213,6 +216,13 @@ def report(judged: Judged, running: Running, interval_minutes: float) -> str:
     lines += [f"  other false page: {incident.names(running)}" for incident in judged.other_pages]
     lines += [f"  paged late: {text}" for text in late(judged, week, interval_minutes)]
     lines += [f"  reached nobody: {label(v.fault)} on {v.fault.injected.node}" for v in judged.verdicts
-              if not v.reached and v.fault.expect != "none"]
+              if not v.reached and v.fault.expect in ("page", "ticket")]
+    for v in judged.verdicts:
+        if len(v.incidents) > 1 or v.resolved_early:
+            lines += [f"  {label(v.fault)} on {v.fault.injected.node}, incident: {incident.names(running)}, "
+                      + ("open at the end" if incident.resolved is None else
+                         f"resolved at {(incident.resolved - running.t0) * week.time_scale / 60:.1f} min")
+                      for incident in v.incidents]
+    lines.append(running.health.line())
     lines += [f"  ticket from planned work: {text}" for text in judged.planned_tickets]
     return "\n".join(lines)
