@@ -34,7 +34,12 @@ def week_from(args: argparse.Namespace) -> oncall.Week:
     changes = {name: value for name, value in (("nodes", args.nodes), ("seed", args.seed),
                                                 ("time_scale", args.time_scale), ("interval", args.interval))
                if value is not None}
-    return dataclasses.replace(week, **changes)
+    week = dataclasses.replace(week, **changes)
+    jobs: list[int] = []
+    for size in week.jobs:  # The jobs that fit in the fleet, leaving a sixth of it idle at least.
+        if sum(jobs) + size <= 0.85 * week.nodes:
+            jobs.append(size)
+    return dataclasses.replace(week, jobs=tuple(jobs))
 
 
 def missed(figures: dict[str, float | int | None]) -> list[str]:
