@@ -26,7 +26,7 @@ import argparse
 import dataclasses
 
 from gpufleet import duration
-from gpufleet.devtools import oncall, oncall_judge, results
+from gpufleet.devtools import oncall, oncall_judge, oncall_run, results
 
 
 def week_from(args: argparse.Namespace) -> oncall.Week:
@@ -63,7 +63,7 @@ def main() -> None:
     results.add_argument(parser)
     args = parser.parse_args()
     week = week_from(args)
-    the_plan, running, receiver, ended = oncall.run(week)
+    the_plan, running, receiver, ended = oncall_run.run(week)
     judged = oncall_judge.judge(the_plan.faults, the_plan.works, running, receiver, ended)
     interval_minutes = duration.parse(week.interval) * week.time_scale / 60
     print(oncall_judge.report(judged, running, interval_minutes))

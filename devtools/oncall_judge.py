@@ -12,7 +12,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from gpufleet.devtools.delivery import Receiver
-from gpufleet.devtools.oncall import Fault, Running, Week, Work
+from gpufleet.devtools.oncall import Fault, Week, Work
+from gpufleet.devtools.oncall_run import Running
 from gpufleet.devtools.results import RESULTS
 
 GRACE = 15.0  # Production minutes after planned work in which what it left behind is still its own.

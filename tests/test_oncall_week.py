@@ -16,14 +16,14 @@ from __future__ import annotations
 import pytest
 
 from gpufleet import duration
-from gpufleet.devtools import oncall, oncall_judge
+from gpufleet.devtools import oncall, oncall_judge, oncall_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 
 def test_planned_work_pages_nobody_and_each_real_fault_pages_once():
     week = oncall.short()
-    the_plan, running, receiver, ended = oncall.run(week)
+    the_plan, running, receiver, ended = oncall_run.run(week)
     judged = oncall_judge.judge(the_plan.faults, the_plan.works, running, receiver, ended)
     table = oncall_judge.report(judged, running, duration.parse(week.interval) * week.time_scale / 60)
     print(table)
