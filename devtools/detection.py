@@ -375,8 +375,7 @@ def _kinds_round(sweep: Sweep, nodes: int, sim_url: str, prom_url: str) -> list[
     round_ = incidents.inject(sim_url, names, sweep.kinds, seconds, sweep.seed, time.monotonic())
     for fault in round_:
         if fault.kind in ("job_hang", "driver_hang"):
-            found = query(prom_url, f'group by (job_id) (gpufleet_gpu_job_info{{instance="{fault.node}",job_id!=""}})')
-            job = found[0]["metric"]["job_id"] if found else ""
+            job = incidents.running_job(prom_url, fault.node)
             fault.job = job if fault.kind == "job_hang" else ""
             if not job:
                 fault.pages = False  # An idle node has no job to hang, nor one its hung driver stops.

@@ -16,6 +16,7 @@ from typing import Any
 
 from gpufleet.devtools.delivery import Receiver
 from gpufleet.devtools.net import http
+from gpufleet.devtools.prom import query
 from gpufleet.devtools.waiting import HarnessError
 
 # Each kind as the round injects it, and whether it should page (otherwise it tickets, or only informs).
@@ -102,6 +103,13 @@ def inject(sim_url: str, nodes: list[str], kinds: int, seconds: float, seed: int
                 raise HarnessError(f"the simulator refused {body}: {status} {answer!r}")
         fault.start, fault.end = now, now + seconds
     return round_
+
+
+def running_job(prom_url: str, node: str) -> str:
+    """The id of a job `node` runs, as Prometheus sees it: the job a hang there stops; "" for an idle node, whose
+    hang pages nobody."""
+    found = query(prom_url, f'group by (job_id) (gpufleet_gpu_job_info{{instance="{node}",job_id!=""}})')
+    return str(found[0]["metric"]["job_id"]) if found else ""
 
 
 def count(round_: list[Injected], receiver: Receiver, scale: float,

@@ -101,7 +101,8 @@ def _work_of(alerts: list[dict[str, str]], at: float, works: list[Work], running
 def judge(faults: list[Fault], works: list[Work], running: Running, receiver: Receiver, ended: float) -> Judged:
     verdicts = {id(fault): Verdict(fault) for fault in faults}
     planned_pages, other_pages = [], []
-    for incident in incidents(receiver):
+    every = incidents(receiver)
+    for incident in every:
         fault = _fault_of(incident.alerts, incident.opened, faults, running)
         if fault is not None:
             verdict = verdicts[id(fault)]
@@ -137,7 +138,6 @@ def judge(faults: list[Fault], works: list[Work], running: Running, receiver: Re
             begun = verdict.fault.returns if verdict.fault.returns is not None else verdict.fault.at
             first = min(incident.opened for incident in verdict.incidents)
             verdict.paged = (first - running.t0) * running.week.time_scale / 60 - begun
-    every = incidents(receiver)
     shifts = [0] * max(1, -(-int(running.week.times.hours) // SHIFT_HOURS))
     for incident in every:
         hour = (incident.opened - running.t0) * running.week.time_scale / 3600

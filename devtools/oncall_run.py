@@ -21,6 +21,7 @@ import yaml
 from gpufleet import cli, duration
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.rules import render
+from gpufleet.devtools import incidents
 from gpufleet.devtools.delivery import Receiver, routing
 from gpufleet.devtools.detection import layout, restart_rates
 from gpufleet.devtools.net import free_port, http
@@ -72,9 +73,7 @@ class Running:
         """A real fault, with the job a hang stops (none on an idle node: a hang there pages nobody)."""
         injected = fault.injected
         if injected.kind in ("job_hang", "driver_hang"):
-            found = query(self.prom_url, f'group by (job_id) (gpufleet_gpu_job_info{{instance="{injected.node}",'
-                                         'job_id!=""})')
-            job = found[0]["metric"]["job_id"] if found else ""
+            job = incidents.running_job(self.prom_url, injected.node)
             injected.job = job if injected.kind == "job_hang" else ""
             if not job:
                 injected.pages, fault.expect = False, "no page"
