@@ -152,10 +152,14 @@ def fabric(c: Config) -> dict[str, Any]:
     known = f" and on ({port}) {c.metric(ib + 'port_seen_active')} == 1" if c.node_exporter_job else ""
     # Once its link_downed counter stopped at 255, a port's flaps are no longer counted: the ticket says so, and
     # stays until the counter is cleared; a flapping port still down pages as down.
+    # A leaf switch's page holds back its ports' link-downs for as long: a node whose own port page never fired
+    # (its scrape failed once during the outage, and the pending `for` began again) would ticket for them after.
+    leaf_paged = (f' unless on ({c.by(c.leaf_label)}, device) max_over_time(ALERTS{{alertname="FabricLeafDown",'
+                  f'alertstate="firing"}}[{c.d(paged)}])' if c.leaf_label else "")
     downed_again, downed_again_description = _or_stopped(
         c, f"{LINK_DOWNS} <= {c.link_flaps} unless on ({port}) ({NOT_ACTIVE} or "
            f'max_over_time(ALERTS{{alertname=~"NicInfinibandPortDown|NicInfinibandLinkFlapping",'
-           f'alertstate="firing"}}[{c.d(paged)}]))', ("link_downed",),
+           f'alertstate="firing"}}[{c.d(paged)}])){leaf_paged}', ("link_downed",),
         f"{PORT} went down {{{{ $value | humanize }}}} times in {c.link_downed_window}.")
     rules = [
         record(LINK_DOWNS, f"{downed} > 0"),

@@ -171,7 +171,7 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
      [Expected("FabricLeafDown", None, (("device", "mlx5_7"), ("leaf", "su1")), "pager"),
       *(expect("NicInfinibandPortDown", number, None, required=False, device="mlx5_7") for number in range(1, 17)),
       # Each link did go down: its link-down ticket may show, and reaches nobody. The leaf's page holds it back
-      # while it fires, and the port's own down page for the link-downs' window after. On a busy machine a
+      # while it fires, and in the rule for the link-downs' window after, as the port's own down page does. On a busy machine a
       # scrape can count the link-down before it reads the port down (beside node_exporter, which reads the
       # simulator's files as they are written one by one), and the ticket goes pending for a moment. Node 5,
       # whose gpufleet exporter is down, shows its link going down and back beside node_exporter, though not as
