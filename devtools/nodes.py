@@ -15,7 +15,7 @@ import re
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpufleet.devtools.paths import FIXTURE_SYSFS, FIXTURES
 from gpufleet.devtools.waiting import wait_for
 from gpufleet.exporter import node
+from gpufleet.exporter.collector import pcie
 from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.exposition import Exposition
 from gpufleet.exporter.gpu.simulated.board import GpuTelemetry, SimulatedGpu, SimulatedProcess, steady
@@ -38,7 +39,7 @@ from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.tree import DiskTree
 
 GOLDEN = FIXTURES / "e2e-output.txt"
-SERIES_BUDGET = 1100  # Series an 8-GPU node may serve at the default flags: the project's budget.
+SERIES_BUDGET = 1200  # Series an 8-GPU node may serve at the default flags: the project's budget.
 UUID0 = "GPU-00000000-1111-2222-3333-444444444444"
 UUID1 = "GPU-55555555-6666-7777-8888-999999999999"
 GIB = 1024**3
@@ -178,7 +179,8 @@ def series_by_family(text: str) -> Counter[str]:
 
 
 def write_bench_sysfs(root: Path) -> None:
-    """The benchmark node's sysfs tree under `root`: 8 InfiniBand ports, 4 Ethernet interfaces, 32 hwmon sensors."""
+    """The benchmark node's sysfs tree under `root`: 8 InfiniBand ports, 4 Ethernet interfaces, 32 hwmon sensors,
+    and on the PCI bus 8 GPUs and 8 HCAs, each below a switch port, and 4 NVSwitches, every one with AER."""
 
     def write(relative: str, value: object) -> None:
         path = root / relative
@@ -222,3 +224,26 @@ def write_bench_sysfs(root: Path) -> None:
             write(f"{hwmon}/temp{sensor}_label", f"Core {sensor - 1}")
             write(f"{hwmon}/temp{sensor}_max", 84000)
             write(f"{hwmon}/temp{sensor}_crit", 100000)
+    _write_pci_bus(root, write)
+
+
+def _write_pci_bus(root: Path, write: Callable[[str, object], None]) -> None:
+    """The bench node's PCI devices: each GPU and HCA below a port of its own, as an HGX board's PCIe switches
+    place them, linked from `bus/pci/devices` as sysfs links them; the NVSwitches as plain entries."""
+    def device(address: str, vendor: str, pci_class: str, where: str) -> None:
+        for name, value in (("vendor", vendor), ("class", pci_class)):
+            write(f"{where}/{name}", value)
+        for file, total in pcie.TYPES.values():
+            write(f"{where}/{file}", f"{total} 0")
+        if where != f"bus/pci/devices/{address}":
+            (root / "bus/pci/devices").mkdir(parents=True, exist_ok=True)
+            (root / "bus/pci/devices" / address).symlink_to(f"../../../{where}")
+
+    for index in range(16):
+        bus = 0x12 + 0x0c * index
+        port = f"devices/pci0000:{bus - 2:02x}/0000:{bus - 2:02x}:01.0/0000:{bus - 1:02x}:00.0"
+        device(f"0000:{bus - 1:02x}:00.0", "0x1000", "0x060400", port)  # The switch port above.
+        vendor, pci_class = ("0x10de", "0x030200") if index < 8 else ("0x15b3", "0x020700")
+        device(f"0000:{bus:02x}:00.0", vendor, pci_class, f"{port}/0000:{bus:02x}:00.0")
+    for index in range(4):
+        device(f"0000:{5 + index:02x}:00.0", "0x10de", "0x068000", f"bus/pci/devices/0000:{5 + index:02x}:00.0")

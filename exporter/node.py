@@ -20,6 +20,7 @@ from gpufleet.exporter.collector.hwmon import HwmonCollector
 from gpufleet.exporter.collector.infiniband import InfinibandCollector
 from gpufleet.exporter.collector.kernel import KernelCollector
 from gpufleet.exporter.collector.network import NetworkCollector
+from gpufleet.exporter.collector.pcie import PcieCollector
 from gpufleet.exporter.collector.thermal_zone import ThermalZoneCollector
 from gpufleet.exporter.gpu.nvml import Nvml
 from gpufleet.exporter.gpu.session import GpuUnavailable, NvmlSession
@@ -35,6 +36,7 @@ COLLECTORS: tuple[type[Collector], ...] = (
     NetworkCollector,
     InfinibandCollector,
     HwmonCollector,
+    PcieCollector,
     ThermalZoneCollector,
     KernelCollector,
 )

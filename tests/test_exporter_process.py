@@ -66,7 +66,7 @@ def test_scrape_has_every_collector_and_exact_fixture_values(exporter):
     _, url = exporter
     samples = parse(get(f"{url}/metrics"))
     assert {dict(l)["collector"] for l in named(samples, "gpufleet_collector_success")} == {
-        "gpu", "network", "infiniband", "hwmon", "thermal_zone", "kernel"}
+        "gpu", "network", "infiniband", "hwmon", "pcie", "thermal_zone", "kernel"}
     assert samples[series("gpufleet_gpu_devices")] == 8
     assert len(named(samples, "gpufleet_gpu_info")) == 8
     for name in ("gpufleet_gpu_utilization_ratio", "gpufleet_gpu_power_watts", "gpufleet_gpu_energy_joules_total",
@@ -85,6 +85,9 @@ def test_scrape_has_every_collector_and_exact_fixture_values(exporter):
     assert samples[series("gpufleet_hwmon_temperature_celsius", chip="k10temp", device="0000:00:18.3",
                           sensor="temp1", label="Tctl")] == 52.375
     assert samples[series("gpufleet_thermal_zone_temperature_celsius", zone="thermal_zone0", type="x86_pkg_temp")] == 46
+    # GPU 0's link: 3 errors at the GPU and 40 at the root port above it, which it is linked below in the fixture.
+    assert {dict(l)["type"]: v for l, v in named(samples, "gpufleet_pcie_aer_errors_total").items()
+            if dict(l)["address"] == "0000:18:00"} == {"correctable": 43, "nonfatal": 1, "fatal": 0}
     assert any(name == "gpufleet_exporter_build_info" for name, _ in samples)
     assert samples[series("process_open_fds")] > 0
 
