@@ -35,6 +35,7 @@ class FaultKind(StrEnum):
     THERMAL_SLOWDOWN = "thermal_slowdown"
     POWER_BRAKE = "power_brake"
     PCIE_REPLAY_STORM = "pcie_replay_storm"
+    PCIE_AER = "pcie_aer"
     NVLINK_DOWN = "nvlink_down"
     NVLINK_CRC = "nvlink_crc"
     FABRIC_NOT_READY = "fabric_not_ready"
@@ -85,6 +86,9 @@ KINDS: dict[FaultKind, tuple[tuple[str, ...], str]] = {
     FaultKind.THERMAL_SLOWDOWN: (("gpu",), "SW and HW thermal slowdown: hot, clocks down, thermal violation time"),
     FaultKind.POWER_BRAKE: (("gpu",), "HW power brake: clocks and power halved"),
     FaultKind.PCIE_REPLAY_STORM: (("gpu",), "PCIe replays at `rate` per second (50)"),
+    FaultKind.PCIE_AER: (("gpu",), "the GPU's PCIe link goes bad: one non-fatal uncorrectable error (a completion "
+                                   "timeout) in its AER statistics at the start, then correctable errors at `rate` "
+                                   "per second (1); the kernel's counts start again at the node's next boot"),
     FaultKind.NVLINK_DOWN: (("gpu", "link"), "one NVLink down: its traffic stops"),
     FaultKind.NVLINK_CRC: (("gpu", "link"), "NVLink CRC flit errors at `rate` per second (200)"),
     FaultKind.FABRIC_NOT_READY: (("gpu",), "the GPU's NVSwitch fabric registration restarts and stalls in progress "
@@ -143,6 +147,7 @@ SIZES: dict[FaultKind, tuple[str, float, float]] = {
     FaultKind.POWER_CAPPED: ("level", 0.7, 1.0),
     FaultKind.KERNEL_EVENTS: ("rate", 0.05, 1e3),
     FaultKind.PCIE_REPLAY_STORM: ("rate", 50.0, 1e6),
+    FaultKind.PCIE_AER: ("rate", 1.0, 1e6),
     FaultKind.NVLINK_CRC: ("rate", 200.0, 1e9),
     FaultKind.IB_CONGESTION: ("rate", 5e6, 1e9),
     FaultKind.SYMBOL_ERRORS: ("rate", 2.0, 1e6),

@@ -80,8 +80,11 @@ class NodeState:
                     if f.kind in kinds and (f.gpu is None or f.gpu == gpu) and f.end is not None and f.end <= self.t),
                    default=float("-inf"))
 
+    def booted(self) -> float:
+        """Simulated seconds at which the node last booted: 0, or the end of its latest reboot."""
+        return max((f.end for f in self.fleet.faults_for(self.name)
+                    if f.kind in REBOOTS and f.end is not None and f.end <= self.t), default=0.0)
+
     def boot_time(self) -> int:
         """Unix time the node last booted: its first boot, or the end of its latest reboot."""
-        rebooted = max((f.end for f in self.fleet.faults_for(self.name)
-                        if f.kind in REBOOTS and f.end is not None and f.end <= self.t), default=0.0)
-        return int(self.started + rebooted)
+        return int(self.started + self.booted())

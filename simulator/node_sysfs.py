@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 
 from gpufleet.exporter.collector.infiniband import NARROW_COUNTERS
+from gpufleet.exporter.collector.pcie import TYPES as AER_TYPES
 from gpufleet.exporter.gpu.simulated.board import SimulatedGpu
 from gpufleet.exporter.tree import MemoryTree
 from gpufleet.simulator.faults import Cause
@@ -39,6 +40,15 @@ NODE_HOST_WATTS = 1400.0
 NODE_HOST_BUSY_WATTS = 1000.0
 NODE_POWER_CAP_WATTS = 10200.0
 _FOREVER = math.inf
+# The error names of the kernel's AER statistics files, before their total line, in its order.
+_AER_NAMES = {
+    "correctable": ("RxErr", "BadTLP", "BadDLLP", "Rollover", "Timeout", "NonFatalErr", "CorrIntErr", "HeaderOF"),
+    "uncorrectable": ("Undefined", "DLP", "SDES", "TLP", "FCP", "CmpltTO", "CmpltAbrt", "UnxCmplt", "RxOF", "MalfTLP",
+                      "ECRC", "UnsupReq", "ACSViol", "UncorrIntErr", "BlockedTLP", "AtomicOpBlocked", "TLPBlockedErr",
+                      "PoisonTLPBlocked"),
+}
+# Which error of its file a pcie_aer fault counts: a bad link's replays time out, and a request goes unanswered.
+_AER_FAULT_ERRORS = {"correctable": "Timeout", "nonfatal": "CmpltTO"}
 
 
 def _text(read: Callable[..., object], *args: object) -> Callable[[], str]:
@@ -170,9 +180,29 @@ class NodeSysfs:
             tree.set(f"bus/pci/devices/{address.lower()}/vendor", "0x10de")
             tree.set(f"bus/pci/devices/{address.lower()}/class", "0x030200")
             tree.link(f"bus/pci/devices/{address.lower()}/driver", "../../../bus/pci/drivers/nvidia")
+            self._build_aer(f"bus/pci/devices/{address.lower()}", board.index)
         for switch in range(4):
             tree.set(f"bus/pci/devices/0000:{5 + switch:02x}:00.0/vendor", "0x10de")
             tree.set(f"bus/pci/devices/0000:{5 + switch:02x}:00.0/class", "0x068000")
+            self._build_aer(f"bus/pci/devices/0000:{5 + switch:02x}:00.0", None)
+
+    def _build_aer(self, base: str, gpu: int | None) -> None:
+        """A device's AER statistics files: a GPU's count its pcie_aer faults' errors since the node last booted,
+        an NVSwitch's (`gpu` None) none."""
+        for kind, (file, total) in AER_TYPES.items():
+            self.tree.set(f"{base}/{file}", _text(self._aer_statistics, gpu, kind, total))
+
+    def _aer_statistics(self, gpu: int | None, kind: str, total: str) -> str:
+        counts = dict.fromkeys(_AER_NAMES["correctable" if kind == "correctable" else "uncorrectable"], 0)
+        if gpu is not None and kind in _AER_FAULT_ERRORS:
+            booted = self.state.booted()
+            for fault in self.state.active(Kind.PCIE_AER, gpu):
+                if kind == "nonfatal":
+                    errors = 1 if booted <= fault.start <= self.state.t else 0
+                else:
+                    errors = int(fault.size * overlap(max(fault.start, booted), fault.end, self.state.t))
+                counts[_AER_FAULT_ERRORS[kind]] += errors
+        return "\n".join([*(f"{name} {count}" for name, count in counts.items()), f"{total} {sum(counts.values())}"])
 
     def net_dev(self) -> str:
         """/proc/net/dev: each interface's statistics as the kernel lists them, which node_exporter reads."""

@@ -162,6 +162,34 @@ async def test_each_gpu_fault_changes_only_its_gpus_series(baseline, fault, expe
     assert names(diff, gpu="2") == expected
 
 
+async def test_a_pcie_aer_fault_counts_on_its_gpus_link_alone_until_the_node_reboots(baseline):
+    """One completion timeout at its start and correctable errors at its rate, on the link of its GPU's PCI
+    address; a reboot after it starts the kernel's counts again."""
+    faulted = await with_faults({"node": "gpu-node-0003", "kind": "pcie_aer", "gpu": 2, "rate": 2})
+    diff = changed(baseline, faulted)
+    node = faulted["gpu-node-0003"]
+    address = next(dict(l)["pci_bus_id"] for (n, l) in node if n == "gpufleet_gpu_info" and ("gpu", "2") in l)
+    link = address.lower().removeprefix("0000")[:-2]
+    errors = {dict(l)["type"]: v for (n, l), v in node.items()
+              if n == "gpufleet_pcie_aer_errors_total" and ("address", link) in l}
+    assert errors == {"correctable": 2 * (NOW - 100), "nonfatal": 1, "fatal": 0}
+    assert {(n, dict(l)["type"]) for n, l in diff if n.startswith("gpufleet_pcie")} == {
+        ("gpufleet_pcie_aer_errors_total", "correctable"), ("gpufleet_pcie_aer_errors_total", "nonfatal")}
+    assert {dict(l)["address"] for n, l in diff if n.startswith("gpufleet_pcie")} == {link}
+    fleet = make_fleet()
+    fleet.add([parse_fault({"node": "gpu-node-0003", **entry}, "test", f"t{i}", fleet.nodes, 8) for i, entry in
+               enumerate(({"kind": "pcie_aer", "gpu": 2, "rate": 2, "start": 100},
+                          {"kind": "node_reboot", "start": 200, "duration": 10}))])
+    fleet.start()
+    try:  # The reboot raises no XID, so one scrape is the whole node's.
+        rebooted = parse(await fleet.nodes["gpu-node-0003"].scrape(NOW, itertools.count(0, 100).__next__))
+    finally:
+        fleet.close()
+    errors = {dict(l)["type"]: v for (n, l), v in rebooted.items()
+              if n == "gpufleet_pcie_aer_errors_total" and ("address", link) in l}
+    assert errors == {"correctable": 2 * (NOW - 210), "nonfatal": 0, "fatal": 0}
+
+
 async def test_thermal_slowdown_reads_as_one(baseline):
     faulted = await with_faults({"node": "gpu-node-0003", "kind": "thermal_slowdown", "gpu": 2})
     node = faulted["gpu-node-0003"]
