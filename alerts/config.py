@@ -67,6 +67,8 @@ class Config:
     ecc_window: Duration = "15m"
     gpu_count_lookback: Duration = "1d"
     pcie_replays_per_minute: float = 8.0  # Above DCGM's recommended limit.
+    # Correctable AER errors a minute on one link, at either end: the GPU's own replay limit, for every link.
+    pcie_correctable_per_minute: float = 8.0
     nvlink_crc_per_second: float = 100.0  # DCGM's limit.
     slowdown_share: float = 0.1  # Share of samples with a hardware slowdown reason active.
     slowdown_window: Duration = "10m"

@@ -22,6 +22,7 @@ from gpufleet.alerts.gpu import gpu_failures, gpu_trends
 from gpufleet.alerts.jobs import jobs
 from gpufleet.alerts.kernel import kernel
 from gpufleet.alerts.maintenance import maintenance, maintenance_trends
+from gpufleet.alerts.pcie import pcie
 from gpufleet.alerts.pipeline import pipeline
 from gpufleet.alerts.recording import shared
 from gpufleet.alerts.reliability import reliability
@@ -42,8 +43,8 @@ def groups(config: Config) -> list[dict[str, Any]]:
     minute; capacity and reliability, which the reports read, every five."""
     return [shared(config), maintenance(config), stragglers(config), jobs(config), gpu_failures(config),
             fabric(config), exporter_health(config), collector_health(config), gpu_trends(config),
-            fabric_trends(config), maintenance_trends(config), drift(config), kernel(config), *capacity(config),
-            reliability(config), pipeline(config), remediation(config)]
+            fabric_trends(config), maintenance_trends(config), drift(config), kernel(config), pcie(config),
+            *capacity(config), reliability(config), pipeline(config), remediation(config)]
 
 
 def recorded_by(rule_groups: list[dict[str, Any]]) -> dict[str, str]:

@@ -79,6 +79,16 @@ def build(config: Config) -> Dashboard:
                                      "GPU not registered with its NVSwitch fabric cannot reach its peers over NVLink "
                                      "(HGX boards only)."),
              table("GPUs", [(f"gpufleet_gpu_info{{{gpu}}}", "")], width=12)],
+            [table("PCIe errors since boot (AER)", [
+                (f'sum without (type) (gpufleet_pcie_aer_errors_total{{{node}, type="{kind}"}})', kind)
+                for kind in ("correctable", "nonfatal", "fatal")],
+                width=18, description="Each GPU's, NVSwitch's and NIC's link, counted at the device and at the port "
+                                      "above it: uncorrectable errors are a ticket, and so are corrections that go "
+                                      "on."),
+             stat("PCIe links without AER", f"sum(gpufleet_pcie_links_without_aer{{{node}}})", width=6,
+                  thresholds=(("green", None), ("orange", 1)),
+                  description="Links whose errors cannot be read: AER is off in the firmware, or the device lacks "
+                              "it. Their errors show nowhere above.")],
             [timeseries("Ethernet throughput", [
                 (s.rate("gpufleet_network_transmit_bytes_total", node), "{{instance}} {{device}} tx"),
                 (s.rate("gpufleet_network_receive_bytes_total", node), "{{instance}} {{device}} rx"),

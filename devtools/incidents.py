@@ -50,6 +50,8 @@ KINDS: tuple[tuple[dict[str, Any], bool], ...] = (
     ({"kind": "gpu_dead", "gpu": 5}, True),
     # Contained: only the job that touched the memory died, and the reset waits for the next drain (a ticket).
     ({"kind": "ecc_contained", "gpu": 3}, False),
+    # A bad PCIe link: its uncorrectable error and its corrections are tickets.
+    ({"kind": "pcie_aer", "gpu": 1}, False),
 )
 # What an operator does on a kind's node while it lasts: a fault, and when, as a share of the round.
 REPAIRS: dict[str, tuple[dict[str, Any], float]] = {"gpu_dead": ({"kind": "node_reboot", "duration": "2s"}, 0.5)}

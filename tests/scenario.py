@@ -101,6 +101,12 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
     # Soft lockups every 10 s (80 production seconds) from node 9's kernel: a ticket once three are logged.
     ({"kind": "kernel_events", "node": node(9), "event": "soft_lockup", "rate": 0.1},
      [expect("NodeKernelEventsRepeated", 9, "ticket", event="soft_lockup")]),
+    # A GPU's PCIe link goes bad: a completion timeout in its AER counts, then corrections at 1 a second (60 a
+    # minute, past the limit of 8). Node 13 pages for nothing, so neither ticket is held back.
+    ({"kind": "pcie_aer", "node": node(13), "gpu": 1},
+     [expect("NodePcieUncorrectableErrors", 13, "ticket", kind="gpu", type="nonfatal"),
+      # Its `for` (75 s here) and the group's interval (37.5 s) may outlast the run.
+      expect("NodePcieCorrectableErrorsHigh", 13, "ticket", required=False, kind="gpu")]),
     ({"kind": "persistence_off", "node": node(13), "gpu": 5},
      [expect("GpuModeUnlikePeers", 13, "ticket", gpu="5", mode="persistence")]),
     ({"kind": "symbol_errors", "node": node(14), "port": "mlx5_3/1"},
@@ -171,9 +177,9 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
      [Expected("FabricLeafDown", None, (("device", "mlx5_7"), ("leaf", "su1")), "pager"),
       *(expect("NicInfinibandPortDown", number, None, required=False, device="mlx5_7") for number in range(1, 17)),
       # Each link did go down: its link-down ticket may show, and reaches nobody. The leaf's page holds it back
-      # while it fires, and in the rule for the link-downs' window after, as the port's own down page does. On a busy machine a
-      # scrape can count the link-down before it reads the port down (beside node_exporter, which reads the
-      # simulator's files as they are written one by one), and the ticket goes pending for a moment. Node 5,
+      # while it fires, and in the rule for the link-downs' window after, as the port's own down page does. On a
+      # busy machine a scrape can count the link-down before it reads the port down (beside node_exporter, which
+      # reads the simulator's files as they are written one by one), and the ticket goes pending for a moment. Node 5,
       # whose gpufleet exporter is down, shows its link going down and back beside node_exporter, though not as
       # down: gpufleet's word that the port was ever ACTIVE is gone; its NodeExporterDown page holds it back.
       *(expect("NicInfinibandLinkDowned", number, None, required=False, device="mlx5_7") for number in range(1, 17))]),
