@@ -27,3 +27,15 @@ class Hardware:
     state: PersistentState = field(default_factory=PersistentState)
     # The kernel log (`--path.kmsg`), or none: the simulator gives each node one of its own.
     kernel_log: KernelLog | None = None
+
+
+def boot_time(procfs: Tree | None) -> float | None:
+    """When the node booted (procfs `stat`, btime): a change means it rebooted. None where it cannot be read."""
+    if procfs is None:
+        return None
+    try:
+        text = procfs.read("stat").decode(errors="replace")
+    except OSError:
+        return None
+    return next((float(line.split()[1]) for line in text.splitlines()
+                 if line.startswith("btime ") and len(line.split()) == 2 and line.split()[1].isdigit()), None)

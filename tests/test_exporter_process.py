@@ -121,7 +121,9 @@ def test_kernel_messages_written_after_the_start_are_counted_by_event(exporter, 
                   "6,104,6200000,-;nfs: server home not responding, still trying\n"
                   "6,105,6300000,-;eth0: link up\n"
                   # Written by a process (facility user), not the kernel: not counted, whatever it says.
-                  "12,106,6400000,-;Out of memory: Killed process 1 (init)\n")
+                  "12,106,6400000,-;Out of memory: Killed process 1 (init)\n"
+                  "3,107,6500000,-;nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 24007, Fatal, Link 28 sourcetrack "
+                  "timeout error (First)\n")
 
     def events() -> dict[str, float] | None:
         found = {dict(labels)["event"]: value
@@ -130,7 +132,10 @@ def test_kernel_messages_written_after_the_start_are_counted_by_event(exporter, 
 
     assert wait_for(events, 10, "the kernel messages counted") == {
         "soft_lockup": 1, "hung_task": 0, "storage_timeout": 1, "machine_check": 0, "oom_kill": 1}
-    assert parse(get(f"{url}/metrics"))[series("gpufleet_kernel_log_readable")] == 1
+    samples = parse(get(f"{url}/metrics"))
+    assert samples[series("gpufleet_kernel_log_readable")] == 1
+    assert named(samples, "gpufleet_nvswitch_sxid_errors_total") == {
+        frozenset({("switch", "0000:05:00.0"), ("sxid", "24007"), ("class", "fatal")}): 1}
 
 
 def test_an_unreadable_kernel_log_is_said_once_and_fails_nothing(tmp_path):

@@ -15,6 +15,7 @@ from gpufleet.exporter.collector.network import NetworkCollector
 from gpufleet.exporter.gpu.jobs import job_from_cgroup
 from gpufleet.exporter.gpu.podresources import gpu_pods
 from gpufleet.exporter.gpu.xid import parse_xid_line
+from gpufleet.exporter.sxid import CLASSES, parse_sxid
 from gpufleet.exporter.tree import MemoryTree
 from gpufleet.exporter.webconfig import WebConfigError, load
 from gpufleet.simulator.faults import ScenarioError, load_scenario
@@ -56,6 +57,8 @@ def test_cgroup_parser(text):
 def test_kernel_log_parser(line):
     parsed = parse_xid_line(line)
     assert parsed is None or (len(parsed[0]) == 3 and parsed[1] >= 0)
+    sxid = parse_sxid(line)
+    assert sxid is None or (sxid.code >= 0 and sxid.error_class in CLASSES.values())
 
 
 @FAST

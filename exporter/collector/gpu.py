@@ -40,7 +40,7 @@ from gpufleet.exporter.gpu.podresources import PodResourcesClient
 from gpufleet.exporter.gpu.probes import GpuMetric
 from gpufleet.exporter.gpu.session import GpuIdentity, GpuUnavailable, NodeSample, NvmlSession
 from gpufleet.exporter.gpu.xid import KernelLogXids, NvmlXidWatcher, XidLedger
-from gpufleet.exporter.hardware import Hardware
+from gpufleet.exporter.hardware import Hardware, boot_time
 from gpufleet.exporter.state import PersistentState
 from gpufleet.exporter.sysfs import SysfsReader
 from gpufleet.exporter.tree import DiskTree, Tree
@@ -358,7 +358,7 @@ class GpuCollector:
             if self.kernel_xids is not None:
                 self.kernel_xids.poll()
             if self._kept is None:
-                for change in self.actions.raise_from_xids(self.xids.snapshot(), self._boot_time()):
+                for change in self.actions.raise_from_xids(self.xids.snapshot(), boot_time(self.procfs)):
                     log.info("%s", change)
             self._add_kept(families)
         return families.collection()
@@ -389,7 +389,7 @@ class GpuCollector:
         sample = dataclasses.replace(sample, lost=(*sample.lost, *missing))
         if self._kept is not None:
             self._restore([*(gpu.identity for gpu in sample.gpus), *sample.lost])
-        for change in self.actions.observe(sample.gpus, sample.lost, self.xids.snapshot(), self._boot_time(),
+        for change in self.actions.observe(sample.gpus, sample.lost, self.xids.snapshot(), boot_time(self.procfs),
                                            verdicts):
             log.info("%s", change)
         return sample
@@ -452,17 +452,6 @@ class GpuCollector:
             log.warning("the state file holds %d entries for GPUs this node does not have (replaced boards, or "
                         "another host's file); they are not carried over", entries)
             self.state.ignored(entries)
-
-    def _boot_time(self) -> float | None:
-        """When the node booted (procfs `stat`, btime): a change means it rebooted. None where it cannot be read."""
-        if self.procfs is None:
-            return None
-        try:
-            text = self.procfs.read("stat").decode(errors="replace")
-        except OSError:
-            return None
-        return next((float(line.split()[1]) for line in text.splitlines()
-                     if line.startswith("btime ") and len(line.split()) == 2 and line.split()[1].isdigit()), None)
 
     def close(self) -> None:
         for source in self.xid_sources:

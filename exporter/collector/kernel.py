@@ -9,6 +9,11 @@ a rate sees its first event. The log is read at each collection from where the l
 /dev/kmsg in a container) the collector says so once in the log and in `gpufleet_kernel_log_readable`, and
 keeps trying; the collection itself succeeds, so that a node set up without the capability does not open a
 ticket for a failing collector.
+
+NVSwitch errors (SXids, `exporter.sxid`) are counted from the same log per switch, code and class. A fatal one
+pages until the node reboots, so their counts are kept in the state file with the boot they belong to: an
+exporter restarted between the error and the reboot serves them again, and one started after a reboot drops
+them.
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ import re
 from typing import ClassVar
 
 from gpufleet.exporter.collector import Collection, FamilySet
-from gpufleet.exporter.hardware import Hardware
+from gpufleet.exporter.hardware import Hardware, boot_time
 from gpufleet.exporter.kernellog import KernelLog, KernelLogReader
+from gpufleet.exporter.state import PersistentState
+from gpufleet.exporter.sxid import parse_sxid
+from gpufleet.exporter.tree import Tree
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +56,14 @@ class KernelCollector:
     name: ClassVar[str] = "kernel"
     default_interval: ClassVar[float] = 15.0
 
-    def __init__(self, kernel_log: KernelLog | None) -> None:
+    def __init__(self, kernel_log: KernelLog | None, state: PersistentState | None = None,
+                 procfs: Tree | None = None) -> None:
         self._reader: KernelLogReader | None = kernel_log.reader() if kernel_log is not None else None
         self._counts = dict.fromkeys(EVENTS, 0)
         self._unreadable = ""  # Why the log could not be read, as last logged.
+        self.state = state or PersistentState()
+        self.procfs = procfs
+        self._sxids: dict[tuple[str, str, str], int] = {}  # (switch, code, class) -> count since boot.
 
     @staticmethod
     def add_arguments(parser: argparse._ArgumentGroup) -> None:
@@ -59,9 +71,15 @@ class KernelCollector:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, hardware: Hardware) -> KernelCollector:
-        return cls(hardware.kernel_log)
+        return cls(hardware.kernel_log, hardware.state, hardware.procfs)
 
     def start(self) -> None:
+        kept = self.state.section(self.name)
+        booted = boot_time(self.procfs)
+        if booted is not None and kept.get("boot") == booted and isinstance(kept.get("sxids"), list):
+            for entry in kept["sxids"]:
+                if isinstance(entry, list) and len(entry) == 4 and isinstance(entry[3], int):
+                    self._sxids[(str(entry[0]), str(entry[1]), str(entry[2]))] = entry[3]
         self._read()  # Positions the reader at the end of the log: what came before the exporter is not counted.
 
     def collect(self) -> Collection:
@@ -73,6 +91,12 @@ class KernelCollector:
             events.add_metric([event], count)
         families.gauge("gpufleet_kernel_log_readable", "1 when the exporter can read the kernel log.",
                        ()).add_metric([], 1.0 if readable else 0.0)
+        sxids = families.counter("gpufleet_nvswitch_sxid_errors", "NVSwitch errors (SXids) the nvidia-nvswitch "
+                                 "driver logged since the node booted, by switch (its PCI address), code and class "
+                                 "(fatal, non_fatal, correctable), as the driver judged each.",
+                                 ("switch", "sxid", "class"))
+        for key, count in sorted(self._sxids.items()):
+            sxids.add_metric(list(key), count)
         return families.collection()
 
     def held(self, hung: bool) -> Collection:
@@ -93,9 +117,16 @@ class KernelCollector:
         if self._unreadable:
             log.info("kernel log readable again")
             self._unreadable = ""
+        counted = len(self._sxids), sum(self._sxids.values())
         for message in messages:
             if (event := classify(message)) is not None:
                 self._counts[event] += 1
+            elif (sxid := parse_sxid(message)) is not None:
+                key = (sxid.switch, str(sxid.code), sxid.error_class)
+                self._sxids[key] = self._sxids.get(key, 0) + 1
+        if (len(self._sxids), sum(self._sxids.values())) != counted:
+            self.state.update(self.name, {"boot": boot_time(self.procfs),
+                                          "sxids": [[*key, count] for key, count in sorted(self._sxids.items())]})
         return True
 
     def stop(self) -> None:
