@@ -113,13 +113,23 @@ class FaultEffects:
                                        else pynvml.NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY)
 
     def _log_kernel_events(self) -> None:
-        """Each kernel_events fault's messages due by now, written once each."""
-        for fault in self.state.active(Kind.KERNEL_EVENTS):
-            due = int(fault.size * overlap(fault.start, fault.end, self.state.t))
+        """Each kernel_events or SXid fault's messages due by now, written once each."""
+        t = self.state.t
+        for fault in self.state.fleet.faults_for(self.state.name):
+            if fault.kind is Kind.KERNEL_EVENTS or fault.kind is Kind.SXID_NONFATAL:
+                due = int(fault.size * overlap(fault.start, fault.end, t))
+            elif fault.kind is Kind.SXID_FATAL:
+                due = 1 if fault.start <= t else 0
+            else:
+                continue
             written = self.state.kernel_messages.get(fault.id, 0)
-            if fault.event is not None and due > written:
+            if due <= written:
+                continue
+            if fault.kind is Kind.KERNEL_EVENTS and fault.event is not None:
                 self.kernel_log.write(fault.event, due - written)
-                self.state.kernel_messages[fault.id] = due
+            elif fault.kind is not Kind.KERNEL_EVENTS:
+                self.kernel_log.write_sxid(24007 if fault.kind is Kind.SXID_FATAL else 20001, due - written)
+            self.state.kernel_messages[fault.id] = due
 
     def _settings(self, board: SimulatedGpu) -> None:
         """What an operator set on the board, while the fault that set it lasts: ECC, persistence mode, a power

@@ -61,6 +61,8 @@ class FaultKind(StrEnum):
     POWER_CAPPED = "power_capped"
     KERNEL_EVENTS = "kernel_events"
     DRIVER_HANG = "driver_hang"
+    SXID_FATAL = "sxid_fatal"
+    SXID_NONFATAL = "sxid_nonfatal"
 
 
 OLDER_DRIVER = "570.124.06"  # What a driver_mismatch's node boots into, beside the simulated driver's 570.133.20.
@@ -127,6 +129,10 @@ KINDS: dict[FaultKind, tuple[tuple[str, ...], str]] = {
     FaultKind.DRIVER_HANG: ((), f"the node's GPU driver hangs: its `gpu` (0) logs XID {xid.GSP_TIMEOUT} (a GSP "
                                 "timeout) in the kernel log, and every NVML call blocks past the collector's timeout "
                                 "until the fault ends, that GPU is reset or the node reboots"),
+    FaultKind.SXID_FATAL: ((), "the node's first NVSwitch logs a fatal SXid (24007, a sourcetrack timeout on one "
+                               "link) in the kernel log at the start: the board's NVLink fabric needs a reset"),
+    FaultKind.SXID_NONFATAL: ((), "the node's first NVSwitch logs a non-fatal SXid (20001, a TX replay error) "
+                                  "`rate` times a second (0.05)"),
     FaultKind.SWITCH_DOWN: (("leaf",), "a leaf switch goes down: its InfiniBand port (`port`, one rail) or every "
                                        "port of every node behind it (the `leaf` of --topology) goes down at once"),
 }
@@ -146,6 +152,7 @@ SIZES: dict[FaultKind, tuple[str, float, float]] = {
     FaultKind.NIC_SATURATION: ("level", 0.97, 1.0),
     FaultKind.POWER_CAPPED: ("level", 0.7, 1.0),
     FaultKind.KERNEL_EVENTS: ("rate", 0.05, 1e3),
+    FaultKind.SXID_NONFATAL: ("rate", 0.05, 1e3),
     FaultKind.PCIE_REPLAY_STORM: ("rate", 50.0, 1e6),
     FaultKind.PCIE_AER: ("rate", 1.0, 1e6),
     FaultKind.NVLINK_CRC: ("rate", 200.0, 1e9),

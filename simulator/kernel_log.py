@@ -25,6 +25,12 @@ XID_TEXT = {
 }
 
 
+# What the nvidia-nvswitch driver writes for an SXid: its primary line (the class is the driver's judgement of
+# this error, the link and text its own) and the data line of the same code that follows it.
+SXIDS = {24007: "Fatal, Link 28 sourcetrack timeout error (First)", 20001: "Non-fatal, Link 12 TX Replay Error"}
+NVSWITCH = "0000:05:00.0"  # The node's first NVSwitch (`node_sysfs`), which the SXid faults name.
+
+
 class SimulatedKernelLog:
     """The node's messages in order; each reader starts at the end, as on /dev/kmsg."""
 
@@ -39,6 +45,13 @@ class SimulatedKernelLog:
         domain, bus, device = pci_bus_id.split(".")[0].split(":")
         self.messages.append(f"NVRM: Xid (PCI:{domain[-4:]}:{bus}:{device}): {code}, pid=48213, name=python3, "
                              f"{XID_TEXT.get(code, 'Ch 00000008')}")
+
+    def write_sxid(self, code: int, count: int) -> None:
+        """SXids as the nvidia-nvswitch driver logs them, on the node's first NVSwitch."""
+        for _ in range(count):
+            self.messages.append(f"nvidia-nvswitch0: SXid (PCI:{NVSWITCH}): {code}, {SXIDS[code]}")
+            self.messages.append(f"nvidia-nvswitch0: SXid (PCI:{NVSWITCH}): {code}, Data {{0x50610002, 0x10100030, "
+                                 "0x00000000, 0x10100030, 0x00000000, 0x00000000, 0x00000000, 0x00000000}")
 
     def reader(self) -> SimulatedKernelLogReader:
         return SimulatedKernelLogReader(self)
