@@ -9,6 +9,7 @@ from typing import Any
 
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.drift import INTERVAL
+from gpufleet.alerts.nvswitch import nvswitch_trends
 from gpufleet.alerts.rule import alert
 
 # Events that stall a node's processes for seconds: a likely cause of a straggler (`stragglers._causes`).
@@ -25,4 +26,5 @@ def kernel(c: Config) -> dict[str, Any]:
               "machine checks or OOM kills.",
               f"{{{{ $labels.instance }}}} logged {{{{ $value }}}} {{{{ $labels.event }}}} messages in "
               f"{c.kernel_events_window}."),
+        *nvswitch_trends(c),
     ]}

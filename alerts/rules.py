@@ -22,6 +22,7 @@ from gpufleet.alerts.gpu import gpu_failures, gpu_trends
 from gpufleet.alerts.jobs import jobs
 from gpufleet.alerts.kernel import kernel
 from gpufleet.alerts.maintenance import maintenance, maintenance_trends
+from gpufleet.alerts.nvswitch import nvswitch
 from gpufleet.alerts.pcie import pcie
 from gpufleet.alerts.pipeline import pipeline
 from gpufleet.alerts.recording import shared
@@ -42,7 +43,7 @@ def groups(config: Config) -> list[dict[str, Any]]:
     which should be the scrape interval; the first tier and every group that judges minutes of data run every
     minute; capacity and reliability, which the reports read, every five."""
     return [shared(config), maintenance(config), stragglers(config), jobs(config), gpu_failures(config),
-            fabric(config), exporter_health(config), collector_health(config), gpu_trends(config),
+            nvswitch(config), fabric(config), exporter_health(config), collector_health(config), gpu_trends(config),
             fabric_trends(config), maintenance_trends(config), drift(config), kernel(config), pcie(config),
             *capacity(config), reliability(config), pipeline(config), remediation(config)]
 

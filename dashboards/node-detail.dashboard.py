@@ -89,6 +89,14 @@ def build(config: Config) -> Dashboard:
                   thresholds=(("green", None), ("orange", 1)),
                   description="Links whose errors cannot be read: AER is off in the firmware, or the device lacks "
                               "it. Their errors show nowhere above.")],
+            [table("NVSwitch errors since boot (SXids)", [
+                (f"gpufleet_nvswitch_sxid_errors_total{{{node}}}", "")], width=18,
+                description="Each switch's errors by code and class, as the driver logged them: a fatal one stalls "
+                            "the NVLink traffic of its GPUs and pages. Empty where no switch has erred."),
+             stat("Kernel log readable", f"min(gpufleet_kernel_log_readable{{{node}}})", width=6,
+                  thresholds=(("orange", None), ("green", 1)),
+                  description="0: the exporter cannot read the kernel log, and neither SXids nor host trouble "
+                              "(soft lockups, storage timeouts) are counted on this node.")],
             [timeseries("Ethernet throughput", [
                 (s.rate("gpufleet_network_transmit_bytes_total", node), "{{instance}} {{device}} tx"),
                 (s.rate("gpufleet_network_receive_bytes_total", node), "{{instance}} {{device}} rx"),

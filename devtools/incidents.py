@@ -52,6 +52,9 @@ KINDS: tuple[tuple[dict[str, Any], bool], ...] = (
     ({"kind": "ecc_contained", "gpu": 3}, False),
     # A bad PCIe link: its uncorrectable error and its corrections are tickets.
     ({"kind": "pcie_aer", "gpu": 1}, False),
+    # An NVSwitch's fatal error pages once for the node; non-fatal ones that repeat are a ticket.
+    ({"kind": "sxid_fatal"}, True),
+    ({"kind": "sxid_nonfatal", "rate": 0.1}, False),
 )
 # What an operator does on a kind's node while it lasts: a fault, and when, as a share of the round.
 REPAIRS: dict[str, tuple[dict[str, Any], float]] = {"gpu_dead": ({"kind": "node_reboot", "duration": "2s"}, 0.5)}

@@ -37,6 +37,7 @@ from gpufleet.exporter.gpu.simulated.host import (
 from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
 from gpufleet.exporter.hardware import Hardware
 from gpufleet.exporter.tree import DiskTree
+from gpufleet.simulator.kernel_log import SimulatedKernelLog
 
 GOLDEN = FIXTURES / "e2e-output.txt"
 SERIES_BUDGET = 1200  # Series an 8-GPU node may serve at the default flags: the project's budget.
@@ -112,18 +113,22 @@ def masked(body: str) -> str:
 
 
 def served(gpus: list[SimulatedGpu], sysfs: Path, flags: argparse.Namespace, xids: Sequence[tuple[int, int]] = (),
-           collections: int = 2) -> str:
+           collections: int = 2, sxids: Sequence[int] = ()) -> str:
     """What a node of the exporter's own collectors over these boards and sysfs tree serves on /metrics once each
     collector has run and the GPUs have been collected `collections` times, 15 s apart (GPM reports the interval
-    between two); with `xids` (each a GPU and a code) raised and counted first."""
+    between two); with `xids` (each a GPU and a code) raised and counted first, and `sxids` (codes the simulator
+    writes) in its kernel log."""
     clock = FakeClock(1000.0)
     nvml = SimulatedNvml(gpus, clock=clock)
-    hardware = Hardware(nvml, DiskTree(sysfs), simulated_procfs(gpus), nvml_event_wait_ms=50)
+    kernel_log = SimulatedKernelLog()
+    hardware = Hardware(nvml, DiskTree(sysfs), simulated_procfs(gpus), nvml_event_wait_ms=50, kernel_log=kernel_log)
     collectors = node.build(flags, hardware)
     [gpu] = [c for c in collectors if c.name == "gpu"]
     try:
         for collector in collectors:
             collector.start()
+        for code in sxids:
+            kernel_log.write_sxid(code, 1)
         if xids and isinstance(gpu.collector, GpuCollector):
             ledger = gpu.collector.xids
             wait_for(lambda: ledger.watching, 10, "the XID watcher's registration")
@@ -170,7 +175,7 @@ def catalogue_exposition(flags: argparse.Namespace) -> str:
         sysfs = Path(tmp) / "sys"
         shutil.copytree(FIXTURE_SYSFS, sysfs, symlinks=True)
         (sysfs / "class/infiniband/mlx5_1/ports/1/counters/link_downed").write_text("255\n")
-        return served(gpus, sysfs, flags, xids=[(0, 31), (1, 94)])
+        return served(gpus, sysfs, flags, xids=[(0, 31), (1, 94)], sxids=[24007, 20001])
 
 
 def series_by_family(text: str) -> Counter[str]:

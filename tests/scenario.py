@@ -67,6 +67,11 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
       expect("NodeStraggler", 6, "ticket", required=False)]),
     ({"kind": "nvlink_down", "node": node(6), "gpu": 2, "link": 3},
      [expect("GpuNvlinkDown", 6, "pager", gpu="2", link="3")]),
+    # Its first NVSwitch logs a fatal SXid: a page of its own, in the node's one incident with the NVLink's.
+    ({"kind": "sxid_fatal", "node": node(6)}, [expect("NodeNvswitchFatalError", 6, "pager")]),
+    # And a non-fatal one every 10 s (80 production seconds): three within the hour are a ticket.
+    ({"kind": "sxid_nonfatal", "node": node(6), "rate": 0.1},
+     [expect("NodeNvswitchErrorsRepeated", 6, "ticket", sxid="20001")]),
     ({"kind": "power_brake", "node": node(8), "gpu": 0},
      [expect("GpuHardwareSlowdown", 8, "ticket", gpu="0", reason="hw_power_brake_slowdown"),
       expect("GpuHardwareSlowdown", 8, "ticket", gpu="0", reason="hw_slowdown"),

@@ -108,7 +108,7 @@ def has_data(url: str, expr: str, instant: bool) -> bool:
 
 # Faults that fill the panels a healthy fleet leaves empty: XIDs of each class, a lost GPU, a saturated
 # link, ports down, slow, flapping or erroring, a straggler with a cause, a new ECC error,
-# a remapped row, PCIe replays and NVLink CRC errors. The layout (layouts.SIXTEEN_NODES)
+# a remapped row, PCIe replays, NVLink CRC errors and an NVSwitch's SXid. The layout (layouts.SIXTEEN_NODES)
 # puts a Kubernetes job on nodes 4, 9, 12 and 16, and leaves nodes 5 and 7 idle.
 FAULTS = [
     {"kind": "xid", "node": "gpu-node-0001", "gpu": 0, "xid": 79},
@@ -127,6 +127,7 @@ FAULTS = [
     {"kind": "row_remap_pending", "node": "gpu-node-0008", "gpu": 4},
     {"kind": "pcie_replay_storm", "node": "gpu-node-0010", "gpu": 2},
     {"kind": "nvlink_crc", "node": "gpu-node-0013", "gpu": 1, "link": 4},
+    {"kind": "sxid_fatal", "node": "gpu-node-0005"},
 ]
 
 

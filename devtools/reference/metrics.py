@@ -27,7 +27,7 @@ IDENTITIES = {"gpu", "uuid", "name", "pci_bus_id", "serial", "vbios", "driver_ve
               "user_id", "pod_uid", "container_id", "namespace", "pod", "mig_uuid", "gpu_instance", "compute_instance",
               "pid", "device", "port", "address", "board_id", "firmware_version", "hca_type", "node_guid", "chip",
               "sensor", "label", "zone", "type", "link", "fan", "version", "python_version", "xid", "profile",
-              "trip_point", "qos_class"}
+              "trip_point", "qos_class", "bridge", "slot", "switch", "sxid"}
 UNITS = (("_bytes_per_second", "bytes/s"), ("_bytes_total", "bytes"), ("_bytes", "bytes"),
          ("_seconds_total", "seconds"), ("_seconds", "seconds"), ("_celsius", "°C"), ("_watts", "watts"),
          ("_joules_total", "joules"), ("_hertz", "hertz"), ("_ratio", "ratio (0-1)"), ("_rpm", "rpm"),
@@ -35,6 +35,8 @@ UNITS = (("_bytes_per_second", "bytes/s"), ("_bytes_total", "bytes"), ("_bytes",
 SECTIONS = (("GPU (`gpu` collector)", "gpufleet_gpu_"), ("Ethernet (`network` collector)", "gpufleet_network_"),
             ("InfiniBand and RoCE (`infiniband` collector)", "gpufleet_infiniband_"),
             ("Sensors (`hwmon` and `thermal_zone` collectors)", "gpufleet_hwmon_"), ("", "gpufleet_thermal_zone_"),
+            ("PCIe errors (`pcie` collector)", "gpufleet_pcie_"),
+            ("Kernel log (`kernel` collector)", "gpufleet_kernel_"), ("", "gpufleet_nvswitch_"),
             ("The exporter itself", "gpufleet_collector_"), ("", "gpufleet_exporter_"), ("", "process_"))
 
 
@@ -115,8 +117,8 @@ INTRO = """# Metrics
 Every metric family the exporter serves, as its own code serves it. **Served** says when: `default`; with an
 opt-in flag; or `where present`, a family that exists only while what it reports applies (an XID seen, a link down or
 erring, a MIG mode pending, a board that has the feature), never as a zero. **Series per node** counts the
-benchmark's node (8 simulated H100s, 8 InfiniBand ports, 4 Ethernet interfaces, 32 hwmon sensors) at the
-default flags: {total} series in all, against a budget of {budget}. Families named after sysfs files (the
+benchmark's node (8 simulated H100s, 8 InfiniBand ports, 4 Ethernet interfaces, 32 hwmon sensors, 20 PCIe
+links) at the default flags: {total} series in all, against a budget of {budget}. Families named after sysfs files (the
 InfiniBand, RoCE and Ethernet counters) follow the files a device has; the list shows those of the fixture
 trees. Label values are listed where a label takes one of a few.
 

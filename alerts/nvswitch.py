@@ -1,0 +1,53 @@
+"""What the NVSwitches of an HGX board report in the kernel log: SXids, counted per switch, code and class since
+the node booted (`exporter.sxid`). A fatal one stalls the NVLink traffic of the GPUs behind the link, and their
+jobs fail with XID 45 or 74 until the board's GPUs and NVSwitches are reset or the node reboots: a page, one per
+node whatever the number of switches or links, held until that reboot starts the counts again. Non-fatal ones
+that repeat are a link to look at, a ticket. A node whose kernel log cannot be read shows no SXid either; where
+that is a share of a cluster, a ticket says the SXids of those nodes are not seen."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpufleet.alerts.config import Config
+from gpufleet.alerts.rule import alert, printf
+
+SXIDS = "gpufleet_nvswitch_sxid_errors_total"
+
+
+def nvswitch(c: Config) -> dict[str, Any]:
+    """The page, at the evaluation interval: the series are sparse, one per switch and code that erred."""
+    fatal = c.metric(SXIDS, 'class="fatal"')
+    listed = printf(c.metric(SXIDS, f'{c.cluster_label}="%s",instance="%s",class="fatal"'),
+                    f"$labels.{c.cluster_label}", "$labels.instance")
+    codes = (f"{{{{ range $i, $s := {listed} | query }}}}{{{{ if $i }}}},{{{{ end }}}} {{{{ $s.Labels.sxid }}}} "
+             "on {{ $s.Labels.switch }}{{ end }}")
+    return {"name": "gpufleet-nvswitch", "rules": [
+        alert(c, "NodeNvswitchFatalError", f"sum by ({c.node()}) ({fatal}) > 0", "critical",
+              "An NVSwitch of the node logged a fatal SXid: the NVLink traffic of its GPUs stalls.",
+              f"{{{{ $labels.instance }}}} logged {{{{ $value }}}} fatal SXids since it booted (code and switch:"
+              f"{codes}). The jobs on its GPUs fail until every GPU and NVSwitch of the board is reset, or the "
+              "node rebooted."),
+    ]}
+
+
+def nvswitch_trends(c: Config) -> list[dict[str, Any]]:
+    """The tickets, for the kernel group's five-minute interval."""
+    non_fatal = c.metric(SXIDS, 'class="non_fatal"')
+    window = c.d(c.sxid_window)
+    # Since the window began, or since the series appeared within it: the first error of a switch and code
+    # is its series' first sample, which `increase()` would not count.
+    recent = f"({non_fatal} - {non_fatal} offset {window} or ({non_fatal} unless {non_fatal} offset {window}))"
+    readable = c.metric("gpufleet_kernel_log_readable")
+    blind = (f"count by ({c.by()}) ({readable} == 0) / count by ({c.by()}) ({readable}) "
+             f"> {c.kernel_log_blind_share:g}")
+    return [
+        alert(c, "NodeNvswitchErrorsRepeated", f"{recent} >= {c.sxid_repeated}", "warning",
+              "An NVSwitch keeps logging the same non-fatal SXid.",
+              f"NVSwitch {{{{ $labels.switch }}}} of {{{{ $labels.instance }}}} logged SXid {{{{ $labels.sxid }}}} "
+              f"{{{{ $value }}}} times in {c.sxid_window}."),
+        alert(c, "NodesKernelLogUnreadable", blind, "warning",
+              "A share of the fleet's nodes cannot read their kernel log: their SXids and host trouble go unseen.",
+              "The exporters of {{ $value | humanizePercentage }} of the nodes cannot read the kernel log: "
+              "their NVSwitch errors, soft lockups and storage timeouts are not counted.", for_="30m", held=False),
+    ]
