@@ -109,11 +109,11 @@ class Config:
 
     # Kernel log (alerts/kernel.py): this many messages of one event within the window is a ticket.
     kernel_events_repeated: int = 3
+    kernel_events_window: Duration = "30m"
     sxid_repeated: int = 3  # Non-fatal SXids of one code on one switch within `sxid_window`: a ticket.
     sxid_window: Duration = "1h"
     # Nodes of a cluster whose exporter cannot read the kernel log, above this share: one ticket.
     kernel_log_blind_share: float = 0.1
-    kernel_events_window: Duration = "30m"
 
     # Network and fabric.
     saturation_warning: float = 0.8  # Share of link speed.

@@ -36,8 +36,11 @@ def nvswitch_trends(c: Config) -> list[dict[str, Any]]:
     non_fatal = c.metric(SXIDS, 'class="non_fatal"')
     window = c.d(c.sxid_window)
     # Since the window began, or since the series appeared within it: the first error of a switch and code
-    # is its series' first sample, which `increase()` would not count.
-    recent = f"({non_fatal} - {non_fatal} offset {window} or ({non_fatal} unless {non_fatal} offset {window}))"
+    # is its series' first sample, which `increase()` would not count. The count at the window's start is the
+    # last one seen in the window before it, so that a failed scrape there (a restart, a dark node) does not
+    # take a series kept from before for a new one.
+    before = f"last_over_time({non_fatal}[{window}] offset {window})"
+    recent = f"({non_fatal} - {before} or ({non_fatal} unless {before}))"
     readable = c.metric("gpufleet_kernel_log_readable")
     blind = (f"count by ({c.by()}) ({readable} == 0) / count by ({c.by()}) ({readable}) "
              f"> {c.kernel_log_blind_share:g}")
@@ -47,7 +50,8 @@ def nvswitch_trends(c: Config) -> list[dict[str, Any]]:
               f"NVSwitch {{{{ $labels.switch }}}} of {{{{ $labels.instance }}}} logged SXid {{{{ $labels.sxid }}}} "
               f"{{{{ $value }}}} times in {c.sxid_window}."),
         alert(c, "NodesKernelLogUnreadable", blind, "warning",
-              "A share of the fleet's nodes cannot read their kernel log: their SXids and host trouble go unseen.",
-              "The exporters of {{ $value | humanizePercentage }} of the nodes cannot read the kernel log: "
-              "their NVSwitch errors, soft lockups and storage timeouts are not counted.", for_="30m", held=False),
+              "Many nodes cannot read their kernel log: their SXids and host trouble go unseen.",
+              f"The exporters of {{{{ $value | humanizePercentage }}}} of the nodes of "
+              f"{{{{ $labels.{c.cluster_label} }}}} cannot read the kernel log: their NVSwitch errors, soft lockups "
+              "and storage timeouts are not counted.", for_="30m", held=False),
     ]

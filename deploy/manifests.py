@@ -41,6 +41,8 @@ def exporter_args(config: Config, site: Site) -> list[str]:
             f"--path.pod-resources-socket={_POD_RESOURCES}/kubelet.sock"]
     if config.node_exporter_job:  # Beside node_exporter, its readings are not stored twice.
         args += node_exporter.EXPORTER_FLAGS
+    if not site.kernel_log:  # The site chose not to give the pod the log: not a node that cannot read it.
+        args.append("--no-collector.kernel")
     return args + site.exporter_args
 
 

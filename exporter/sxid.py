@@ -6,7 +6,7 @@ crumbstore MCTO (First)`, which lines of the same code follow (`Severity 0 Engin
 only the primary line is counted, or one error would count three times. Whether an error is fatal is the
 driver's word on that line, decided when it happens (whether the port had to be locked), so it is read from
 there rather than from a table of codes; the guide's table says only which codes are always fatal to the whole
-fabric, beyond the one link.
+fabric, beyond the one link, which the runbook lists.
 """
 
 from __future__ import annotations
@@ -18,14 +18,11 @@ _PRIMARY = re.compile(r"nvidia-nvswitch\d+: SXid \(PCI:([0-9a-fA-F]{4}:[0-9a-fA-
                       r"(\d+), (Fatal|Non-fatal|Correctable),")
 # The driver's word -> the `class` label.
 CLASSES = {"Fatal": "fatal", "Non-fatal": "non_fatal", "Correctable": "correctable"}
-# Fatal to the whole fabric, whatever the link (the guide's "Always Fatal" table, and its host unhandled interrupt):
-# every GPU and NVSwitch of the board is reset, or the node rebooted.
-ALWAYS_FATAL = frozenset({10003, 12020, 22003, 22011, *range(23001, 23018)})
 
 
 @dataclass(frozen=True)
 class Sxid:
-    switch: str  # The NVSwitch's PCI address, as the driver prints it: 0000:c1:00.0.
+    switch: str  # The NVSwitch's PCI address, with its function, as the driver prints it.
     code: int
     error_class: str  # One of CLASSES' values.
 

@@ -51,12 +51,40 @@ def _tree(correctable: str) -> MemoryTree:
     return tree
 
 
-def test_a_file_without_its_total_is_a_problem_and_the_rest_is_served():
-    collection = PcieCollector(_tree("RxErr 4\nBadTLP x")).collect()
+def test_a_file_without_its_total_is_a_problem_and_its_link_is_left_out_rather_than_served_short():
+    tree = _tree("RxErr 4\nBadTLP x")
+    tree.set("bus/pci/devices/0000:2b:00.0/vendor", "0x15b3")
+    tree.set("bus/pci/devices/0000:2b:00.0/class", "0x020700")
+    tree.set("bus/pci/devices/0000:2b:00.0/aer_dev_correctable", "TOTAL_ERR_COR 6")
+    collection = PcieCollector(tree).collect()
     assert collection.problems == ("bus/pci/devices/0000:1b:00.0/aer_dev_correctable: no TOTAL_ERR_COR count",)
-    # The link is still served, with what could be read: a fatal file that is absent counts nothing.
-    assert _errors(rendered(collection)) == {("0000:1b:00", "correctable"): 0, ("0000:1b:00", "nonfatal"): 2,
-                                             ("0000:1b:00", "fatal"): 0}
+    # A total missing a file would step down and back up, which a rate reads as new errors; a file that is
+    # absent counts nothing, as it never counted anything.
+    assert _errors(rendered(collection)) == {("0000:2b:00", "correctable"): 6, ("0000:2b:00", "nonfatal"): 0,
+                                             ("0000:2b:00", "fatal"): 0}
+
+
+def test_virtual_functions_are_their_devices_link_and_a_device_without_aer_keeps_its_ports_counts():
+    tree = _tree("TOTAL_ERR_COR 5")
+    vf = "devices/pci0000:1a/0000:1a:01.0/0000:1b:01.2"  # An SR-IOV VF of the device, past its eight functions.
+    tree.set(f"{vf}/vendor", "0x10de")
+    tree.set(f"{vf}/class", "0x030200")
+    tree.set(f"{vf}/aer_dev_correctable", "TOTAL_ERR_COR 9")
+    tree.link(f"{vf}/physfn", "../0000:1b:00.0")
+    tree.link("bus/pci/devices/0000:1b:01.2", f"../../../{vf}")
+    # A GPU without the AER capability below a root port that has it.
+    gpu = "devices/pci0000:3c/0000:3c:01.0/0000:3d:00.0"
+    tree.set(f"{gpu}/vendor", "0x10de")
+    tree.set(f"{gpu}/class", "0x030200")
+    tree.set("devices/pci0000:3c/0000:3c:01.0/aer_dev_fatal", "TOTAL_ERR_FATAL 1")
+    tree.link("bus/pci/devices/0000:3d:00.0", f"../../../{gpu}")
+    collection = PcieCollector(tree).collect()
+    assert collection.problems == ()
+    samples = rendered(collection)
+    assert {address for address, _ in _errors(samples)} == {"0000:1b:00", "0000:3d:00"}
+    assert _errors(samples)["0000:1b:00", "correctable"] == 5
+    assert _errors(samples)["0000:3d:00", "fatal"] == 1
+    assert named(samples, "gpufleet_pcie_links_without_aer") == {frozenset(): 1}
 
 
 def test_a_link_out_of_the_tree_leaves_the_device_alone():

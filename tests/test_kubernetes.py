@@ -167,6 +167,14 @@ def test_the_monitor_keeps_the_exporters_job_labels_and_names_nodes_and_clusters
     assert monitor["spec"]["attachMetadata"] == {"node": True}
 
 
+def test_without_the_kernel_log_the_kernel_collector_is_off_rather_than_blind():
+    """A site that does not give the pod /dev/kmsg chose so: its nodes are not nodes that cannot read the log."""
+    [daemonset] = [o for o in kustomize(DEPLOY) if o["kind"] == "DaemonSet"]
+    [container] = daemonset["spec"]["template"]["spec"]["containers"]
+    assert "--no-collector.kernel" in container["args"]
+    assert not any(mount["name"] == "kmsg" for mount in container["volumeMounts"])
+
+
 SITE = {
     "cluster_label": "site",
     "exporter_job": "gpu-nodes",
@@ -207,6 +215,7 @@ def test_a_site_configuration_reaches_every_object(tmp_path):
     # The kernel log mounted, for the kernel collector and the XIDs the GPU collector reads from it by default.
     assert {"name": "kmsg", "mountPath": "/dev/kmsg", "readOnly": True} in container["volumeMounts"]
     assert "--no-collector.gpu.xid-kmsg" not in container["args"] and container["securityContext"]["privileged"] is True
+    assert "--no-collector.kernel" not in container["args"]
     [monitor] = [o for o in objects if o["kind"] == "ServiceMonitor"]
     relabel = monitor["spec"]["endpoints"][0]["relabelings"]
     assert {"targetLabel": "site", "replacement": "h100-east"} in relabel

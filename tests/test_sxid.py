@@ -49,8 +49,9 @@ def test_sxids_are_counted_once_each_and_kept_until_the_node_boots_again():
     log.write_sxid(20001, 3)
     assert _sxids(first) == {("24007", "fatal"): 1, ("20001", "non_fatal"): 3}
     first.close()
-    # The exporter restarts within the same boot: the fatal error still stands, though the log is read from its end.
-    again = _node(1000, store, log)
+    # The exporter restarts within the same boot (its time a second later, as NTP steered the clock): the fatal
+    # error still stands, though the log is read from its end.
+    again = _node(1001, store, log)
     log.write_sxid(20001, 1)
     assert _sxids(again) == {("24007", "fatal"): 1, ("20001", "non_fatal"): 4}
     again.close()

@@ -13,7 +13,9 @@ ticket for a failing collector.
 NVSwitch errors (SXids, `exporter.sxid`) are counted from the same log per switch, code and class. A fatal one
 pages until the node reboots, so their counts are kept in the state file with the boot they belong to: an
 exporter restarted between the error and the reboot serves them again, and one started after a reboot drops
-them.
+them. The boot is known by its time, which the kernel derives from the clock and which moves by a second or
+so as NTP steers it: a kept boot within `_SAME_BOOT` seconds of this one is this one, as no reboot is that
+quick. Like the events, only the SXids logged while the exporter reads the log count.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from gpufleet.exporter.sxid import parse_sxid
 from gpufleet.exporter.tree import Tree
 
 log = logging.getLogger(__name__)
+_SAME_BOOT = 60.0
 
 # event -> the messages that are one, as the kernel writes them.
 EVENTS = {
@@ -76,7 +79,9 @@ class KernelCollector:
     def start(self) -> None:
         kept = self.state.section(self.name)
         booted = boot_time(self.procfs)
-        if booted is not None and kept.get("boot") == booted and isinstance(kept.get("sxids"), list):
+        kept_boot = kept.get("boot")
+        if (booted is not None and isinstance(kept_boot, int | float) and abs(kept_boot - booted) < _SAME_BOOT
+                and isinstance(kept.get("sxids"), list)):
             for entry in kept["sxids"]:
                 if isinstance(entry, list) and len(entry) == 4 and isinstance(entry[3], int):
                     self._sxids[(str(entry[0]), str(entry[1]), str(entry[2]))] = entry[3]
@@ -92,8 +97,8 @@ class KernelCollector:
         families.gauge("gpufleet_kernel_log_readable", "1 when the exporter can read the kernel log.",
                        ()).add_metric([], 1.0 if readable else 0.0)
         sxids = families.counter("gpufleet_nvswitch_sxid_errors", "NVSwitch errors (SXids) the nvidia-nvswitch "
-                                 "driver logged since the node booted, by switch (its PCI address), code and class "
-                                 "(fatal, non_fatal, correctable), as the driver judged each.",
+                                 "driver logged since the node booted, as the exporter read them, by switch (its PCI "
+                                 "address), code and class (fatal, non_fatal, correctable), as the driver judged each.",
                                  ("switch", "sxid", "class"))
         for key, count in sorted(self._sxids.items()):
             sxids.add_metric(list(key), count)

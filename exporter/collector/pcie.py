@@ -9,9 +9,15 @@ series a node serves for a distinction the runbook reads from sysfs in one comma
 
 `bus/pci/devices/<address>` is a link into the device hierarchy (`devices/pci0000:17/0000:17:01.0/...`), which
 is how the port above is found; where it is a plain directory (a tree without the hierarchy) the device's own
-counts stand alone. The counts are kept by the kernel since boot, so a reboot starts them again. A device without
-AER (disabled in firmware, or not supported) has none of these files and is counted apart, so that a node
-whose counts cannot be read is not taken for a node without errors.
+counts stand alone. The counts are kept by the kernel since boot, so a reboot starts them again. A device
+without the AER capability has none of these files and is counted apart (with the port's counts still served
+where it has them), so that a node whose devices cannot report is not taken for a node without errors. The
+files exist wherever the capability does, though: where the firmware keeps AER to itself (firmware-first) the
+kernel counts nothing, and the counts stay 0.
+
+A sum of several files must never go down between two reboots, or a rate would read the step back up as new
+errors: a link one of whose files cannot be read this time is left out of the collection, not served short.
+SR-IOV virtual functions (a `physfn` link) share their device's link and are not counted again.
 """
 
 from __future__ import annotations
@@ -96,18 +102,20 @@ class PcieCollector(SysfsCollector):
                                   "or at the port above it, by type.", ("address", "kind", "bridge", "slot", "type"))
         blind = 0
         for address, link in sorted(links.items()):
+            problems = len(sysfs.problems)
             counts = {kind: [_total(sysfs, f"{where}/{file}", total)
                              for where in (*link.functions, *([link.bridge] if link.bridge else []))]
                       for kind, (file, total) in TYPES.items()}
-            if all(value is None for values in counts.values() for value in values):
-                blind += 1
+            device_blind = all(value is None for values in counts.values() for value in values[:len(link.functions)])
+            blind += device_blind
+            if len(sysfs.problems) > problems or all(value is None for values in counts.values() for value in values):
                 continue
             bridge = posixpath.basename(link.bridge)
             for kind, values in counts.items():
                 errors.add_metric([address, link.kind, bridge, slots.get(address, ""), kind],
                                   sum(value for value in values if value is not None))
-        families.gauge("gpufleet_pcie_links_without_aer", "GPU, NVSwitch and NIC links whose errors cannot be read: "
-                       "their device has no AER statistics (disabled in firmware, or not supported).",
+        families.gauge("gpufleet_pcie_links_without_aer", "GPU, NVSwitch and NIC links whose device has no AER "
+                       "statistics (no AER capability): its own errors are not counted.",
                        ()).add_metric([], blind)
 
     @staticmethod
@@ -119,7 +127,7 @@ class PcieCollector(SysfsCollector):
                 continue
             path = device_path(sysfs, address)
             kind = device_kind(sysfs.text(f"{path}/vendor"), sysfs.text(f"{path}/class"))
-            if kind is None:
+            if kind is None or sysfs.readlink(f"{path}/physfn") is not None:
                 continue
             link = links.setdefault(address.rpartition(".")[0], _Link(kind))
             link.functions.append(path)
