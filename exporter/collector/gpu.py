@@ -41,6 +41,7 @@ from gpufleet.exporter.gpu.probes import GpuMetric
 from gpufleet.exporter.gpu.session import GpuIdentity, GpuUnavailable, NodeSample, NvmlSession
 from gpufleet.exporter.gpu.xid import KernelLogXids, NvmlXidWatcher, XidLedger
 from gpufleet.exporter.hardware import Hardware, boot_time
+from gpufleet.exporter.pci import device_kind
 from gpufleet.exporter.state import PersistentState
 from gpufleet.exporter.sysfs import SysfsReader
 from gpufleet.exporter.tree import DiskTree, Tree
@@ -50,8 +51,6 @@ log = logging.getLogger(__name__)
 
 _GPU_LABELS = ("gpu", "uuid")
 _INFO_LABELS = ("gpu", "uuid", "name", "pci_bus_id", "serial", "vbios", "driver_version", "cuda_version")
-_NVIDIA_VENDOR = "0x10de"
-_DISPLAY_CLASSES = frozenset({0x0300, 0x0302})  # VGA and 3D controllers; NVSwitches (0x0680) are not GPUs.
 _NVIDIA_DRIVER = "nvidia"  # The kernel module NVML talks to, as /sys/bus/pci/drivers names it.
 
 
@@ -126,10 +125,7 @@ def add_pci_devices(families: FamilySet, sysfs: SysfsReader) -> None:
     count, elsewhere = 0, Counter[str]()
     for device in sysfs.listdir("bus/pci/devices"):
         base = f"bus/pci/devices/{device}"
-        if sysfs.text(f"{base}/vendor") != _NVIDIA_VENDOR:
-            continue
-        device_class = sysfs.integer(f"{base}/class")
-        if device_class is None or device_class >> 8 not in _DISPLAY_CLASSES:
+        if device_kind(sysfs, base) != "gpu":
             continue
         driver = (sysfs.readlink(f"{base}/driver") or "").rstrip("/").rpartition("/")[2]
         if driver in ("", _NVIDIA_DRIVER):

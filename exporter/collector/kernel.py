@@ -122,14 +122,15 @@ class KernelCollector:
         if self._unreadable:
             log.info("kernel log readable again")
             self._unreadable = ""
-        counted = len(self._sxids), sum(self._sxids.values())
+        sxids_changed = False
         for message in messages:
             if (event := classify(message)) is not None:
                 self._counts[event] += 1
             elif (sxid := parse_sxid(message)) is not None:
                 key = (sxid.switch, str(sxid.code), sxid.error_class)
                 self._sxids[key] = self._sxids.get(key, 0) + 1
-        if (len(self._sxids), sum(self._sxids.values())) != counted:
+                sxids_changed = True
+        if sxids_changed:
             self.state.update(self.name, {"boot": boot_time(self.procfs),
                                           "sxids": [[*key, count] for key, count in sorted(self._sxids.items())]})
         return True

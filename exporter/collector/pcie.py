@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, field
 
 from gpufleet.exporter.collector import FamilySet, SysfsCollector
+from gpufleet.exporter.pci import device_kind
 from gpufleet.exporter.sysfs import SysfsReader
 
 DEVICES = "bus/pci/devices"
@@ -35,22 +36,6 @@ TYPES = {"correctable": ("aer_dev_correctable", "TOTAL_ERR_COR"),
          "nonfatal": ("aer_dev_nonfatal", "TOTAL_ERR_NONFATAL"),
          "fatal": ("aer_dev_fatal", "TOTAL_ERR_FATAL")}
 _ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-_NVIDIA, _MELLANOX = "0x10de", "0x15b3"
-
-
-def device_kind(vendor: str | None, pci_class: str | None) -> str | None:
-    """What a PCI function is to a GPU node: a GPU (any display controller of NVIDIA's, bound to any driver),
-    an NVSwitch (NVIDIA's "other bridge" class), a NIC (a Mellanox InfiniBand or Ethernet controller), or none
-    of these."""
-    if vendor is None or pci_class is None:
-        return None
-    if vendor == _NVIDIA and pci_class.startswith("0x03"):
-        return "gpu"
-    if vendor == _NVIDIA and pci_class.startswith("0x0680"):
-        return "nvswitch"
-    if vendor == _MELLANOX and pci_class.startswith(("0x0207", "0x0200")):
-        return "nic"
-    return None
 
 
 def device_path(sysfs: SysfsReader, address: str) -> str:
@@ -126,7 +111,7 @@ class PcieCollector(SysfsCollector):
             if not _ADDRESS.match(address):
                 continue
             path = device_path(sysfs, address)
-            kind = device_kind(sysfs.text(f"{path}/vendor"), sysfs.text(f"{path}/class"))
+            kind = device_kind(sysfs, path)
             if kind is None or sysfs.readlink(f"{path}/physfn") is not None:
                 continue
             link = links.setdefault(address.rpartition(".")[0], _Link(kind))
