@@ -39,7 +39,7 @@ from gpufleet.exporter.gpu.podjobs import PodJobs, PodPatternError, compile_patt
 from gpufleet.exporter.gpu.podresources import PodResourcesClient
 from gpufleet.exporter.gpu.probes import GpuMetric
 from gpufleet.exporter.gpu.session import GpuIdentity, GpuUnavailable, NodeSample, NvmlSession
-from gpufleet.exporter.gpu.xid import KernelLogXids, NvmlXidWatcher, XidLedger
+from gpufleet.exporter.gpu.xid import KernelLogXids, NvmlXidWatcher, XidCount, XidLedger
 from gpufleet.exporter.hardware import Hardware, boot_time
 from gpufleet.exporter.pci import device_kind
 from gpufleet.exporter.state import PersistentState
@@ -102,9 +102,9 @@ def add_sample(families: FamilySet, sample: NodeSample) -> None:
         _identity_series(families, identity, False, sample.driver_version, sample.cuda_version)
 
 
-def add_xids(families: FamilySet, ledger: XidLedger) -> None:
+def add_xids(families: FamilySet, counts: Sequence[XidCount], watching: bool) -> None:
     labels = ("gpu", "uuid", "xid")
-    for count in ledger.snapshot():
+    for count in counts:
         values = [str(count.gpu), count.uuid, str(count.xid)]
         families.counter("gpufleet_gpu_xid_errors_total", "Critical XID events, every occurrence counted.",
                          labels).add_metric(values, count.count)
@@ -112,7 +112,7 @@ def add_xids(families: FamilySet, ledger: XidLedger) -> None:
                        labels).add_metric(values, count.last_timestamp)
     families.gauge("gpufleet_gpu_xid_events_registered",
                    "1 while NVML XID events are registered for at least one GPU.", ()).add_metric(
-        [], 1.0 if ledger.watching else 0.0
+        [], 1.0 if watching else 0.0
     )
 
 
@@ -308,6 +308,7 @@ class GpuCollector:
     def collect(self) -> Collection:
         families = FamilySet()
         problems: list[str] = []
+        counts: list[XidCount] | None = None  # The XID counts the sample's actions were raised from.
         with self._lock:
             if self.kernel_xids is not None:
                 self.kernel_xids.poll()
@@ -324,7 +325,7 @@ class GpuCollector:
                 dataclasses.replace(gpu, readings=tuple(self.nvlinks.apply(gpu.identity.uuid, gpu.readings)))
                 for gpu in sample.gpus))
             with self._lock:
-                sample = self._observe(sample, verdicts)
+                sample, counts = self._observe(sample, verdicts)
                 self._answered = True
             add_sample(families, sample)
             problems.extend(sample.problems)
@@ -333,7 +334,7 @@ class GpuCollector:
                 add_jobs(families, attribution)
                 problems.extend(attribution.problems)
         with self._lock:
-            kept = self._add_kept(families)
+            kept = self._add_kept(families, counts)
         if kept is not None:  # Written outside the lock, which `held` takes in the event loop: a disk that stalls
             self.state.update(self.name, kept)  # stalls this collection, not every scrape.
         if self.sysfs is not None:
@@ -353,10 +354,11 @@ class GpuCollector:
                 self._answered = False
             if self.kernel_xids is not None:
                 self.kernel_xids.poll()
+            counts = self.xids.snapshot()
             if self._kept is None:
-                for change in self.actions.raise_from_xids(self.xids.snapshot(), boot_time(self.procfs)):
+                for change in self.actions.raise_from_xids(counts, boot_time(self.procfs)):
                     log.info("%s", change)
-            self._add_kept(families)
+            self._add_kept(families, counts)
         return families.collection()
 
     def _unavailable(self, families: FamilySet) -> None:
@@ -368,9 +370,9 @@ class GpuCollector:
                 _identity_series(families, identity, False, self.session.driver_version, self.session.cuda_version)
             self.actions.absent()
 
-    def _observe(self, sample: NodeSample, verdicts: dict[str, list[int]]) -> NodeSample:
+    def _observe(self, sample: NodeSample, verdicts: dict[str, list[int]]) -> tuple[NodeSample, list[XidCount]]:
         """Take one sample's GPUs into the inventory and the action book; returns it with the GPUs the node had
-        that NVML no longer lists added to its lost ones."""
+        that NVML no longer lists added to its lost ones, and the XID counts the actions were raised from."""
         answering = {gpu.identity.pci_bus_id for gpu in sample.gpus}
         # The session knows lost GPUs by index, which NVML renumbers when it lists fewer: not one that answers.
         sample = dataclasses.replace(sample, lost=tuple(g for g in sample.lost if g.pci_bus_id not in answering))
@@ -385,20 +387,22 @@ class GpuCollector:
         sample = dataclasses.replace(sample, lost=(*sample.lost, *missing))
         if self._kept is not None:
             self._restore([*(gpu.identity for gpu in sample.gpus), *sample.lost])
-        for change in self.actions.observe(sample.gpus, sample.lost, self.xids.snapshot(), boot_time(self.procfs),
-                                           verdicts):
+        counts = self.xids.snapshot()
+        for change in self.actions.observe(sample.gpus, sample.lost, counts, boot_time(self.procfs), verdicts):
             log.info("%s", change)
-        return sample
+        return sample, counts
 
     def _add_driver(self, families: FamilySet) -> None:
         families.gauge("gpufleet_gpu_driver_up", "1 when NVML answered the last GPU collection; 0 before the first, "
                        "when NVML is unavailable, or when the collection timed out (a hung driver).",
                        ()).add_metric([], 1.0 if self._answered else 0.0)
 
-    def _add_kept(self, families: FamilySet) -> dict[str, object] | None:
+    def _add_kept(self, families: FamilySet, counts: Sequence[XidCount] | None) -> dict[str, object] | None:
         """The XID counts and the held recovery actions, exported; returns them as the next process is to find
-        them, or None before the kept state is carried over, which they would overwrite."""
-        add_xids(families, self.xids)
+        them, or None before the kept state is carried over, which they would overwrite. `counts` are those the
+        actions were raised from, so that a kernel-log XID counted between two snapshots (its wait for NVML's
+        event over) is not served beside the action it has not raised yet; None where no sample was taken."""
+        add_xids(families, self.xids.snapshot() if counts is None else counts, self.xids.watching)
         for family in self.actions.families():
             families.add(family)
         self._add_driver(families)
