@@ -49,6 +49,11 @@ class Config:
     cluster_label: str = "cluster"
     # The scrape job of the exporters: `up` of other jobs (Prometheus itself, Alertmanager) is not ours.
     exporter_job: str = "gpufleet"
+    # The scrape job of blackbox_exporter's probes of the nodes themselves (ICMP in production), whose `instance` names
+    # each node as the exporters' does (docs/deployment/probes.md): a node that answers no probe is down or cut off
+    # (NodeUnreachable), one that answers while its exporter does not has lost its exporter (NodeExporterDown).
+    # Empty, or no probes: every node that cannot be scraped is NodeExporterDown.
+    probe_job: str = "gpufleet-probe"
     # The scrape job of Alertmanager's own metrics, whose failed notifications are alerted on.
     alertmanager_job: str = "alertmanager"
     # The scrape job of `gpufleet remediate`, whose stopped drains and failed checks are alerted on.
@@ -230,6 +235,10 @@ class Config:
         if not jobs or jobs == (self.exporter_job,):
             return self.metric("up", f'job="{self.exporter_job}"')
         return _series("up", f'job="{jobs[0]}"' if len(jobs) == 1 else f'job=~"{"|".join(jobs)}"')
+
+    def probe_failed(self) -> str:
+        """Each node whose probe failed at its latest scrape."""
+        return f'probe_success{{job="{self.probe_job}"}} == 0'
 
     def node_jobs(self) -> tuple[str, ...]:
         """The scrape job whose series the network and sensor rules read: node_exporter's beside it."""

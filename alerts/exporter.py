@@ -20,14 +20,20 @@ UNSCRAPED_SHARE = 0.05
 def exporter_health(c: Config) -> dict[str, Any]:
     """The pages for nodes gone dark, at the scrape interval: every other alert of such a node is blind."""
     up = c.up()
+    node = c.by("instance")
     seen = NODES_SEEN
     # A node in maintenance may leave the scrape (powered off, its pod gone): planned, not a lost shard.
     unscraped = f"count by ({c.cluster_label}) ({seen} unless on ({c.by('instance')}) ({up} or {MAINTENANCE}))"
     rules = [
-        alert(c, "NodeExporterDown", f"{up} == 0", "critical",
-              "A gpufleet exporter cannot be scraped.",
-              "Prometheus cannot scrape {{ $labels.instance }}: its GPUs, NICs and sensors are unobserved.",
-              for_="5m", held=False, at_stake=True),
+        alert(c, "NodeExporterDown", f"{up} == 0" + (f" unless on ({node}) {c.probe_failed()}" if c.probe_job else ""),
+              "critical", "A gpufleet exporter cannot be scraped.",
+              "Prometheus cannot scrape {{ $labels.instance }}: its GPUs, NICs and sensors are unobserved."
+              + (_probe_says(c) if c.probe_job else ""), for_="5m", held=False, at_stake=True),
+        *([alert(c, "NodeUnreachable", f"{up} == 0 and on ({node}) {c.probe_failed()}", "critical",
+                 "A node answers neither its scrape nor its probe.",
+                 "{{ $labels.instance }} answers neither Prometheus' scrape nor blackbox_exporter's probe: it is "
+                 "down, hung or cut off from the network, and the work on it has stopped.",
+                 for_="5m", held=False, at_stake=True)] if c.probe_job else []),
         # A scraper that dies leaves its targets with no `up` at all, not an `up` of 0: NodeExporterDown stays
         # quiet. The held alerts of those nodes stay (`rule.alert`); only the count of nodes that vanished says
         # why, for as long as they stay expected and unscraped.
@@ -42,6 +48,14 @@ def exporter_health(c: Config) -> dict[str, Any]:
               for_="5m", held=False),
     ]
     return {"name": "gpufleet-exporter", "rules": [*rules, _rack_down(c)]}
+
+
+def _probe_says(c: Config) -> str:
+    """What the node's probe says, where there is one: a node that answers it is up, its exporter failed."""
+    probe = f'probe_success{{job="{c.probe_job}",{c.cluster_label}="%s",instance="%s"}}'
+    return (f" {{{{ with printf `{probe}` $labels.{c.cluster_label} $labels.instance | query }}}}The node answers "
+            "its probe: its exporter, or the network path to its port, failed.{{ else }}No probe of the node is "
+            "recorded: it may be down as a whole.{{ end }}")
 
 
 def _rack_down(c: Config) -> dict[str, Any]:
@@ -100,5 +114,12 @@ def collector_health(c: Config) -> dict[str, Any]:
               "warning", "An exporter cannot register for its GPUs' XID events.",
               "NVML refuses the XID event registration on {{ $labels.instance }}: its XIDs, and the resets and "
               "reboots they call for, are not seen. The exporter's log says why.", for_="10m"),
+        # A probe that fails while the node's exporter answers is the probe's fault (a firewall that drops ICMP, a
+        # wrong module or address): were the exporter to stop as well, the page would say the node is down.
+        *([alert(c, "NodeProbeFailing", f"{c.probe_failed()} and on ({node}) {c.up()} == 1", "warning",
+                 "A node's probe fails while its exporter answers.",
+                 "blackbox_exporter's probe of {{ $labels.instance }} has failed for 15 minutes while Prometheus "
+                 "scrapes its exporter: the probe, not the node, is wrong. Until it is fixed, an exporter of this "
+                 "node that stops pages as NodeUnreachable.", for_="15m", held=False)] if c.probe_job else []),
     ]
     return {"name": "gpufleet-exporter-trends", "interval": c.d(TREND_INTERVAL), "rules": rules}

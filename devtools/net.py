@@ -16,6 +16,28 @@ def free_port() -> int:
         return port
 
 
+def free_ports(count: int, attempts: int = 50) -> int:
+    """The first of `count` consecutive TCP ports on 127.0.0.1 that were free a moment ago: the simulator's probe
+    ports, one per node. Drawn from the range above the ephemeral ports the kernel hands out."""
+    import random
+
+    for _ in range(attempts):
+        first = random.randrange(20000, 32000 - count)
+        socks = []
+        try:
+            for port in range(first, first + count):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise OSError(f"no {count} consecutive free ports on 127.0.0.1 after {attempts} tries")
+
+
 def listening(port: int) -> bool:
     """Whether something accepts connections on 127.0.0.1:`port`."""
     with socket.socket() as sock:

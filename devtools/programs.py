@@ -32,6 +32,7 @@ PACKAGES = {
     "vmagent": "victoria-metrics",
     "vmalert": "victoria-metrics",
     "prometheus-node-exporter": "prometheus-node-exporter",
+    "prometheus-blackbox-exporter": "prometheus-blackbox-exporter",
     "chromium": "chromium",
     "munged": "munge",
     "mungekey": "munge",
@@ -201,6 +202,16 @@ def vmalert(rules: Path, storage: str, alertmanager: str, *flags: str, port: int
             f"-remoteRead.url={storage}", f"-notifier.url={alertmanager}", f"-httpListenAddr=127.0.0.1:{port}",
             *flags]
     with serving(argv, port, "/health", "vmalert start", timeout, output=output, stop_seconds=60) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def blackbox_exporter(config: Path, timeout: float = 30) -> Iterator[Server]:
+    """blackbox_exporter with `config` (its modules), once it answers."""
+    port = free_port()
+    argv = [binary("prometheus-blackbox-exporter"), f"--config.file={config}",
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+    with serving(argv, port, "/-/healthy", "blackbox_exporter start", timeout) as server:
         yield server
 
 

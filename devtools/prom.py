@@ -50,12 +50,13 @@ def own_metric(url: str, name: str, timeout: float = 60.0, **labels: str) -> flo
                for sample in family.samples if sample.name == name and labels.items() <= sample.labels.items())
 
 
-def scraped_instances(agent: str) -> set[str]:
-    """The `instance` of every target a vmagent (or Prometheus) scrapes."""
+def scraped_instances(agent: str, job: str = "gpufleet") -> set[str]:
+    """The `instance` of every target of the scrape `job` that a vmagent (or Prometheus) scrapes."""
     status, body = http("GET", f"{agent}/api/v1/targets")
     if status != 200:
         raise HarnessError(f"{agent} listed no targets: {status} {body[:500]!r}")
-    return {target["labels"]["instance"] for target in json.loads(body)["data"]["activeTargets"]}
+    return {target["labels"]["instance"] for target in json.loads(body)["data"]["activeTargets"]
+            if target["labels"].get("job") == job}
 
 
 class VmalertIterations:

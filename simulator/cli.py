@@ -19,6 +19,7 @@ from gpufleet.logfmt import configure_logging
 from gpufleet.simulator.faults import ScenarioError, load_scenario
 from gpufleet.simulator.fleet import Fleet, collector_flags, node_names
 from gpufleet.simulator.layout import Job, LayoutError, load_layout
+from gpufleet.simulator.probes import keep_probe_ports, probe_targets
 from gpufleet.simulator.rates import load_rates
 from gpufleet.simulator.server import SimClock, build_app, file_sd_targets, missed_scrapes, write_file_sd
 
@@ -94,6 +95,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--collect-interval", type=duration, default=15.0, metavar="DURATION",
                         help="collect every node once per this interval, spread over it, no collector of a node less "
                              "often; scrapes are served from the latest collection (default: %(default)gs)")
+    parser.add_argument("--probe-ports", dest="probe_ports", type=positive_int, metavar="FIRST",
+                        help="give each node a TCP port, FIRST and up in the order of the nodes, open while the node "
+                             "is up and closed while it reboots or is down, for blackbox_exporter to probe")
+    parser.add_argument("--probe-sd", dest="probe_sd", metavar="PATH",
+                        help="write Prometheus file_sd targets of the probe ports here (needs --probe-ports)")
     parser.add_argument("--control.allow-remote", dest="allow_remote_control", action="store_true",
                         help="let non-loopback clients use /control/faults (default: loopback only)")
     parser.add_argument("--log.level", dest="log_level", choices=("debug", "info", "warn", "error"), default="info",
@@ -129,11 +135,33 @@ def _add_faults(args: argparse.Namespace, fleet: Fleet) -> None:
         fleet.add(fleet.draw_faults(rates, args.fault_horizon, args.seed))
 
 
+def _faults_and_targets(args: argparse.Namespace, fleet: Fleet, address: str) -> str | None:
+    """The faults asked for, and the file_sd targets of the nodes' exporters and of their probe ports; what failed,
+    if anything did."""
+    try:
+        _add_faults(args, fleet)
+    except ScenarioError as err:
+        return str(err)
+    labels = {"cluster": args.cluster, **dict(args.labels)}
+    wanted = [(args.file_sd, file_sd_targets(fleet, address, labels))] if args.file_sd else []
+    if args.probe_sd:
+        wanted.append((args.probe_sd, probe_targets(fleet, address.rpartition(":")[0], args.probe_ports, labels)))
+    for path, targets in wanted:
+        try:
+            write_file_sd(path, targets)
+        except OSError as err:
+            return f"cannot write {path}: {err.strerror}"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     # Every node would log the same NVML start-up lines; a thousand copies say nothing more.
     logging.getLogger("gpufleet.exporter.gpu").setLevel(max(logging.WARNING, logging.getLogger().level))
     host, port = args.listen_address
+    if args.probe_sd and not args.probe_ports:
+        print("gpufleet simulate: error: --probe-sd needs --probe-ports", file=sys.stderr)
+        return 1
     try:
         layout = _layout(args.layout, args.nodes) if args.layout else None
     except LayoutError as err:
@@ -157,18 +185,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"gpufleet simulate: error: --mig {node}:{gpu}: {err}", file=sys.stderr)
             fleet.close()
             return 1
-    try:
-        _add_faults(args, fleet)
-        if args.file_sd:
-            address = args.file_sd_address or f"{host if host not in (None, '0.0.0.0', '::') else '127.0.0.1'}:{port}"
-            labels = {"cluster": args.cluster, **dict(args.labels)}
-            write_file_sd(args.file_sd, file_sd_targets(fleet, address, labels))
-    except ScenarioError as err:
-        print(f"gpufleet simulate: error: {err}", file=sys.stderr)
-        fleet.close()
-        return 1
-    except OSError as err:
-        print(f"gpufleet simulate: error: cannot write {args.file_sd}: {err.strerror}", file=sys.stderr)
+    address = args.file_sd_address or f"{host if host not in (None, '0.0.0.0', '::') else '127.0.0.1'}:{port}"
+    error = _faults_and_targets(args, fleet, address)
+    if error:
+        print(f"gpufleet simulate: error: {error}", file=sys.stderr)
         fleet.close()
         return 1
     fleet.start()
@@ -179,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         app = build_app(fleet, clock := SimClock(args.speed), args.allow_remote_control,
                         missed=missed_scrapes(args.missed_scrapes, args.seed))
-        asyncio.run(serve(app, fleet, clock, host, port, args.collect_interval))
+        asyncio.run(serve(app, fleet, clock, host, port, args.collect_interval, args.probe_ports))
     except OSError as err:
         print(f"gpufleet simulate: error: cannot listen on {host or '*'}:{port}: {err.strerror or err}",
               file=sys.stderr)
@@ -190,10 +210,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def serve(app: web.Application, fleet: Fleet, clock: SimClock, host: str | None, port: int,
-                collect_interval: float) -> None:
+                collect_interval: float, probe_ports: int | None) -> None:
+    probes = [keep_probe_ports(fleet, clock, host or None, probe_ports)] if probe_ports else []
     await serve_until_signalled(
         app, host, port,
-        background=lambda: [fleet.collect_forever(clock, collect_interval)],
+        background=lambda: [fleet.collect_forever(clock, collect_interval), *probes],
         ready=lambda: log.info("simulating %d nodes of %d GPUs, %d jobs, %d faults; listening on %s:%d",
                                len(fleet.nodes), fleet.gpus_per_node, len(fleet.jobs), len(fleet.faults),
                                host or "*", port),

@@ -51,6 +51,7 @@ class FaultKind(StrEnum):
     EXPORTER_RESTART = "exporter_restart"
     GPU_RESET = "gpu_reset"
     NODE_REBOOT = "node_reboot"
+    NODE_DOWN = "node_down"
     GPU_REPLACE = "gpu_replace"
     SWITCH_DOWN = "switch_down"
     GPU_REMOVED = "gpu_removed"
@@ -115,6 +116,9 @@ KINDS: dict[FaultKind, tuple[tuple[str, ...], str]] = {
                                     "volatile ECC counts clear and the driver asks for nothing more"),
     FaultKind.NODE_REBOOT: ((), "an operator reboots the node: down for the fault's duration (60s), then a new boot "
                                 "time, every GPU reset and back on the bus, a new exporter process"),
+    FaultKind.NODE_DOWN: ((), "the node goes down unplanned (a kernel panic, its power or its network lost): "
+                              "nothing of it answers, its probe port included, until the fault ends; then it "
+                              "boots afresh, as after a reboot"),
     FaultKind.GPU_REPLACE: (("gpu",), "the board is replaced during a reboot of the node (60s): a new UUID at the "
                                       "same PCI address, with none of the old board's errors"),
     FaultKind.GPU_REMOVED: (("gpu",), "the GPU is taken out of the node on purpose, during a reboot (60s): "
@@ -142,7 +146,8 @@ REPAIR_SECONDS = {FaultKind.GPU_RESET: 5.0, FaultKind.NODE_REBOOT: 60.0, FaultKi
                   FaultKind.GPU_REMOVED: 60.0, FaultKind.DRIVER_MISMATCH: 60.0}
 # Kinds that reboot the node, and those during which its exporter does not answer, after which a new
 # exporter process serves.
-REBOOTS = frozenset({FaultKind.NODE_REBOOT, FaultKind.GPU_REPLACE, FaultKind.GPU_REMOVED, FaultKind.DRIVER_MISMATCH})
+REBOOTS = frozenset({FaultKind.NODE_REBOOT, FaultKind.NODE_DOWN, FaultKind.GPU_REPLACE, FaultKind.GPU_REMOVED,
+                     FaultKind.DRIVER_MISMATCH})
 RESTARTS = frozenset({FaultKind.EXPORTER_RESTART, *REBOOTS})
 _INFINIBAND = frozenset({FaultKind.IB_CONGESTION, FaultKind.IB_LINK_DOWN, FaultKind.IB_LINK_FLAP,
                          FaultKind.IB_RATE_DEGRADED, FaultKind.SYMBOL_ERRORS, FaultKind.SWITCH_DOWN})

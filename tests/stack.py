@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 
 from gpufleet.devtools.compose import SERVICES, with_defaults
 from gpufleet.devtools.delivery import alertmanager_alerts
-from gpufleet.devtools.net import free_port
+from gpufleet.devtools.net import free_port, free_ports
 from gpufleet.devtools.paths import COMPOSE_DIR
 from gpufleet.devtools.programs import alertmanager, simulator
 
@@ -82,8 +82,8 @@ def host_command(service: str, named: dict[str, Path], addresses: dict[str, str]
     return argv
 
 
-def gpufleet_job(config: dict) -> dict:
-    return next(job for job in config["scrape_configs"] if job["job_name"] == "gpufleet")
+def gpufleet_job(config: dict, name: str = "gpufleet") -> dict:
+    return next(job for job in config["scrape_configs"] if job["job_name"] == name)
 
 
 @contextlib.contextmanager
@@ -99,10 +99,13 @@ def compose_alertmanager_and_simulator(tmp_path: Path) -> Iterator[tuple[str, st
                        .replace("/etc/alertmanager/secrets", str(secrets))
                        .replace("jiralert:9097", f"127.0.0.1:{free_port()}"))
     simulate = SERVICES["simulator"]["command"]
-    args = [arg for arg in simulate[1:] if not arg.startswith(("--web.listen-address", "--file-sd"))]
+    args = [arg for arg in simulate[1:] if not arg.startswith(("--web.listen-address", "--file-sd", "--probe-"))]
     args = [f"--scenario={host_path('simulator', flag(simulate, '--scenario'))}" if a.startswith("--scenario") else a
             for a in args]
-    with alertmanager(am_data, routing) as am, simulator(sim_volume / "targets.json", *args, timeout=60) as sim:
+    probes = [f"--probe-ports={free_ports(len(NODES))}",
+              f"--probe-sd={sim_volume / PurePosixPath(flag(simulate, '--probe-sd')).name}"]
+    with (alertmanager(am_data, routing) as am,
+          simulator(sim_volume / "targets.json", *args, *probes, timeout=60) as sim):
         yield am.url, sim.url, sim_volume
 
 

@@ -42,19 +42,20 @@ def test_vmalerts_file_is_prometheus_rules_with_the_pagers_groups_asking_rules_a
     prometheus = yaml.safe_load(RULES_FILE.read_text())["groups"]
     vmalert = yaml.safe_load(VMALERT_RULES_FILE.read_text())["groups"]
     assert [{k: v for k, v in g.items() if k != "concurrency"} for g in vmalert] == prometheus
-    # The pager's groups (no interval of their own) ask up to four rules at once, the three-rule group three; the
+    # The pager's groups (no interval of their own) ask up to four rules at once, the two-rule group two; the
     # minute groups two; the capacity and reliability groups, which run every 5 or 10 minutes, one at a time, so
     # that they cannot crowd the pager out.
     wanted = {None: 4, "1m": 2}
     concurrency = {g["name"]: g["concurrency"] for g in vmalert}
     assert concurrency == {g["name"]: min(wanted.get(g.get("interval"), 1), len(g["rules"])) for g in prometheus}
-    assert {concurrency[name] for name in ("gpufleet-gpu-failures", "gpufleet-fabric", "gpufleet-exporter")} == {4, 3}
+    pagers = ("gpufleet-gpu-failures", "gpufleet-fabric", "gpufleet-maintenance")
+    assert {concurrency[name] for name in pagers} == {4, 2}
     assert {concurrency[name] for name in ("gpufleet-recording", "gpufleet-stragglers", "gpufleet-fabric-trends",
                                            "gpufleet-reliability", "gpufleet-capacity-links")} == {2, 1}
     site = yaml.safe_load(render(load_config_text("vmalert_concurrency: 8\nvmalert_trend_concurrency: 3\n"),
                                  "vmalert"))["groups"]
     assert {g["name"]: g["concurrency"] for g in site if g["concurrency"] > 1} == {
-        "gpufleet-gpu-failures": 8, "gpufleet-fabric": 7, "gpufleet-exporter": 3, "gpufleet-recording": 3,
+        "gpufleet-gpu-failures": 8, "gpufleet-fabric": 7, "gpufleet-exporter": 4, "gpufleet-recording": 3,
         "gpufleet-stragglers": 3, "gpufleet-exporter-trends": 3, "gpufleet-gpu-trends": 3,
         "gpufleet-fabric-trends": 3, "gpufleet-pipeline": 2, "gpufleet-jobs": 3, "gpufleet-remediation": 3,
         "gpufleet-maintenance": 2, "gpufleet-maintenance-trends": 3}

@@ -25,12 +25,13 @@ import yaml
 
 from gpufleet import __version__
 from gpufleet.alerts.cli import RULES_FILE, VMALERT_RULES_FILE
+from gpufleet.alerts.config import Config
 from gpufleet.cli import build_parser
 from gpufleet.dashboards.cli import OUTPUT as DASHBOARDS
 from gpufleet.devtools.compose import AGENTS, COMPOSE, SERVICES, command_flags
 from gpufleet.devtools.net import free_port, http
 from gpufleet.devtools.paths import COMPOSE_DIR, ROOT
-from gpufleet.devtools.programs import binary, prometheus, remediator
+from gpufleet.devtools.programs import binary, blackbox_exporter, prometheus, remediator
 from gpufleet.devtools.prom import query
 from gpufleet.devtools.waiting import wait_for
 
@@ -115,6 +116,14 @@ def test_services_reach_each_other_by_their_compose_names():
     read_at = next(t for s, t in mounts("prometheus") if s == volume)
     globs = [f for job in config["scrape_configs"] for sd in job.get("file_sd_configs", []) for f in sd["files"]]
     assert any((PurePosixPath(read_at) / written.name).match(g) for g in globs), (written, globs)
+    # Its probe targets, the probe job alone; its exporters' targets, the gpufleet job alone.
+    probes = PurePosixPath(read_at) / PurePosixPath(flag(simulate, "--probe-sd")).name
+    for job in config["scrape_configs"]:
+        job_globs = [f for sd in job.get("file_sd_configs", []) for f in sd["files"]]
+        assert any(probes.match(g) for g in job_globs) == (job["job_name"] == "gpufleet-probe"), job["job_name"]
+        assert any((PurePosixPath(read_at) / written.name).match(g) for g in job_globs) == (
+            job["job_name"] == "gpufleet"), job["job_name"]
+    assert "blackbox" in SERVICES and flag(SERVICES["blackbox"]["command"], "--web.listen-address") == ":9115"
 
 
 def test_the_exporter_sees_the_host():
@@ -157,6 +166,22 @@ def test_promtool_accepts_the_prometheus_config_and_its_rules(tmp_path):
     assert re.search(r"SUCCESS: \d+ rules found", check.stdout + check.stderr)
 
 
+@pytest.mark.e2e
+def test_promtool_accepts_the_kubernetes_probe_job_of_the_docs(tmp_path):
+    """The job docs/deployment/probes.md gives kube-prometheus-stack, as Prometheus would load it. Debian builds
+    Prometheus without Kubernetes discovery: the node discovery is checked by its shape, the rest by promtool."""
+    text = (ROOT / "docs" / "deployment" / "probes.md").read_text()
+    job = yaml.safe_load(re.search(r"## Kubernetes.*?```yaml\n(.*?)```", text, re.S).group(1))
+    assert job[0].pop("kubernetes_sd_configs") == [{"role": "node"}]
+    job[0]["file_sd_configs"] = [{"files": [str(tmp_path / "nodes.json")]}]
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump({"scrape_configs": job}))
+    check = subprocess.run([binary("promtool"), "check", "config", str(config)],
+                           capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout[-2000:] + check.stderr[-2000:]
+    assert job[0]["job_name"] == Config().probe_job
+
+
 def test_the_kubernetes_manifests_bound_their_resources_and_are_scraped_as_job_gpufleet():
     kinds = {doc["kind"]: doc for doc in KUBERNETES}
     assert set(kinds) == {"Namespace", "ServiceAccount", "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule",
@@ -192,22 +217,28 @@ def test_the_systemd_unit_verifies(tmp_path):
 def test_the_stack_scrapes_the_simulator_loads_its_rules_and_pages_on_a_fault(tmp_path):
     """Prometheus and Alertmanager from their compose configs, the simulator from its compose command line."""
     with (compose_alertmanager_and_simulator(tmp_path) as (am_url, sim_url, sim_volume),
-          remediator(os.environ) as remediate):  # The `remediate` profile's, in dry run, with no Slurm to reach.
+          remediator(os.environ) as remediate,  # The `remediate` profile's, in dry run, with no Slurm to reach.
+          blackbox_exporter(host_path("blackbox", flag(SERVICES["blackbox"]["command"], "--config.file"))) as probe):
         port = free_port()
         config = host_config("prometheus", "/etc/prometheus/prometheus.yml", tmp_path / "prometheus.yml",
                              {"sim-targets": sim_volume}, {"alertmanager:9093": am_url.removeprefix("http://"),
                                                            "localhost:9090": f"127.0.0.1:{port}",
-                                                           "remediate:19410": remediate.url.removeprefix("http://")})
+                                                           "remediate:19410": remediate.url.removeprefix("http://"),
+                                                           "blackbox:9115": probe.url.removeprefix("http://")})
         with prometheus(config, tmp_path / "data", port) as prom:
             prom_url = prom.url
 
             def targets_up() -> list[dict] | None:
                 active = json.loads(http("GET", f"{prom_url}/api/v1/targets")[1])["data"]["activeTargets"]
-                return active if len(active) == 19 and all(t["health"] == "up" for t in active) else None
+                return active if len(active) == 35 and all(t["health"] == "up" for t in active) else None
 
             active = wait_for(targets_up, 60, "all targets up")
-            assert {t["labels"]["job"] for t in active} == {"gpufleet", "prometheus", "alertmanager",
+            assert {t["labels"]["job"] for t in active} == {"gpufleet", "gpufleet-probe", "prometheus", "alertmanager",
                                                             "gpufleet-remediate"}
+            # Each node probed under the `instance` its exporter has, and answering.
+            wait_for(lambda: len(query(prom_url, 'probe_success{job="gpufleet-probe",cluster="sim"} == 1')) == 16, 30,
+                     "every simulated node answering its probe")
+            assert query(prom_url, 'count(up{job="gpufleet"} and on (cluster, instance) probe_success == 1) == 16')
             assert query(prom_url, 'gpufleet_remediate_dry_run{job="gpufleet-remediate"} == 1')
             groups = json.loads(http("GET", f"{prom_url}/api/v1/rules")[1])["data"]["groups"]
             assert sorted(g["name"] for g in groups) == COMMITTED_GROUPS
@@ -269,6 +300,7 @@ def test_the_scale_tier_scrapes_every_target_twice_and_evaluates_the_same_rules_
         scrape = yaml.safe_load(host_path(name, a["-promscrape.config"]).read_text())
         assert scrape["global"]["scrape_interval"] == interval
         assert gpufleet_job(scrape) == gpufleet_job(prometheus_yml), f"{name} scrapes gpufleet unlike Prometheus"
+        assert gpufleet_job(scrape, "gpufleet-probe") == gpufleet_job(prometheus_yml, "gpufleet-probe"), name
     vmalert = command_flags("vmalert")
     assert host_path("vmalert", vmalert["-rule"]).resolve() == VMALERT_RULES_FILE.resolve()
     assert vmalert["-evaluationInterval"] == prometheus_yml["global"]["evaluation_interval"]

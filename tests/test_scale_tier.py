@@ -15,16 +15,16 @@ import yaml
 
 from gpufleet.alerts.cli import VMALERT_RULES_FILE
 from gpufleet.dashboards.cli import OUTPUT as DASHBOARDS
-from gpufleet.devtools.compose import AGENTS, COMPOSE, command_flags
+from gpufleet.devtools.compose import AGENTS, COMPOSE, SERVICES, command_flags
 from gpufleet.devtools.delivery import alertmanager_alerts
 from gpufleet.devtools.grafana import expand, targets
 from gpufleet.devtools.net import free_port, http
 from gpufleet.devtools.processes import serving
-from gpufleet.devtools.programs import binary
-from gpufleet.devtools.prom import scraped_instances
+from gpufleet.devtools.programs import binary, blackbox_exporter
+from gpufleet.devtools.prom import query, scraped_instances
 from gpufleet.devtools.waiting import wait_for
 
-from stack import NODES, compose_alertmanager_and_simulator, host_command, host_config, paged
+from stack import NODES, compose_alertmanager_and_simulator, flag, host_command, host_config, host_path, paged
 
 # vmalert's copy: the same groups, each with how many of its rules vmalert asks at once.
 CONCURRENCY = {g["name"]: g["concurrency"] for g in yaml.safe_load(VMALERT_RULES_FILE.read_text())["groups"]}
@@ -56,7 +56,10 @@ class ScaleTier:
         self.stack = stack
         self.named = {"sim-targets": tmp_path / "sim-targets", "victoriametrics-data": tmp_path / "vm",
                       **{volume: tmp_path / volume for volume in COMPOSE["volumes"] if volume.endswith("-buffer")}}
-        self.addresses = {"alertmanager:9093": am_url.removeprefix("http://")}
+        blackbox = stack.enter_context(blackbox_exporter(
+            host_path("blackbox", flag(SERVICES["blackbox"]["command"], "--config.file"))))
+        self.addresses = {"alertmanager:9093": am_url.removeprefix("http://"),
+                          "blackbox:9115": blackbox.url.removeprefix("http://")}
         for name in ("victoriametrics", "vmalert", *AGENTS):
             self.addresses[name + command_flags(name)["-httpListenAddr"]] = f"127.0.0.1:{free_port()}"
         self.url = {name: f"http://{self.addresses[name + command_flags(name)['-httpListenAddr']]}"
@@ -154,6 +157,9 @@ def test_the_scale_tier_pages_through_vmalert_past_a_lost_vmagent_and_a_store_ou
     with compose_alertmanager_and_simulator(tmp_path) as (am_url, sim_url, _), contextlib.ExitStack() as stack:
         tier = ScaleTier(stack, tmp_path, am_url)
         scraped = wait_for(tier.shared_out, 60, "every node scraped by two vmagents")
+        # Each node probed too, through the vmagents' probe job, under the `instance` its exporter has.
+        wait_for(lambda: len(query(tier.url["victoriametrics"], 'probe_success{cluster="sim"} == 1')) == len(NODES),
+                 60, "every node's probe in the store")
         tier.agents[AGENTS[1]].close()
         stopped, stopped_at = time.monotonic(), time.time()
         node, second = sorted(scraped[AGENTS[1]])[:2]  # Now scraped by one vmagent only.
