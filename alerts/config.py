@@ -117,6 +117,12 @@ class Config:
     kernel_events_window: Duration = "30m"
     sxid_repeated: int = 3  # Non-fatal SXids of one code on one switch within `sxid_window`: a ticket.
     sxid_window: Duration = "1h"
+    # A shared file system's outage (alerts/storage.py): storage timeouts within `storage_outage_window` on at least
+    # this share of a cluster's nodes, and this many, page once for the cluster and hold back the nodes' tickets.
+    storage_outage_share: float = 0.05
+    storage_outage_nodes: int = 3
+    storage_outage_window: Duration = "5m"
+    storage_outage_for: Duration = "2m"
     # Nodes of a cluster whose exporter cannot read the kernel log, above this share: one ticket.
     kernel_log_blind_share: float = 0.1
 

@@ -29,6 +29,7 @@ from gpufleet.alerts.recording import shared
 from gpufleet.alerts.reliability import reliability
 from gpufleet.alerts.remediation import remediation
 from gpufleet.alerts.rule import TREND_INTERVAL
+from gpufleet.alerts.storage import storage
 from gpufleet.alerts.stragglers import stragglers
 
 Engine: TypeAlias = Literal["prometheus", "vmalert"]
@@ -43,8 +44,9 @@ def groups(config: Config) -> list[dict[str, Any]]:
     which should be the scrape interval; the first tier and every group that judges minutes of data run every
     minute; capacity and reliability, which the reports read, every five."""
     return [shared(config), maintenance(config), stragglers(config), jobs(config), gpu_failures(config),
-            nvswitch(config), fabric(config), exporter_health(config), collector_health(config), gpu_trends(config),
-            fabric_trends(config), maintenance_trends(config), drift(config), kernel(config), pcie(config),
+            nvswitch(config), storage(config), fabric(config), exporter_health(config), collector_health(config),
+            gpu_trends(config), fabric_trends(config), maintenance_trends(config), drift(config), kernel(config),
+            pcie(config),
             *capacity(config), reliability(config), pipeline(config), remediation(config)]
 
 

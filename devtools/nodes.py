@@ -113,11 +113,11 @@ def masked(body: str) -> str:
 
 
 def served(gpus: list[SimulatedGpu], sysfs: Path, flags: argparse.Namespace, xids: Sequence[tuple[int, int]] = (),
-           collections: int = 2, sxids: Sequence[int] = ()) -> str:
+           collections: int = 2, sxids: Sequence[int] = (), storage_timeouts: int = 0) -> str:
     """What a node of the exporter's own collectors over these boards and sysfs tree serves on /metrics once each
     collector has run and the GPUs have been collected `collections` times, 15 s apart (GPM reports the interval
     between two); with `xids` (each a GPU and a code) raised and counted first, and `sxids` (codes the simulator
-    writes) in its kernel log."""
+    writes) and `storage_timeouts` (NFS timeouts) in its kernel log."""
     clock = FakeClock(1000.0)
     nvml = SimulatedNvml(gpus, clock=clock)
     kernel_log = SimulatedKernelLog()
@@ -129,6 +129,7 @@ def served(gpus: list[SimulatedGpu], sysfs: Path, flags: argparse.Namespace, xid
             collector.start()
         for code in sxids:
             kernel_log.write_sxid(code, 1)
+        kernel_log.write("storage_timeout", storage_timeouts)
         if xids and isinstance(gpu.collector, GpuCollector):
             ledger = gpu.collector.xids
             wait_for(lambda: ledger.watching, 10, "the XID watcher's registration")
@@ -175,7 +176,7 @@ def catalogue_exposition(flags: argparse.Namespace) -> str:
         sysfs = Path(tmp) / "sys"
         shutil.copytree(FIXTURE_SYSFS, sysfs, symlinks=True)
         (sysfs / "class/infiniband/mlx5_1/ports/1/counters/link_downed").write_text("255\n")
-        return served(gpus, sysfs, flags, xids=[(0, 31), (1, 94)], sxids=[24007, 20001])
+        return served(gpus, sysfs, flags, xids=[(0, 31), (1, 94)], sxids=[24007, 20001], storage_timeouts=1)
 
 
 def series_by_family(text: str) -> Counter[str]:

@@ -124,7 +124,7 @@ def alerting_rules() -> list[dict]:
 
 
 # A job's, a leaf switch's, the scrapers' and the alerting pipeline's own pages.
-PAGES_WITHOUT_A_NODE = {"JobHung", "FabricLeafDown", "RackDown", "NodesUnscraped",
+PAGES_WITHOUT_A_NODE = {"JobHung", "FabricLeafDown", "RackDown", "NodesUnscraped", "NodesStorageTimeouts",
                         "AlertmanagerNotificationsFailed", "RemediationBreakerOpen"}
 
 

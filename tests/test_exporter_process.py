@@ -119,6 +119,8 @@ def test_kernel_messages_written_after_the_start_are_counted_by_event(exporter, 
                   " SUBSYSTEM=cpu\n"  # A continuation line of /dev/kmsg's: not a message.
                   "3,103,6100000,-;Out of memory: Killed process 48213 (python3) total-vm:812kB\n"
                   "6,104,6200000,-;nfs: server home not responding, still trying\n"
+                  "3,108,6250000,-;Lustre: lustre1-OST0003-osc-ffff88103c2f8000: Connection to lustre1-OST0003 (at "
+                  "10.0.0.5@o2ib) was lost; in progress operations using this service will wait for recovery\n"
                   "6,105,6300000,-;eth0: link up\n"
                   # Written by a process (facility user), not the kernel: not counted, whatever it says.
                   "12,106,6400000,-;Out of memory: Killed process 1 (init)\n"
@@ -128,12 +130,14 @@ def test_kernel_messages_written_after_the_start_are_counted_by_event(exporter, 
     def events() -> dict[str, float] | None:
         found = {dict(labels)["event"]: value
                  for labels, value in named(parse(get(f"{url}/metrics")), "gpufleet_kernel_events_total").items()}
-        return found if found.get("storage_timeout") else None
+        return found if found.get("storage_timeout") == 2 else None
 
     assert wait_for(events, 10, "the kernel messages counted") == {
-        "soft_lockup": 1, "hung_task": 0, "storage_timeout": 1, "machine_check": 0, "oom_kill": 1}
+        "soft_lockup": 1, "hung_task": 0, "storage_timeout": 2, "machine_check": 0, "oom_kill": 1}
     samples = parse(get(f"{url}/metrics"))
     assert samples[series("gpufleet_kernel_log_readable")] == 1
+    assert named(samples, "gpufleet_kernel_storage_timeouts_total") == {
+        frozenset({("server", "home")}): 1, frozenset({("server", "lustre1-OST0003")}): 1}
     assert named(samples, "gpufleet_nvswitch_sxid_errors_total") == {
         frozenset({("switch", "0000:05:00.0"), ("sxid", "24007"), ("class", "fatal")}): 1}
 

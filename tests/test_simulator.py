@@ -260,8 +260,9 @@ async def test_kernel_events_are_logged_at_their_rate_and_counted_by_event(basel
     faulted = await with_faults({"node": "gpu-node-0003", "kind": "kernel_events", "event": "storage_timeout",
                                  "rate": 0.1})
     key = ("gpufleet_kernel_events_total", frozenset({("event", "storage_timeout")}))
-    assert changed(baseline, faulted) == {key}
-    assert faulted["gpu-node-0003"][key] == 20  # From 100 s to 300 s, one every 10 s.
+    server = ("gpufleet_kernel_storage_timeouts_total", frozenset({("server", "nfs-home")}))
+    assert changed(baseline, faulted) == {key, server}
+    assert faulted["gpu-node-0003"][key] == faulted["gpu-node-0003"][server] == 20  # From 100 s to 300 s, every 10 s.
 
 
 async def test_a_hung_job_spins_on_every_node_and_its_failing_node_raises_its_xid(baseline):

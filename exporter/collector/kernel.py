@@ -3,12 +3,13 @@ healthy.
 
 Each message is matched against a few patterns and counted by the event it is, in `gpufleet_kernel_events_total`:
 soft lockups and hung tasks (a CPU or a task stuck for seconds, often behind storage), NFS or Lustre servers not
-responding, machine-check errors, and the OOM killer. Every event's series exists from the start, at 0, so that
-a rate sees its first event. The log is read at each collection from where the last one stopped
-(`exporter.kernellog`). Where it cannot be read (no CAP_SYSLOG while `kernel.dmesg_restrict` is 1, no
-/dev/kmsg in a container) the collector says so once in the log and in `gpufleet_kernel_log_readable`, and
-keeps trying; the collection itself succeeds, so that a node set up without the capability does not open a
-ticket for a failing collector.
+responding, machine-check errors, and the OOM killer. Every event's series exists from the start, at 0, so that a
+rate sees its first event. Storage timeouts are also counted by the server they name, in
+`gpufleet_kernel_storage_timeouts_total`, so that one page for a shared file system's outage can name it. The log
+is read at each collection from where the last one stopped (`exporter.kernellog`). Where it cannot be read (no
+CAP_SYSLOG while `kernel.dmesg_restrict` is 1, no /dev/kmsg in a container) the collector says so once in the log
+and in `gpufleet_kernel_log_readable`, and keeps trying; the collection itself succeeds, so that a node set up
+without the capability does not open a ticket for a failing collector.
 
 NVSwitch errors (SXids, `exporter.sxid`) are counted from the same log per switch, code and class. A fatal one
 pages until the node reboots, so their counts are kept in the state file with the boot they belong to: an
@@ -48,6 +49,19 @@ EVENTS = {
     # "Killed process" line of kernels before 5.0.
     "oom_kill": re.compile(r"Killed process \d+ \("),
 }
+# The server a storage timeout names: an NFS server's host, or a Lustre target (its file system and OST or MDT).
+_NFS_SERVER = re.compile(r"nfs: server (\S+) not responding")
+_LUSTRE_TARGET = re.compile(r"\b([\w.]+-(?:OST|MDT)[0-9a-fA-F]{4})\b|Connection to (\S+) \(at ")
+# Distinct servers a node's series name, at most; later ones count as `other`. A node mounts a few file systems, but
+# a name is the kernel's text, and the exporter's series must stay bounded whatever the log says.
+MAX_STORAGE_SERVERS = 8
+
+
+def storage_server(message: str) -> str:
+    """The NFS server or Lustre target a storage timeout names, or `unknown` where it names neither."""
+    if found := _NFS_SERVER.search(message) or _LUSTRE_TARGET.search(message):
+        return next(group for group in found.groups() if group)
+    return "unknown"
 
 
 def classify(message: str) -> str | None:
@@ -67,6 +81,7 @@ class KernelCollector:
         self.state = state or PersistentState()
         self.procfs = procfs
         self._sxids: dict[tuple[str, str, str], int] = {}  # (switch, code, class) -> count since boot.
+        self._storage: dict[str, int] = {}  # Server -> storage timeouts naming it since the exporter started.
 
     @staticmethod
     def add_arguments(parser: argparse._ArgumentGroup) -> None:
@@ -102,6 +117,11 @@ class KernelCollector:
                                  ("switch", "sxid", "class"))
         for key, count in sorted(self._sxids.items()):
             sxids.add_metric(list(key), count)
+        storage = families.counter("gpufleet_kernel_storage_timeouts", "Storage timeouts the kernel logged since the "
+                                   f"exporter started, by the NFS server or Lustre target each named (the first "
+                                   f"{MAX_STORAGE_SERVERS}; later ones as other).", ("server",))
+        for server, count in sorted(self._storage.items()):
+            storage.add_metric([server], count)
         return families.collection()
 
     def held(self, hung: bool) -> Collection:
@@ -126,6 +146,11 @@ class KernelCollector:
         for message in messages:
             if (event := classify(message)) is not None:
                 self._counts[event] += 1
+                if event == "storage_timeout":
+                    server = storage_server(message)
+                    if server not in self._storage and len(self._storage) >= MAX_STORAGE_SERVERS:
+                        server = "other"
+                    self._storage[server] = self._storage.get(server, 0) + 1
             elif (sxid := parse_sxid(message)) is not None:
                 key = (sxid.switch, str(sxid.code), sxid.error_class)
                 self._sxids[key] = self._sxids.get(key, 0) + 1
