@@ -63,6 +63,12 @@ class Config:
     # hwmon and thermal readings are then node_exporter's series of this job (alerts/node_exporter.py), whose
     # `instance` must name each node as the exporters' does. Empty: gpufleet's own collectors.
     node_exporter_job: str = ""
+    # The scrape job of Prometheus' ipmi_exporter on the same nodes, whose BMC sensors (power supplies, fans, inlet
+    # temperature) the rules read (alerts/bmc.py), with each node's `instance` as the exporters' names it
+    # (docs/exporter/ipmi-exporter.md). Empty: no BMC rules.
+    ipmi_exporter_job: str = "ipmi"
+    # The BMC temperature sensors that measure the air a node takes in, by their name (vendors say Inlet, Ambient).
+    inlet_sensor: str = "(?i).*(inlet|ambient).*"
     # Every window and `for` duration is divided by this. Only the end-to-end test sets it, so that
     # alerts meant to wait ten minutes wait seconds; the committed file is generated at 1.
     time_scale: float = 1.0

@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeAlias
 
 import yaml
 
+from gpufleet.alerts.bmc import bmc
 from gpufleet.alerts.capacity import capacity
 from gpufleet.alerts.config import Config, ConfigError
 from gpufleet.alerts.dcgm import dcgm_compat
@@ -46,7 +47,7 @@ def groups(config: Config) -> list[dict[str, Any]]:
     return [shared(config), maintenance(config), stragglers(config), jobs(config), gpu_failures(config),
             nvswitch(config), storage(config), fabric(config), exporter_health(config), collector_health(config),
             gpu_trends(config), fabric_trends(config), maintenance_trends(config), drift(config), kernel(config),
-            pcie(config),
+            pcie(config), *bmc(config),
             *capacity(config), reliability(config), pipeline(config), remediation(config)]
 
 

@@ -33,6 +33,7 @@ PACKAGES = {
     "vmalert": "victoria-metrics",
     "prometheus-node-exporter": "prometheus-node-exporter",
     "prometheus-blackbox-exporter": "prometheus-blackbox-exporter",
+    "prometheus-ipmi-exporter": "prometheus-ipmi-exporter",
     "chromium": "chromium",
     "munged": "munge",
     "mungekey": "munge",
@@ -212,6 +213,17 @@ def blackbox_exporter(config: Path, timeout: float = 30) -> Iterator[Server]:
     argv = [binary("prometheus-blackbox-exporter"), f"--config.file={config}",
             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
     with serving(argv, port, "/-/healthy", "blackbox_exporter start", timeout) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def ipmi_exporter(freeipmi: Path, config: Path, timeout: float = 30) -> Iterator[Server]:
+    """ipmi_exporter with `config`, running the FreeIPMI programs in `freeipmi` (the tests' scripts that print
+    recorded output), once it answers."""
+    port = free_port()
+    argv = [binary("prometheus-ipmi-exporter"), f"--config.file={config}", f"--freeipmi.path={freeipmi}",
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+    with serving(argv, port, "/", "ipmi_exporter start", timeout) as server:
         yield server
 
 

@@ -58,7 +58,7 @@ def test_vmalerts_file_is_prometheus_rules_with_the_pagers_groups_asking_rules_a
         "gpufleet-gpu-failures": 8, "gpufleet-fabric": 7, "gpufleet-exporter": 4, "gpufleet-recording": 3,
         "gpufleet-stragglers": 3, "gpufleet-exporter-trends": 3, "gpufleet-gpu-trends": 3,
         "gpufleet-fabric-trends": 3, "gpufleet-pipeline": 2, "gpufleet-jobs": 3, "gpufleet-remediation": 3,
-        "gpufleet-maintenance": 2, "gpufleet-maintenance-trends": 3}
+        "gpufleet-maintenance": 2, "gpufleet-maintenance-trends": 3, "gpufleet-bmc": 3}
     # Time-scaled (the end-to-end test), the minute groups run every 8 s and keep their concurrency.
     scaled = yaml.safe_load(render(Config().scaled(8), "vmalert"))["groups"]
     assert {g["name"]: g["concurrency"] for g in scaled} == concurrency
