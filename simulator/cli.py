@@ -24,6 +24,7 @@ from gpufleet.simulator.rates import load_rates
 from gpufleet.simulator.server import SimClock, build_app, file_sd_targets, missed_scrapes, write_file_sd
 
 log = logging.getLogger(__name__)
+MAX_PORT = 65535
 
 
 def _label(text: str) -> tuple[str, str]:
@@ -142,6 +143,8 @@ def _faults_and_targets(args: argparse.Namespace, fleet: Fleet, address: str) ->
         _add_faults(args, fleet)
     except ScenarioError as err:
         return str(err)
+    if args.probe_ports and args.probe_ports + len(fleet.nodes) - 1 > MAX_PORT:
+        return f"--probe-ports {args.probe_ports}: {len(fleet.nodes)} nodes need ports past {MAX_PORT}"
     labels = {"cluster": args.cluster, **dict(args.labels)}
     wanted = [(args.file_sd, file_sd_targets(fleet, address, labels))] if args.file_sd else []
     if args.probe_sd:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -16,13 +18,12 @@ import yaml
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.rules import render
 from gpufleet.devtools.delivery import Receiver, routing
-from gpufleet.devtools.net import free_ports, http
+from gpufleet.devtools.net import free_port, free_ports, http
 from gpufleet.devtools.paths import COMPOSE_DIR
 from gpufleet.devtools.programs import alertmanager, blackbox_exporter, prometheus, prometheus_config, simulator
 from gpufleet.devtools.prom import query
 from gpufleet.devtools.waiting import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 TIME_SCALE = 8  # NodeExporterDown's and NodeUnreachable's five minutes are 37.5 s.
 NODES = 4
 FAULTS_AT = 15  # Seconds after the fleet starts: every target is scraped and probed by then.
@@ -52,6 +53,8 @@ def _paged(receiver: Receiver, instance: str) -> tuple[set[str], int]:
     return names, incidents
 
 
+@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_node_down_pages_as_unreachable_and_an_exporter_down_as_exporter_down(tmp_path):
     """The simulator closes a down node's probe port: it pages NodeUnreachable, not NodeExporterDown. A node whose
     exporter alone stops answers its probe: NodeExporterDown. A reboot shorter than the pages' `for` pages nobody.
@@ -92,3 +95,14 @@ def test_a_node_down_pages_as_unreachable_and_an_exporter_down_as_exporter_down(
     assert _paged(receiver, EXPORTER_DOWN) == ({"NodeExporterDown"}, 1)
     assert _paged(receiver, REBOOTED) == (set(), 0)
 
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--probe-sd=probes.json"], "--probe-sd needs --probe-ports"),
+    (["--probe-ports=65534"], "--probe-ports 65534: 4 nodes need ports past 65535"),
+])
+def test_the_simulator_refuses_probe_flags_it_cannot_honour(tmp_path, flags, message):
+    run = subprocess.run([sys.executable, "-m", "gpufleet", "simulate", f"--nodes={NODES}",
+                          f"--web.listen-address=127.0.0.1:{free_port()}", *flags],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert run.returncode == 1 and message in run.stderr, run.stderr
