@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import socket
 import urllib.error
 import urllib.request
@@ -19,8 +20,6 @@ def free_port() -> int:
 def free_ports(count: int, attempts: int = 50) -> int:
     """The first of `count` consecutive TCP ports on 127.0.0.1 that were free a moment ago: the simulator's probe
     ports, one per node. Drawn from the range above the ephemeral ports the kernel hands out."""
-    import random
-
     for _ in range(attempts):
         first = random.randrange(20000, 32000 - count)
         socks = []

@@ -69,6 +69,10 @@ class NodeState:
                 if (f.kind is Kind.IB_LINK_DOWN and f.port == port)
                 or (f.kind is Kind.SWITCH_DOWN and f.port in (None, port))]
 
+    def down_at(self, t: float) -> bool:
+        """Whether the node itself is away at `t` (rebooting, or down): nothing of it answers on the network."""
+        return any(f.kind in REBOOTS and f.active(t) for f in self.fleet.faults_for(self.name))
+
     def restarting_at(self, t: float) -> bool:
         """Whether the node's exporter is away at `t` (restarting, or the node rebooting): scrapes are refused."""
         return any(f.kind in RESTARTS and f.active(t) for f in self.fleet.faults_for(self.name))

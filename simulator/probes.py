@@ -2,9 +2,9 @@
 
 In production blackbox_exporter pings each node (ICMP): a node that answers but whose exporter does not is an
 exporter down, one that does not answer is a node down. On loopback every address answers ping, so the simulator
-gives each node a port of its own instead, open unless the node is rebooting or down (`NodeState.restarting_at`
-less an exporter's own restart), for blackbox_exporter's `tcp_connect` module to probe. The file_sd targets it
-writes name each node's `instance` as the exporters' targets do, with the module to use.
+gives each node a port of its own instead, open unless the node is rebooting or down (`NodeState.down_at`), for
+blackbox_exporter's `tcp_connect` module to probe. The file_sd targets it writes name each node's `instance` as the
+exporters' targets do, with the module to use.
 """
 
 from __future__ import annotations
@@ -14,18 +14,12 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from gpufleet.simulator.faults import REBOOTS
-from gpufleet.simulator.fleet import Fleet, Node
+from gpufleet.simulator.fleet import Fleet
 
 log = logging.getLogger(__name__)
 # How often, in wall-clock seconds, the ports follow the nodes' state: well inside a probe interval.
 CHECK_SECONDS = 0.25
 MODULE = "tcp_connect"  # blackbox_exporter's module, as its example configuration and gpufleet's name it.
-
-
-def reachable(node: Node, t: float) -> bool:
-    """Whether the node answers on the network at `t`: not while it reboots or is down."""
-    return not any(f.kind in REBOOTS and f.active(t) for f in node.state.fleet.faults_for(node.name))
 
 
 def probe_targets(fleet: Fleet, host: str, first_port: int, labels: dict[str, str]) -> list[dict[str, object]]:
@@ -55,7 +49,7 @@ async def keep_probe_ports(fleet: Fleet, clock: Callable[[], float], host: str |
         while True:
             now = clock()
             for name, node in fleet.nodes.items():
-                up = reachable(node, now)
+                up = not node.state.down_at(now)
                 if up and name not in servers:
                     try:
                         servers[name] = await asyncio.start_server(_refuse, host, ports[name])

@@ -1,9 +1,15 @@
-"""Helpers shared by the tests: exposition text parsed into comparable samples, and waits inside an event loop."""
+"""Helpers shared by the tests: exposition text parsed into comparable samples, waits inside an event loop, and the
+configuration a docs page gives."""
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpufleet.devtools.paths import ROOT
 from gpufleet.exporter.collector import Collection
 from gpufleet.exporter.render import render
 
@@ -62,3 +68,11 @@ async def eventually(check, timeout: float = 5.0, interval: float = 0.02):
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         await asyncio.sleep(interval)
+
+
+def documented_yaml(page: str, heading: str) -> Any:
+    """The first YAML block under `## heading` of docs/`page`: what the docs tell a site to use, as it is."""
+    text = (ROOT / "docs" / page).read_text()
+    found = re.search(rf"^## {re.escape(heading)}\n.*?```yaml\n(.*?)```", text, re.S | re.M)
+    assert found, f"docs/{page} has no YAML block under '## {heading}'"
+    return yaml.safe_load(found.group(1))

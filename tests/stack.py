@@ -82,7 +82,7 @@ def host_command(service: str, named: dict[str, Path], addresses: dict[str, str]
     return argv
 
 
-def gpufleet_job(config: dict, name: str = "gpufleet") -> dict:
+def scrape_job(config: dict, name: str = "gpufleet") -> dict:
     return next(job for job in config["scrape_configs"] if job["job_name"] == name)
 
 

@@ -35,7 +35,8 @@ from gpufleet.devtools.programs import binary, blackbox_exporter, prometheus, re
 from gpufleet.devtools.prom import query
 from gpufleet.devtools.waiting import wait_for
 
-from stack import compose_alertmanager_and_simulator, flag, gpufleet_job, host_config, host_path, mounts, paged
+from helpers import documented_yaml
+from stack import compose_alertmanager_and_simulator, flag, host_config, host_path, mounts, paged, scrape_job
 
 KUBERNETES = [doc for path in sorted((ROOT / "deploy" / "kubernetes" / "base").glob("*.yaml"))
               for doc in yaml.safe_load_all(path.read_text()) if doc and doc["kind"] != "Kustomization"]
@@ -114,9 +115,7 @@ def test_services_reach_each_other_by_their_compose_names():
     written = PurePosixPath(flag(simulate, "--file-sd"))
     volume = next(s for s, t in mounts("simulator") if PurePosixPath(t) in written.parents)
     read_at = next(t for s, t in mounts("prometheus") if s == volume)
-    globs = [f for job in config["scrape_configs"] for sd in job.get("file_sd_configs", []) for f in sd["files"]]
-    assert any((PurePosixPath(read_at) / written.name).match(g) for g in globs), (written, globs)
-    # Its probe targets, the probe job alone; its exporters' targets, the gpufleet job alone.
+    # Its exporters' targets, the gpufleet job alone; its probe targets, the probe job alone.
     probes = PurePosixPath(read_at) / PurePosixPath(flag(simulate, "--probe-sd")).name
     for job in config["scrape_configs"]:
         job_globs = [f for sd in job.get("file_sd_configs", []) for f in sd["files"]]
@@ -170,8 +169,7 @@ def test_promtool_accepts_the_prometheus_config_and_its_rules(tmp_path):
 def test_promtool_accepts_the_kubernetes_probe_job_of_the_docs(tmp_path):
     """The job docs/deployment/probes.md gives kube-prometheus-stack, as Prometheus would load it. Debian builds
     Prometheus without Kubernetes discovery: the node discovery is checked by its shape, the rest by promtool."""
-    text = (ROOT / "docs" / "deployment" / "probes.md").read_text()
-    job = yaml.safe_load(re.search(r"## Kubernetes.*?```yaml\n(.*?)```", text, re.S).group(1))
+    job = documented_yaml("deployment/probes.md", "Kubernetes")
     assert job[0].pop("kubernetes_sd_configs") == [{"role": "node"}]
     job[0]["file_sd_configs"] = [{"files": [str(tmp_path / "nodes.json")]}]
     config = tmp_path / "prometheus.yml"
@@ -299,8 +297,8 @@ def test_the_scale_tier_scrapes_every_target_twice_and_evaluates_the_same_rules_
     for name, a in zip(AGENTS, agents, strict=True):
         scrape = yaml.safe_load(host_path(name, a["-promscrape.config"]).read_text())
         assert scrape["global"]["scrape_interval"] == interval
-        assert gpufleet_job(scrape) == gpufleet_job(prometheus_yml), f"{name} scrapes gpufleet unlike Prometheus"
-        assert gpufleet_job(scrape, "gpufleet-probe") == gpufleet_job(prometheus_yml, "gpufleet-probe"), name
+        assert scrape_job(scrape) == scrape_job(prometheus_yml), f"{name} scrapes gpufleet unlike Prometheus"
+        assert scrape_job(scrape, "gpufleet-probe") == scrape_job(prometheus_yml, "gpufleet-probe"), name
     vmalert = command_flags("vmalert")
     assert host_path("vmalert", vmalert["-rule"]).resolve() == VMALERT_RULES_FILE.resolve()
     assert vmalert["-evaluationInterval"] == prometheus_yml["global"]["evaluation_interval"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import stat
 from pathlib import Path
 
@@ -20,6 +19,8 @@ from gpufleet.devtools.paths import ROOT
 from gpufleet.devtools.programs import ipmi_exporter, prometheus, prometheus_config
 from gpufleet.devtools.prom import query
 from gpufleet.devtools.waiting import wait_for
+
+from helpers import documented_yaml
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 TIME_SCALE = 8  # The BMC alerts' five minutes are 37.5 s.
@@ -41,12 +42,6 @@ def _freeipmi(tmp_path: Path, node: str) -> Path:
     return directory
 
 
-def _documented_job() -> dict:
-    text = (ROOT / "docs" / "exporter" / "ipmi-exporter.md").read_text()
-    [job] = yaml.safe_load(re.search(r"## One incident per node.*?```yaml\n(.*?)```", text, re.S).group(1))
-    return job
-
-
 def _firing(prom_url: str) -> set[tuple[str, str]]:
     return {(r["metric"]["alertname"], r["metric"]["instance"])
             for r in query(prom_url, 'ALERTS{alertstate="firing",job="ipmi"}')}
@@ -66,7 +61,7 @@ def test_a_failed_supply_a_stopped_fan_and_a_hot_inlet_fire_under_the_nodes_inst
              for instance, server in exporters.items()] + [{"targets": [LISTED], "labels": {}}]))
         prom_config = prometheus_config(tmp_path / "prometheus.yml", tmp_path / "none.json", "1s", rules)
         document = yaml.safe_load(prom_config.read_text())
-        job = _documented_job()
+        [job] = documented_yaml("exporter/ipmi-exporter.md", "One incident per node: the same `instance`")
         job["file_sd_configs"] = [{"files": [str(targets)], "refresh_interval": "1s"}]
         document["scrape_configs"].append(job)
         prom_config.write_text(yaml.safe_dump(document))

@@ -16,6 +16,7 @@ from gpufleet.exporter.collector.kernel import MAX_STORAGE_SERVERS, KernelCollec
 from gpufleet.simulator.kernel_log import SimulatedKernelLog
 
 from helpers import named, rendered
+from layouts import node
 
 
 def test_a_timeout_names_the_nfs_server_or_lustre_target_it_lost():
@@ -51,10 +52,10 @@ def test_an_outage_on_a_tenth_of_a_cluster_pages_once_and_one_node_tickets(tmp_p
     """Two simulated clusters under one Prometheus (the generated rules at time scale 8) and Alertmanager (the
     production routing): in one of 64 nodes, a tenth log NFS timeouts together, which pages once, naming the server,
     and opens none of their tickets; in another, one node does alone, which opens its ticket and pages nobody."""
-    outage = [node_name(n) for n in range(1, CLUSTER_NODES // 10 + 2)]  # 7 of 64 nodes.
+    outage = [node(n) for n in range(1, CLUSTER_NODES // 10 + 2)]  # 7 of 64 nodes.
     timeouts = {"kind": "kernel_events", "event": "storage_timeout", "rate": 0.1, "start": "10s"}
     targets = {}
-    for cluster, nodes, hit in (("a", CLUSTER_NODES, outage), ("b", 8, [node_name(3)])):
+    for cluster, nodes, hit in (("a", CLUSTER_NODES, outage), ("b", 8, [node(3)])):
         scenario = tmp_path / f"{cluster}.yml"
         scenario.write_text(yaml.safe_dump({"faults": [{**timeouts, "node": name} for name in hit]}))
         targets[cluster] = (tmp_path / f"{cluster}.json", nodes, scenario)
@@ -83,15 +84,11 @@ def test_an_outage_on_a_tenth_of_a_cluster_pages_once_and_one_node_tickets(tmp_p
     assert [names for _, names in pages if "NodesStorageTimeouts" in names] == [["NodesStorageTimeouts"]], pages
     assert {a["cluster"] for a in _sent(receiver, "pager", "NodesStorageTimeouts")} == {"a"}
     assert {(a["cluster"], a["instance"]) for a in _sent(receiver, "ticket", "NodeKernelEventsRepeated")} == {
-        ("b", node_name(3))}
+        ("b", node(3))}
     description = held[0]["annotations"]["description"]
     assert description.startswith(f"{len(outage)} nodes of a logged storage timeouts within 5m, naming nfs-home "
                                   f"({len(outage)} nodes): "), description
     assert description.endswith(f"Nodes: {', '.join(outage)}."), description
-
-
-def node_name(number: int) -> str:
-    return f"gpu-node-{number:04d}"
 
 
 def _sent(receiver: Receiver, path: str, alertname: str) -> list[dict[str, str]]:
