@@ -1,9 +1,12 @@
 """What the NVSwitches of an HGX board report in the kernel log: SXids, counted per switch, code and class since
-the node booted (`exporter.sxid`). A fatal one stalls the NVLink traffic of the GPUs behind the link, and their
-jobs fail with XID 45 or 74 until the board's GPUs and NVSwitches are reset or the node reboots: a page, one per
-node whatever the number of switches or links, held until that reboot starts the counts again. Non-fatal ones
-that repeat are a link to look at, a ticket. A node whose kernel log cannot be read shows no SXid either; where
-that is a share of a cluster, a ticket says the SXids of those nodes are not seen."""
+the node booted (`exporter.sxid`). A fatal one stalls the NVLink fabric of the whole board: its jobs fail with XID
+45 or 74 until every GPU and NVSwitch of the board is reset together or the node reboots. The exporter holds each
+GPU of the board at a reset for it (`exporter.gpu.actions`), so the repair is the GPUs' own: GpuNeedsReset's
+tickets, which drain the node, and GpuRepairUrgent's one page where a job is at stake. The SXid itself is the
+node's ticket, which says why each GPU is held and that one GPU's reset will not do; it ends with those holds, or,
+on a node whose GPU collector is not running, with the reboot that starts the counts again. Non-fatal SXids that
+repeat are a link to look at, a ticket. A node whose kernel log cannot be read shows no SXid either; where that is
+a share of a cluster, a ticket says the SXids of those nodes are not seen."""
 
 from __future__ import annotations
 
@@ -11,23 +14,30 @@ from typing import Any
 
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.rule import alert, printf
+from gpufleet.fabric import BOARD_RESET_REASON
 
 SXIDS = "gpufleet_nvswitch_sxid_errors_total"
 
 
 def nvswitch(c: Config) -> dict[str, Any]:
-    """The page, at the evaluation interval: the series are sparse, one per switch and code that erred."""
+    """The ticket, at the evaluation interval: the series are sparse, one per switch and code that erred."""
+    node = c.by("instance")
     fatal = c.metric(SXIDS, 'class="fatal"')
+    board = c.metric("gpufleet_gpu_recovery_action_reason", f'reason=~"{BOARD_RESET_REASON} .*"')
+    # A GPU collector that answers and holds no GPU for the board has seen the board reset.
+    released = (f"group by ({node}) ({c.metric('gpufleet_gpu_driver_up')}) "
+                f"unless on ({node}) group by ({node}) ({board})")
     listed = printf(c.metric(SXIDS, f'{c.cluster_label}="%s",instance="%s",class="fatal"'),
                     f"$labels.{c.cluster_label}", "$labels.instance")
     codes = (f"{{{{ range $i, $s := {listed} | query }}}}{{{{ if $i }}}},{{{{ end }}}} {{{{ $s.Labels.sxid }}}} "
              "on {{ $s.Labels.switch }}{{ end }}")
     return {"name": "gpufleet-nvswitch", "rules": [
-        alert(c, "NodeNvswitchFatalError", f"sum by ({c.node()}) ({fatal}) > 0", "critical",
-              "An NVSwitch of the node logged a fatal SXid: the NVLink traffic of its GPUs stalls.",
+        alert(c, "NodeNvswitchFatalError", f"sum by ({c.node()}) ({fatal}) > 0 unless on ({node}) ({released})",
+              "warning", "An NVSwitch of the node logged a fatal SXid: the board's NVLink fabric needs a reset.",
               f"{{{{ $labels.instance }}}} logged {{{{ $value }}}} fatal SXids since it booted (code and switch:"
-              f"{codes}). The jobs on its GPUs fail until every GPU and NVSwitch of the board is reset, or the "
-              "node rebooted."),
+              f"{codes}). Every GPU of the board is held at a reset (GpuNeedsReset) until all of its GPUs and "
+              "NVSwitches are reset together, or the node reboots, and the fabric registers them again: one GPU's "
+              "reset does not end it."),
     ]}
 
 

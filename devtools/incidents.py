@@ -52,7 +52,8 @@ KINDS: tuple[tuple[dict[str, Any], bool], ...] = (
     ({"kind": "ecc_contained", "gpu": 3}, False),
     # A bad PCIe link: its uncorrectable error and its corrections are tickets.
     ({"kind": "pcie_aer", "gpu": 1}, False),
-    # An NVSwitch's fatal error pages once for the node; non-fatal ones that repeat are a ticket.
+    # An NVSwitch's fatal error holds every GPU of the board at a reset: one page for the busy node, as a GPU's
+    # reset is; non-fatal ones that repeat are a ticket.
     ({"kind": "sxid_fatal"}, True),
     ({"kind": "sxid_nonfatal", "rate": 0.1}, False),
 )

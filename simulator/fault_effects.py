@@ -23,9 +23,9 @@ from gpufleet.simulator.timeline import overlap
 from gpufleet.simulator.workload import Workload
 from gpufleet.xid import GSP_TIMEOUT, Action, action_for
 
-# The repairs that reset a GPU (an operator's reset; a reboot or a new board reset it too), that reboot it, and
-# that put a new board in its slot.
-_RESETS = frozenset({Kind.GPU_RESET, *REBOOTS})
+# The repairs that reset a GPU (an operator's reset, of the GPU or of its whole board; a reboot or a new board reset
+# it too), that reboot it, and that put a new board in its slot.
+_RESETS = frozenset({Kind.GPU_RESET, Kind.BOARD_RESET, *REBOOTS})
 _NEW = frozenset({Kind.GPU_REPLACE})
 # nvmlGpuFabricInfo_v3_t's health flag for degraded bandwidth, set.
 _DEGRADED_BANDWIDTH = (pynvml.NVML_GPU_FABRIC_HEALTH_MASK_DEGRADED_BW_TRUE
@@ -58,7 +58,8 @@ class FaultEffects:
             reset, rebooted, replaced = (self.state.repaired_at(kinds, gpu) for kinds in (_RESETS, REBOOTS, _NEW))
             lost = (any(f.active(t) and f.start > rebooted for f in self.state.active(Kind.GPU_LOST, gpu))
                     or any(f.active(t) for f in self.state.active(Kind.GPU_DEAD, gpu)))
-            resetting = any(f.active(t) for f in self.state.active(Kind.GPU_RESET, gpu))
+            resetting = any(f.active(t) for f in [*self.state.active(Kind.GPU_RESET, gpu),
+                                                  *self.state.active(Kind.BOARD_RESET)])
             board.errors = {"*": pynvml.NVML_ERROR_GPU_IS_LOST} if lost or resetting else {}
             events = 0
             if any(f.active(t) for f in self.state.active(Kind.THERMAL_SLOWDOWN, gpu)):

@@ -50,6 +50,7 @@ class FaultKind(StrEnum):
     EXPORTER_DOWN = "exporter_down"
     EXPORTER_RESTART = "exporter_restart"
     GPU_RESET = "gpu_reset"
+    BOARD_RESET = "board_reset"
     NODE_REBOOT = "node_reboot"
     NODE_DOWN = "node_down"
     GPU_REPLACE = "gpu_replace"
@@ -114,6 +115,8 @@ KINDS: dict[FaultKind, tuple[tuple[str, ...], str]] = {
                                      "then a new process serves, its own counters from zero"),
     FaultKind.GPU_RESET: (("gpu",), "an operator resets the GPU: it leaves NVML for the fault's duration (5s), its "
                                     "volatile ECC counts clear and the driver asks for nothing more"),
+    FaultKind.BOARD_RESET: ((), "an operator resets every GPU and NVSwitch of the board together, as a fatal SXid "
+                                "needs: every GPU leaves NVML for the fault's duration (5s), as after a GPU reset"),
     FaultKind.NODE_REBOOT: ((), "an operator reboots the node: down for the fault's duration (60s), then a new boot "
                                 "time, every GPU reset and back on the bus, a new exporter process"),
     FaultKind.NODE_DOWN: ((), "the node goes down unplanned (a kernel panic, its power or its network lost): "
@@ -142,8 +145,8 @@ KINDS: dict[FaultKind, tuple[tuple[str, ...], str]] = {
 }
 # What an operator does to repair a node, rather than what breaks it: each takes a while (its duration, by
 # default this long), during which the GPU or the node is away.
-REPAIR_SECONDS = {FaultKind.GPU_RESET: 5.0, FaultKind.NODE_REBOOT: 60.0, FaultKind.GPU_REPLACE: 60.0,
-                  FaultKind.GPU_REMOVED: 60.0, FaultKind.DRIVER_MISMATCH: 60.0}
+REPAIR_SECONDS = {FaultKind.GPU_RESET: 5.0, FaultKind.BOARD_RESET: 5.0, FaultKind.NODE_REBOOT: 60.0,
+                  FaultKind.GPU_REPLACE: 60.0, FaultKind.GPU_REMOVED: 60.0, FaultKind.DRIVER_MISMATCH: 60.0}
 # Kinds that reboot the node, and those during which its exporter does not answer, after which a new
 # exporter process serves.
 REBOOTS = frozenset({FaultKind.NODE_REBOOT, FaultKind.NODE_DOWN, FaultKind.GPU_REPLACE, FaultKind.GPU_REMOVED,

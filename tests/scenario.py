@@ -67,9 +67,7 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
       expect("NodeStraggler", 6, "ticket", required=False)]),
     ({"kind": "nvlink_down", "node": node(6), "gpu": 2, "link": 3},
      [expect("GpuNvlinkDown", 6, "pager", gpu="2", link="3")]),
-    # Its first NVSwitch logs a fatal SXid: a page of its own, in the node's one incident with the NVLink's.
-    ({"kind": "sxid_fatal", "node": node(6)}, [expect("NodeNvswitchFatalError", 6, "pager")]),
-    # And a non-fatal one every 10 s (80 production seconds): three within the hour are a ticket.
+    # A non-fatal SXid every 10 s (80 production seconds): three within the hour are a ticket.
     ({"kind": "sxid_nonfatal", "node": node(6), "rate": 0.1},
      [expect("NodeNvswitchErrorsRepeated", 6, "ticket", sxid="20001")]),
     ({"kind": "power_brake", "node": node(8), "gpu": 0},
@@ -79,6 +77,16 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
       expect("NodeStraggler", 8, "ticket", required=False)]),
     ({"kind": "nvlink_crc", "node": node(8), "gpu": 1, "link": 4},
      [expect("GpuNvlinkCrcErrors", 8, "ticket", gpu="1", link="4")]),
+    # Its first NVSwitch logs a fatal SXid: every GPU of the board is held at a reset, a ticket each, and the node,
+    # which runs a job, pages once for them; the SXid is a ticket. GPU 3's own reset ends nothing; the board's reset
+    # at REPAIR_AT ends them all (REPAIRED). Each GPU is off the bus while it resets: "lost" may go pending.
+    ({"kind": "sxid_fatal", "node": node(8)},
+     [*(expect("GpuNeedsReset", 8, "ticket", gpu=str(gpu)) for gpu in range(8)),
+      expect("GpuRepairUrgent", 8, "pager"), expect("NodeNvswitchFatalError", 8, "ticket")]),
+    ({"kind": "gpu_reset", "node": node(8), "gpu": 3, "start": f"{RESTART_AT}s"},
+     [expect("GpuLost", 8, None, required=False, gpu="3")]),
+    ({"kind": "board_reset", "node": node(8), "start": f"{REPAIR_AT}s"},
+     [*(expect("GpuLost", 8, None, required=False, gpu=str(gpu)) for gpu in range(8))]),
     # A GPU the NVSwitch fabric manager never finishes registering pages; a fabric at limited capacity tickets.
     ({"kind": "fabric_not_ready", "node": node(9), "gpu": 6},
      [expect("GpuFabricNotReady", 9, "pager", gpu="6")]),
@@ -193,6 +201,8 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
 # board ends its old UUID's series rather than setting it to 0, and VictoriaMetrics, without staleness markers,
 # keeps a vanished series for LOOKBACK: vmalert sees that one end so much later.
 REPAIRED = [(expect("GpuNeedsReset", 1, "ticket", gpu="1"), REPAIR_AT + 5, False),
+            *((expect("GpuNeedsReset", 8, "ticket", gpu=str(gpu)), REPAIR_AT + 5, False) for gpu in range(8)),
+            (expect("NodeNvswitchFatalError", 8, "ticket"), REPAIR_AT + 5, False),
             (expect("GpuNeedsReboot", 15, "ticket", gpu="5"), REPAIR_AT + REBOOT_SECONDS, False),
             (expect("GpuNeedsReplacement", 3, "ticket", gpu="0"), REPAIR_AT + REBOOT_SECONDS, True),
             (expect("GpuDriverUnresponsive", 16, "ticket"), REPAIR_AT + REBOOT_SECONDS, False),

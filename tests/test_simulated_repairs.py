@@ -163,3 +163,23 @@ async def test_a_gpu_that_a_reboot_does_not_bring_back_stays_lost_and_held(probe
     assert actions(rebooted)["5"] == Action.REBOOT
     reseated = await probe.at(SLOW, 400)  # The board reseated, and the node rebooted again.
     assert value(reseated, "gpufleet_gpu_up", gpu="5") == 1 and set(actions(reseated).values()) == {Action.NONE}
+
+
+async def test_a_fatal_sxid_holds_every_gpu_through_one_gpus_reset_until_the_whole_board_is_reset(probe_of):
+    probe = probe_of({"kind": "sxid_fatal", "node": SLOW, "start": 10},
+                     {"kind": "gpu_reset", "node": SLOW, "gpu": 3, "start": 100},
+                     {"kind": "board_reset", "node": SLOW, "start": 200})
+    await probe.at(SLOW, 0)
+    samples = await held(probe, 50, "0", Action.RESET)
+    assert set(actions(samples).values()) == {Action.RESET} and len(actions(samples)) == 8
+    reasons = {dict(labels)["reason"] for (name, labels) in samples if name == "gpufleet_gpu_recovery_action_reason"}
+    assert reasons == {"fatal SXid 24007 on NVSwitch 0000:05:00.0: reset the whole board"}
+    one_reset = await probe.at(SLOW, 110)
+    assert value(one_reset, "gpufleet_gpu_up", gpu="3") == 1 and set(actions(one_reset).values()) == {Action.RESET}
+    during = await probe.at(SLOW, 202)  # Every GPU off the bus while the board resets.
+    assert {value(during, "gpufleet_gpu_up", gpu=str(gpu)) for gpu in range(8)} == {0}
+    after = await probe.at(SLOW, 210)
+    assert set(actions(after).values()) == {Action.NONE}
+    # The switch's count is the node's since it booted, as the driver logged it: the reset does not take it back.
+    assert value(after, "gpufleet_nvswitch_sxid_errors_total", switch="0000:05:00.0", sxid="24007",
+                 **{"class": "fatal"}) == 1

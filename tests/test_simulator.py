@@ -191,10 +191,12 @@ async def test_a_pcie_aer_fault_counts_on_its_gpus_link_alone_until_the_node_reb
 
 
 async def test_sxid_faults_log_what_the_exporter_counts_by_switch_code_and_class(baseline):
-    """Each SXid's primary line counts once, its data line not at all."""
+    """Each SXid's primary line counts once, its data line not at all; the fatal one holds the board's GPUs."""
     faulted = await with_faults({"node": "gpu-node-0003", "kind": "sxid_fatal"},
                                 {"node": "gpu-node-0003", "kind": "sxid_nonfatal", "rate": 0.1})
-    assert {n for n, _ in changed(baseline, faulted)} == {"gpufleet_nvswitch_sxid_errors_total"}
+    assert {n for n, _ in changed(baseline, faulted)} == {"gpufleet_nvswitch_sxid_errors_total",
+                                                          "gpufleet_gpu_recovery_action",
+                                                          "gpufleet_gpu_recovery_action_reason"}
     assert {(dict(l)["switch"], dict(l)["sxid"], dict(l)["class"]): v for (n, l), v in faulted["gpu-node-0003"].items()
             if n == "gpufleet_nvswitch_sxid_errors_total"} == {
         ("0000:05:00.0", "24007", "fatal"): 1, ("0000:05:00.0", "20001", "non_fatal"): 0.1 * (NOW - 100)}

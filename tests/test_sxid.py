@@ -1,11 +1,21 @@
 """NVSwitch SXids: the driver's lines read as it writes them, counted once per error by the kernel collector, and
-kept across an exporter's restart until the node boots again."""
+kept across an exporter's restart until the node boots again; a fatal one holds every GPU of the board at a reset
+until the whole board was reset, or the node rebooted, and the fabric registered each GPU again."""
 
+import pynvml
+import pytest
+
+from gpufleet.devtools.nodes import UUID0, UUID1, two_boards
+from gpufleet.exporter.collector.gpu import GpuCollector
 from gpufleet.exporter.collector.kernel import KernelCollector
-from gpufleet.exporter.state import MemoryStore, PersistentState
+from gpufleet.exporter.gpu.session import NvmlSession
+from gpufleet.exporter.gpu.simulated.nvml import SimulatedNvml
+from gpufleet.exporter.gpu.xid import KernelLogXids, XidLedger
+from gpufleet.exporter.state import FileStore, MemoryStore, PersistentState
 from gpufleet.exporter.sxid import Sxid, parse_sxid
 from gpufleet.exporter.tree import MemoryTree
-from gpufleet.simulator.kernel_log import SimulatedKernelLog
+from gpufleet.simulator.kernel_log import NVSWITCH, SimulatedKernelLog
+from gpufleet.xid import Action
 
 from helpers import named, rendered
 
@@ -67,3 +77,112 @@ def test_without_a_boot_time_nothing_kept_is_taken_for_this_boot():
     blind = KernelCollector(log, PersistentState(store), MemoryTree())  # procfs without `stat`.
     blind.start()
     assert _sxids(blind) == {}
+
+
+class Board:
+    """Two GPUs behind NVSwitches, their kernel log and boot time, and the GPU collector watching them now."""
+
+    def __init__(self, tmp_path, clock) -> None:
+        self.clock = clock
+        self.nvml = SimulatedNvml(two_boards(), clock=clock)
+        self.log = SimulatedKernelLog()
+        self.procfs = MemoryTree()
+        self.directory = tmp_path
+        self.boot(1_799_990_000)
+        self.start()
+
+    def boot(self, at: int) -> None:
+        self.procfs.set("stat", f"cpu  1 2 3 4\nbtime {at}\n")
+
+    def start(self) -> None:
+        """A new exporter process, reading what the last one kept."""
+        ledger = XidLedger(clock=self.clock)
+        self.collector = GpuCollector(NvmlSession(self.nvml, clock=self.clock), procfs=self.procfs, xids=ledger,
+                                      kernel_xids=KernelLogXids(self.log, ledger),
+                                      state=PersistentState(FileStore(self.directory)))
+        self.collector.start()
+
+    def actions(self) -> dict[str, tuple[float, str]]:
+        """Each GPU's action and reason after a collection, by UUID."""
+        self.clock.now += 5
+        samples = rendered(self.collector.collect())
+        reasons = {dict(labels)["uuid"]: dict(labels)["reason"]
+                   for labels in named(samples, "gpufleet_gpu_recovery_action_reason")}
+        return {dict(labels)["uuid"]: (value, reasons.get(dict(labels)["uuid"], ""))
+                for labels, value in named(samples, "gpufleet_gpu_recovery_action").items()}
+
+    def reset(self, *gpus: int) -> None:
+        """These GPUs leave NVML for a collection and come back, as a reset takes them off the bus."""
+        for gpu in gpus:
+            self.nvml.gpus[gpu].errors["*"] = pynvml.NVML_ERROR_GPU_IS_LOST
+        self.actions()
+        for gpu in gpus:
+            self.nvml.gpus[gpu].errors.clear()
+
+
+@pytest.fixture
+def board(tmp_path, clock):
+    return Board(tmp_path, clock)
+
+
+RESET = float(Action.RESET)
+HELD = f"fatal SXid 24007 on NVSwitch {NVSWITCH}: reset the whole board"
+FREE = {UUID0: (0.0, ""), UUID1: (0.0, "")}
+
+
+def test_a_fatal_sxid_holds_every_gpu_through_one_gpus_reset_until_the_whole_board_is_reset(board):
+    board.actions()
+    board.log.write_sxid(20001, 5)  # Non-fatal: the link's ticket, no repair.
+    assert board.actions() == FREE
+    board.log.write_sxid(24007, 1)
+    assert board.actions() == {UUID0: (RESET, HELD), UUID1: (RESET, HELD)}
+    board.reset(0)  # One GPU's reset mends nothing of the board's fabric.
+    assert board.actions() == {UUID0: (RESET, HELD), UUID1: (RESET, HELD)}
+    board.reset(1)  # The other one too: now every GPU of the board was reset since the error.
+    assert board.actions() == FREE
+
+
+def test_a_board_reset_ends_the_hold_only_once_the_fabric_registers_each_gpu_again(board):
+    board.actions()
+    board.log.write_sxid(24007, 1)
+    board.actions()
+    board.nvml.gpus[1].fabric_state = pynvml.NVML_GPU_FABRIC_STATE_IN_PROGRESS
+    board.reset(0, 1)
+    assert board.actions() == {UUID0: (RESET, HELD), UUID1: (RESET, HELD)}
+    board.nvml.gpus[1].fabric_state = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+    assert board.actions() == FREE
+
+
+def test_the_hold_outlasts_an_exporter_restart_and_ends_with_the_reboot_that_registers_the_fabric(board):
+    board.actions()
+    board.reset(1)  # Before the error: it repairs nothing of it.
+    board.log.write_sxid(24007, 2)
+    board.actions()
+    board.collector.close()
+    board.start()  # The same boot: the kept holds, and still one GPU's reset is not the board's.
+    assert board.actions() == {UUID0: (RESET, HELD), UUID1: (RESET, HELD)}
+    board.reset(0)
+    assert board.actions() == {UUID0: (RESET, HELD), UUID1: (RESET, HELD)}
+    board.collector.close()
+    board.boot(1_800_000_500)  # The node reboots; the fabric manager has not registered GPU 0 yet.
+    board.nvml.gpus[0].fabric_state = pynvml.NVML_GPU_FABRIC_STATE_NOT_STARTED
+    board.start()
+    assert board.actions() == {UUID0: (RESET, HELD), UUID1: (RESET, HELD)}
+    board.nvml.gpus[0].fabric_state = pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+    assert board.actions() == FREE
+
+
+def test_a_gpu_that_needs_more_than_a_reset_keeps_it_and_its_own_reset_joins_the_board(board):
+    board.actions()
+    lost = board.nvml.gpus[0]
+    board.collector.xids.record_nvml(lost.index, lost.uuid, lost.pci_bus_id, 79)  # Off the bus: a reboot.
+    board.collector.xids.record_nvml(1, UUID1, board.nvml.gpus[1].pci_bus_id, 62)  # A reset of its own.
+    assert [action for action, _ in board.actions().values()] == [float(Action.REBOOT), RESET]
+    board.log.write_sxid(24007, 1)
+    assert board.actions() == {UUID0: (float(Action.REBOOT), "XID 79"), UUID1: (RESET, HELD)}
+    board.reset(1)  # What would have ended its own reset does not end the board's, whose GPU 0 was not reset.
+    assert board.actions()[UUID1] == (RESET, HELD)
+    board.collector.close()
+    board.boot(1_800_000_500)  # The reboot both need.
+    board.start()
+    assert board.actions() == FREE

@@ -217,7 +217,9 @@ class GpuCollector:
         parser.add_argument("--collector.gpu.xid-kmsg", dest="gpu_xid_kmsg", action=argparse.BooleanOptionalAction,
                             default=True, help="also count XIDs from the kernel log (--path.kmsg) where it is "
                                                "readable, each once with NVML's events: the XIDs of a driver that "
-                                               "hangs reach only the kernel log (default: on)")
+                                               "hangs reach only the kernel log; and hold the board's GPUs at a "
+                                               "reset for a fatal NVSwitch error (SXid), which only the kernel log "
+                                               "tells (default: on)")
         parser.add_argument("--collector.gpu.expected-count", dest="gpu_expected_count", type=positive_int,
                             metavar="N", help="the GPUs this node should have: a GPU it had that NVML no longer "
                                               "lists is reported lost, also after a restart or a reboot, until it "
@@ -356,7 +358,9 @@ class GpuCollector:
                 self.kernel_xids.poll()
             counts = self.xids.snapshot()
             if self._kept is None:
-                for change in self.actions.raise_from_xids(counts, boot_time(self.procfs)):
+                boot = boot_time(self.procfs)
+                for change in [*self.actions.raise_from_xids(counts, boot),
+                               *self.actions.raise_board(self.xids.take_fatal_sxids(), boot)]:
                     log.info("%s", change)
             self._add_kept(families, counts)
         return families.collection()
@@ -388,7 +392,9 @@ class GpuCollector:
         if self._kept is not None:
             self._restore([*(gpu.identity for gpu in sample.gpus), *sample.lost])
         counts = self.xids.snapshot()
-        for change in self.actions.observe(sample.gpus, sample.lost, counts, boot_time(self.procfs), verdicts):
+        boot = boot_time(self.procfs)
+        for change in [*self.actions.observe(sample.gpus, sample.lost, counts, boot, verdicts),
+                       *self.actions.raise_board(self.xids.take_fatal_sxids(), boot)]:
             log.info("%s", change)
         return sample, counts
 

@@ -16,7 +16,14 @@ whose value is the action) is raised by what the hardware reports and lowered on
   uncontained error or another demand for a reset makes it urgent. A count read before any memory XID waits for
   one as long as the XID ledger may take to count it;
 - a failed row remap raises it to REPLACE, which only another board (another UUID) at the GPU's PCI address
-  lowers.
+  lowers;
+- a fatal NVSwitch error (SXid, from the kernel log) raises every GPU of the board to RESET, held for the board as
+  a whole (`raise_board`): the NVLink fabric it stalled is the board's, and NVIDIA's remedy is to reset every GPU
+  and NVSwitch of the board together, or reboot. One GPU reset alone ends nothing; the holds end together once
+  each of those GPUs has left NVML and come back since the error (or the node rebooted), and every one of them
+  answers registered with the fabric again (or has no fabric to register with). Which GPUs left and came back is
+  this process's own observation: an exporter restarted in the middle of a board reset leaves the holds to the
+  node's next reboot.
 
 Whatever raised it, DRAIN and RESET also end when the GPU leaves NVML and comes back (a reset takes it off
 the bus for a moment), and DRAIN, RESET and REBOOT when the node's boot time changes (a reboot) and the GPU
@@ -37,9 +44,13 @@ from dataclasses import asdict, dataclass
 import pynvml
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
+from gpufleet.exporter.gpu.fabric import HEALTH as FABRIC_HEALTH
+from gpufleet.exporter.gpu.fabric import STATE as FABRIC_STATE
 from gpufleet.exporter.gpu.probes import DRIVER_RECOVERY_ACTION, ECC_ERRORS, ROW_REMAP_FAILED, Reading
 from gpufleet.exporter.gpu.session import GpuIdentity, GpuSample
 from gpufleet.exporter.gpu.xid import XidCount
+from gpufleet.exporter.sxid import Sxid
+from gpufleet.fabric import BOARD_RESET_REASON, REGISTRATION_FAILED
 from gpufleet.xid import CONTAINED_ECC, DOUBLE_BIT_ECC, UNCONTAINED_ECC, Action, action_for
 
 # NVML's recovery actions (nvmlGpuRecoveryAction_t) as the actions an operator takes.
@@ -72,6 +83,7 @@ class Held:
     boot: float | None
     driver: bool = False  # The driver asked for it: its "none" afterwards means it was done.
     deferred: bool = False  # It can wait for the node's next drain: a contained memory error.
+    board: bool = False  # Held for the whole board (a fatal SXid): it ends with the board's other holds.
 
 
 @dataclass(frozen=True)
@@ -91,10 +103,11 @@ class _Health:
     driver: float | None = None  # NVML's recovery action, where the driver reports one.
     volatile_dbe: float | None = None  # Uncorrectable ECC errors since the driver loaded.
     remap_failed: bool = False
+    registered: bool = False  # Registered with the NVSwitch fabric, or on a board without one.
 
     @classmethod
     def of(cls, readings: Sequence[Reading]) -> _Health:
-        driver = dbe = None
+        driver = dbe = state = fabric_health = None
         failed = False
         for r in readings:
             if r.metric is DRIVER_RECOVERY_ACTION:
@@ -103,7 +116,13 @@ class _Health:
                 dbe = r.value
             elif r.metric is ROW_REMAP_FAILED:
                 failed = r.value == 1
-        return cls(driver, dbe, failed)
+            elif r.metric is FABRIC_STATE:
+                state = r.value
+            elif r.metric is FABRIC_HEALTH:
+                fabric_health = r.value
+        registered = state is None or (state == pynvml.NVML_GPU_FABRIC_STATE_COMPLETED
+                                       and fabric_health != REGISTRATION_FAILED)
+        return cls(driver, dbe, failed, registered)
 
 
 def _held(entry: object) -> Held | None:
@@ -114,7 +133,8 @@ def _held(entry: object) -> Held | None:
         boot = entry.get("boot")
         return Held(str(entry["uuid"]), Action(int(str(entry["action"]))), str(entry["reason"]),
                     float(str(entry["since"])), None if boot is None else float(str(boot)),
-                    bool(entry.get("driver", False)), bool(entry.get("deferred", False)))
+                    bool(entry.get("driver", False)), bool(entry.get("deferred", False)),
+                    bool(entry.get("board", False)))
     except (KeyError, ValueError):
         return None
 
@@ -136,6 +156,8 @@ class ActionBook:
         # The GPUs whose uncorrectable ECC count was read with no memory XID told yet: when it was first read, by UUID.
         self._counted_alone: dict[str, float] = {}
         self._identities: dict[str, GpuIdentity] = {}
+        # The GPUs seen to leave NVML and come back since the board's latest fatal SXid, by PCI address.
+        self._board_reset: set[str] = set()
 
     def observe(self, answering: Sequence[GpuSample], lost: Sequence[GpuIdentity], xids: Sequence[XidCount],
                 boot: float | None, verdicts: Mapping[str, Sequence[int]] | None = None) -> list[str]:
@@ -143,11 +165,13 @@ class ActionBook:
         since the last one (`verdicts`, by UUID, oldest first); returns what changed, as log lines."""
         changes: list[str] = []
         new_xids = self._new_xids(xids)
+        registered: dict[str, bool] = {}
         for sample in answering:
             self._identities[sample.identity.pci_bus_id] = sample.identity
             for verdict in (verdicts or {}).get(sample.identity.uuid, ()):
                 changes += self._verdict(sample.identity, verdict, boot)
             health = _Health.of(sample.readings)
+            registered[sample.identity.pci_bus_id] = health.registered
             changes += self._settle(sample.identity, True, health, boot)
             changes += self._raise(sample.identity, health, new_xids.get(sample.identity.uuid, ()), boot)
         for identity in lost:
@@ -156,6 +180,29 @@ class ActionBook:
                 changes += self._raise(identity, _Health(driver=float(verdict)), (), boot)
             changes += self._settle(identity, False, _Health(), boot)
             changes += self._raise(identity, _Health(), new_xids.get(identity.uuid, ()), boot)
+        return changes + self._settle_board(registered, boot)
+
+    def raise_board(self, sxids: Sequence[Sxid], boot: float | None) -> list[str]:
+        """Hold every GPU of the node's board at a reset for the fatal SXids logged since the last call (the first
+        names the hold): a GPU held at more (a reboot, a replacement) keeps that, which covers it; one held at a
+        reset of its own is held for the board instead, now, as a deferred one can no longer wait. Resets seen
+        before the error repaired nothing of it."""
+        if not sxids:
+            return []
+        first = sxids[0]
+        reason = f"{BOARD_RESET_REASON} {first.code} on NVSwitch {first.switch}: reset the whole board"
+        self._board_reset.clear()
+        changes = []
+        for pci, identity in sorted(self._identities.items(), key=lambda item: item[1].index):
+            held = self.held.get(pci)
+            mine = held is not None and held.uuid == identity.uuid
+            if held is not None and mine and held.action > Action.RESET:
+                continue
+            if held is not None and mine and held.board:
+                held.boot = boot  # A later error: the reboot that ends it must come after this one too.
+                continue
+            self.held[pci] = Held(identity.uuid, Action.RESET, reason, self._clock(), boot, board=True)
+            changes.append(f"GPU {identity.index} ({identity.uuid}) needs reset with its whole board: {reason}")
         return changes
 
     def raise_from_xids(self, xids: Sequence[XidCount], boot: float | None) -> list[str]:
@@ -176,6 +223,7 @@ class ActionBook:
         """The slot's GPU was taken out on purpose: nothing is held for it, and it is no longer reported."""
         for book in (self.held, self._seen, self._identities):
             book.pop(pci, None)
+        self._board_reset.discard(pci)
 
     def absent(self) -> None:
         """NVML answers for no GPU at all: each GPU counts as having left, for when it comes back."""
@@ -210,6 +258,8 @@ class ActionBook:
         dbe = health.volatile_dbe
         before = self._seen.get(pci)
         self._seen[pci] = _Seen(identity.uuid, present, driver, dbe)
+        if present and before is not None and not before.present:
+            self._board_reset.add(pci)
         held = self.held.get(pci)
         if held is None:
             return []
@@ -222,6 +272,8 @@ class ActionBook:
             held.reason = f"{held.reason.split('; ')[0]}; still lost after a reboot"
             return [f"GPU {identity.index} ({identity.uuid}) still needs {held.action.name.lower()}: the node "
                     "rebooted and the GPU did not come back"]
+        elif held.board:
+            return []  # The board's holds end together (`_settle_board`).
         elif rebooted and held.action in _SETTLED_BY_REBOOT:
             why = "the node rebooted"
         elif held.action in _SETTLED_BY_RESET and present and before is not None:
@@ -236,6 +288,29 @@ class ActionBook:
         del self.held[pci]
         self._memory_xids.pop(identity.uuid, None)  # Repaired: its next memory error is judged afresh.
         return [f"GPU {identity.index} ({identity.uuid}) no longer needs {held.action.name.lower()}: {why}"]
+
+    def _settle_board(self, registered: Mapping[str, bool], boot: float | None) -> list[str]:
+        """End the board's holds once every GPU of the board, held for it or for more, was reset since the error
+        (or the node rebooted since), and each held for it answers registered with the fabric again (`registered`,
+        by PCI address, for the GPUs that answered)."""
+        board = {pci: held for pci, held in self.held.items() if held.board}
+        if not board:
+            return []
+        since = next(iter(board.values())).boot
+        rebooted = boot is not None and since is not None and boot != since
+        if not rebooted and not set(self._identities) <= self._board_reset:
+            return []
+        if not all(registered.get(pci, False) for pci in board):
+            return []
+        changes = []
+        for pci, held in sorted(board.items()):
+            del self.held[pci]
+            self._memory_xids.pop(held.uuid, None)
+            identity = self._identities.get(pci)
+            changes.append(f"GPU {identity.index if identity else pci} ({held.uuid}) no longer needs reset: its whole "
+                           "board was reset, or the node rebooted, and it answers registered with its fabric")
+        self._board_reset.clear()
+        return changes
 
     def _raise(self, identity: GpuIdentity, health: _Health, new_xids: Sequence[int],
                boot: float | None) -> list[str]:

@@ -37,11 +37,13 @@ import pynvml
 from gpufleet.exporter.gpu.nvml import DRIVER_LOST, Backoff, EventSet, Handle, Nvml, as_text
 from gpufleet.exporter.gpu.probes import field_value
 from gpufleet.exporter.kernellog import KernelLog
+from gpufleet.exporter.sxid import Sxid, parse_sxid
 
 log = logging.getLogger(__name__)
 
 _NO_LIBRARY = frozenset({pynvml.NVML_ERROR_UNINITIALIZED, pynvml.NVML_ERROR_DRIVER_NOT_LOADED})
-_VERDICTS_KEPT = 8  # Per GPU, between two collections: more would only repeat what the driver already said.
+# Per GPU, between two collections (and fatal SXids per node): more would only repeat what was already said.
+_VERDICTS_KEPT = 8
 PciKey = tuple[int, int, int]  # PCI domain, bus, device: what both NVML and the kernel log name.
 
 _PCI = re.compile(r"^(?:[0-9a-fA-F]+:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?$")
@@ -96,6 +98,7 @@ class XidLedger:
         self._nvml_events: list[_Event] = []
         self._kmsg_pending: list[_Event] = []
         self._verdicts: dict[str, list[int]] = {}
+        self._fatal_sxids: list[Sxid] = []
         self.watching = False  # True while NVML events are registered for at least one GPU.
 
     def register_gpu(self, index: int, uuid: str, pci_bus_id: str) -> None:
@@ -138,6 +141,18 @@ class XidLedger:
         with self._lock:
             verdicts, self._verdicts = self._verdicts, {}
         return verdicts
+
+    def record_fatal_sxid(self, sxid: Sxid) -> None:
+        """A fatal NVSwitch error read from the kernel log, for the GPU collector to hold the board for."""
+        with self._lock:
+            self._fatal_sxids.append(sxid)
+            del self._fatal_sxids[:-_VERDICTS_KEPT]
+
+    def take_fatal_sxids(self) -> list[Sxid]:
+        """The fatal SXids recorded since the last call, oldest first."""
+        with self._lock:
+            sxids, self._fatal_sxids = self._fatal_sxids, []
+        return sxids
 
     def snapshot(self) -> list[XidCount]:
         now = self.clock()
@@ -356,8 +371,9 @@ class NvmlXidWatcher:
 class KernelLogXids:
     """XIDs from the kernel log (`Hardware.kernel_log`: /dev/kmsg, or the simulator's), read by the GPU collector at
     each collection and, while a collection hangs in NVML, at each of its ticks (`GpuCollector.held`): a driver
-    that hangs delivers no NVML event, and its XID 119 or 120 reaches only the kernel log. No thread of its own:
-    a simulated fleet of a thousand nodes would need a thousand.
+    that hangs delivers no NVML event, and its XID 119 or 120 reaches only the kernel log. Fatal NVSwitch errors
+    (SXids) are taken from the same lines, as only the kernel log tells them, and hold the whole board. No thread
+    of its own: a simulated fleet of a thousand nodes would need a thousand.
 
     It starts at the end of the log, so XIDs from before the exporter started are not counted again after every
     restart. A log it cannot read (no CAP_SYSLOG, no /dev/kmsg in a container) is said once in the exporter's log
@@ -373,7 +389,8 @@ class KernelLogXids:
         self.poll()  # Positions the reader at the end of the log.
 
     def poll(self) -> None:
-        """Count the XID lines logged since the last poll (through the ledger's de-duplication)."""
+        """Count the XID lines logged since the last poll (through the ledger's de-duplication), and record the
+        fatal SXids."""
         try:
             messages = self._reader.read()
         except OSError as err:
@@ -390,6 +407,8 @@ class KernelLogXids:
             parsed = parse_xid_line(message)
             if parsed is not None:
                 self._ledger.record_kmsg(*parsed)
+            elif (sxid := parse_sxid(message)) is not None and sxid.error_class == "fatal":
+                self._ledger.record_fatal_sxid(sxid)
 
     def close(self) -> None:
         self._reader.close()
