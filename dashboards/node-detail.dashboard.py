@@ -3,9 +3,34 @@
 from grafanalib.core import Dashboard
 
 from gpufleet.alerts.config import Config
-from gpufleet.dashboards.panels import PORT_LEGEND, Scope, dashboard, stat, table, timeseries
+from gpufleet.dashboards.panels import PORT_LEGEND, Scope, Sized, dashboard, stat, table, timeseries
 
 _BY_GPU = "{{instance}} GPU {{gpu}}"
+
+
+def _beside(config: Config, s: Scope) -> list[list[Sized]]:
+    """What blackbox_exporter and ipmi_exporter say of the node, where the site scrapes them: whether the node
+    answers at all, and its BMC's own judgement of its power supplies, fans and air. Their series carry the node's
+    instance as the scrape jobs relabel it (docs/deployment/probes.md, docs/exporter/ipmi-exporter.md) under their
+    own job, not gpufleet's selector."""
+    row: list[Sized] = []
+    if config.probe_job:
+        row.append(stat("Node answers its probe", f'min(probe_success{{job="{config.probe_job}", {s.recorded_node}}})',
+                        width=4, thresholds=(("red", None), ("green", 1)),
+                        description="blackbox_exporter's probe of the node itself: 0 with its exporter down is the "
+                                    "node down (NodeUnreachable); 1 with it down is the exporter alone."))
+    if config.ipmi_exporter_job:
+        job = f'job="{config.ipmi_exporter_job}", {s.recorded_node}'
+        row.append(table("BMC sensors not nominal", [
+            (f"ipmi_sensor_state{{{job}}} > 0 or ipmi_fan_speed_state{{{job}}} > 0 "
+             f"or ipmi_temperature_state{{{job}}} > 0", "state (1 warning, 2 critical)")], width=10,
+            description="ipmi_exporter's sensors the BMC judges off nominal: a failed power supply, a stopped fan, "
+                        "a temperature past its threshold. Empty while all are nominal."))
+        row.append(timeseries("Inlet temperature (BMC)", [
+            (f'ipmi_temperature_celsius{{{job}, name=~"{config.inlet_sensor}"}}', "{{instance}} {{name}}")],
+            "celsius", width=10, description="The air the node breathes in, as its BMC reads it: above its limit "
+                                             "every GPU runs warm (NodeInletTemperatureHigh)."))
+    return [row] if row else []
 
 
 def build(config: Config) -> Dashboard:
@@ -92,11 +117,22 @@ def build(config: Config) -> Dashboard:
             [table("NVSwitch errors since boot (SXids)", [
                 (f"gpufleet_nvswitch_sxid_errors_total{{{node}}}", "")], width=18,
                 description="Each switch's errors by code and class, as the driver logged them: a fatal one stalls "
-                            "the NVLink traffic of its GPUs and pages. Empty where no switch has erred."),
+                            "the board's NVLink fabric and holds every GPU at a reset until the whole board is "
+                            "reset. Empty where no switch has erred."),
              stat("Kernel log readable", f"min(gpufleet_kernel_log_readable{{{node}}})", width=6,
                   thresholds=(("orange", None), ("green", 1)),
                   description="0: the exporter cannot read the kernel log, and neither SXids nor host trouble "
                               "(soft lockups, storage timeouts) are counted on this node.")],
+            [table("Recovery actions held", [(f"gpufleet_gpu_recovery_action_reason{{{gpu}}}", "since")],
+                   width=12, description="Why each GPU is held at its recovery action (gpufleet_gpu_recovery_action: "
+                                         "2 reset, 3 reboot, 4 replace), and since when (Unix time); held until the "
+                                         "exporter sees the repair done. Empty where no GPU needs one."),
+             timeseries("Storage timeouts by server", [
+                 (f"sum by (instance, server) (increase(gpufleet_kernel_storage_timeouts_total{{{node}}}"
+                  "[$__rate_interval]))", "{{instance}} {{server}}")], "short", width=12,
+                 description="NFS servers and Lustre targets the kernel logged as not responding. The same server on "
+                             "many nodes at once is the file system's outage (NodesStorageTimeouts).")],
+            *_beside(config, s),
             [timeseries("Ethernet throughput", [
                 (s.rate("gpufleet_network_transmit_bytes_total", node), "{{instance}} {{device}} tx"),
                 (s.rate("gpufleet_network_receive_bytes_total", node), "{{instance}} {{device}} rx"),

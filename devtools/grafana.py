@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+import time
+import urllib.parse
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpufleet.devtools.net import http
+from gpufleet.devtools.prom import query
+
 _VARIABLE = re.compile(r"\$\{?(cluster|instance|gpu|job_id)\}?")
+# The series of other exporters some panels read where the site scrapes them (blackbox_exporter's probe,
+# ipmi_exporter's BMC sensors): gpufleet's exporters alone leave those panels empty.
+_BESIDE = re.compile(r"\b(?:probe_success|ipmi_[a-z_]+)\{")
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,30 @@ def targets(directory: Path) -> list[Target]:
     return [Target(model["uid"], panel["title"], t["expr"], t.get("instant", False), panel.get("interval") or None)
             for path in sorted(directory.glob("*.json"))
             for model in [json.loads(path.read_text())] for panel in model["panels"] for t in panel.get("targets", [])]
+
+
+def beside(found: Iterable[Target], exporter: str | None = None) -> list[Target]:
+    """The targets that read another exporter's series (of `exporter`'s, a name prefix such as `ipmi_`, where
+    given); the tests that run that exporter ask them."""
+    return [t for t in found if (match := _BESIDE.search(t.expr)) and match[0].startswith(exporter or "")]
+
+
+def ours(found: Iterable[Target]) -> list[Target]:
+    """The targets that read only gpufleet's series, and what its rules record from them."""
+    return [t for t in found if not _BESIDE.search(t.expr)]
+
+
+def has_data(url: str, expr: str, instant: bool) -> bool:
+    """What the panel would draw: an instant query for a table or stat, the last 5 minutes for a graph, so
+    that a series that exists only around an event (a new ECC error) counts once it has been seen."""
+    if instant:
+        return bool(query(url, expr))
+    end = time.time()
+    params = urllib.parse.urlencode({"query": expr, "start": end - 300, "end": end, "step": 2})
+    status, body = http("GET", f"{url}/api/v1/query_range?{params}")
+    if status != 200:
+        raise AssertionError(f"{expr}: {body!r}")
+    return bool(json.loads(body)["data"]["result"])
 
 
 def single_select(directory: Path) -> dict[str, set[str]]:

@@ -7,13 +7,12 @@ import re
 import subprocess
 import sys
 import time
-import urllib.parse
 
 import pytest
 import yaml
 
 from gpufleet.dashboards.cli import OUTPUT, rendered
-from gpufleet.devtools.grafana import expand, targets
+from gpufleet.devtools.grafana import expand, has_data, ours, targets
 from gpufleet.devtools.net import http
 from gpufleet.devtools.paths import FIXTURES
 from gpufleet.devtools.programs import prometheus, prometheus_config, simulator
@@ -94,21 +93,9 @@ def test_rate_queries_use_the_rate_interval():
             assert window in {"$__rate_interval", "$__range", "24h"}, (uid, title, expr)
 
 
-def has_data(url: str, expr: str, instant: bool) -> bool:
-    """What the panel would draw: an instant query for a table or stat, the last 5 minutes for a graph, so
-    that a series that exists only around an event (a new ECC error) counts once it has been seen."""
-    if instant:
-        return bool(query(url, expr))
-    end = time.time()
-    params = urllib.parse.urlencode({"query": expr, "start": end - 300, "end": end, "step": 2})
-    status, body = http("GET", f"{url}/api/v1/query_range?{params}")
-    assert status == 200, body
-    return bool(json.loads(body)["data"]["result"])
-
-
 # Faults that fill the panels a healthy fleet leaves empty: XIDs of each class, a lost GPU, a saturated
 # link, ports down, slow, flapping or erroring, a straggler with a cause, a new ECC error,
-# a remapped row, PCIe replays, NVLink CRC errors and an NVSwitch's SXid. The layout (layouts.SIXTEEN_NODES)
+# a remapped row, PCIe replays, NVLink CRC errors, an NVSwitch's SXid and storage timeouts. The layout (layouts.SIXTEEN_NODES)
 # puts a Kubernetes job on nodes 4, 9, 12 and 16, and leaves nodes 5 and 7 idle.
 FAULTS = [
     {"kind": "xid", "node": "gpu-node-0001", "gpu": 0, "xid": 79},
@@ -128,6 +115,7 @@ FAULTS = [
     {"kind": "pcie_replay_storm", "node": "gpu-node-0010", "gpu": 2},
     {"kind": "nvlink_crc", "node": "gpu-node-0013", "gpu": 1, "link": 4},
     {"kind": "sxid_fatal", "node": "gpu-node-0005"},
+    {"kind": "kernel_events", "node": "gpu-node-0011", "event": "storage_timeout", "rate": 0.5},
 ]
 
 
@@ -160,7 +148,7 @@ def test_every_query_returns_data_with_the_sites_own_cluster_label_and_selector(
                                    cluster_label="site")
         with prometheus(config, tmp_path / "data") as prom:
             url = prom.url
-            pending = set(targets(dashboards)) | set(targets(DCGM_DASHBOARD))
+            pending = set(ours(targets(dashboards))) | set(targets(DCGM_DASHBOARD))
             deadline = time.monotonic() + 240
             while pending and time.monotonic() < deadline:
                 pending = {t for t in pending if not has_data(url, expand(t.expr), t.instant)}

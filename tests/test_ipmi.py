@@ -1,6 +1,7 @@
 """The BMC rules beside the real ipmi_exporter: Debian's `prometheus-ipmi-exporter` runs scripts that print
 FreeIPMI's output for a healthy node and a failing one (tests/fixtures/freeipmi/), Prometheus scrapes it with the
-job docs/exporter/ipmi-exporter.md gives and evaluates the generated rules at time scale 8."""
+job docs/exporter/ipmi-exporter.md gives and evaluates the generated rules at time scale 8; the node dashboard's BMC
+panels draw what it scraped."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import yaml
 
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.rules import render
+from gpufleet.dashboards.cli import OUTPUT
+from gpufleet.devtools import grafana
 from gpufleet.devtools.net import http
 from gpufleet.devtools.paths import ROOT
 from gpufleet.devtools.programs import ipmi_exporter, prometheus, prometheus_config
@@ -74,9 +77,12 @@ def test_a_failed_supply_a_stopped_fan_and_a_hot_inlet_fire_under_the_nodes_inst
         fired = wait_for(lambda: (found := _firing(prom_url)) >= expected and found, 120, "the three BMC alerts")
         targets_seen = json.loads(http("GET", f"{prom_url}/api/v1/targets")[1])["data"]["activeTargets"]
         inlet = query(prom_url, 'ALERTS{alertname="NodeInletTemperatureHigh",alertstate="firing"}')[0]["metric"]
+        panels = grafana.beside(grafana.targets(OUTPUT), "ipmi_")  # The node dashboard's BMC panels.
+        empty = [t.title for t in panels if not grafana.has_data(prom_url, grafana.expand(t.expr), t.instant)]
     assert {(r["metric"]["instance"], r["value"][1]) for r in scraped} == {(FAILING, "0"), (HEALTHY, "9240")}
     assert fired == expected, fired
     assert (inlet["name"], inlet["severity"]) == ("Inlet Temp", "critical")
+    assert {t.title for t in panels} == {"BMC sensors not nominal", "Inlet temperature (BMC)"} and not empty, empty
     listed = next(t for t in targets_seen if t["discoveredLabels"]["__address__"] == LISTED)
     assert listed["scrapeUrl"] == "http://gpu-node-0099.invalid:9290/metrics"
     assert (listed["labels"]["instance"], listed["labels"]["cluster"]) == (LISTED, "gpufleet")

@@ -26,7 +26,6 @@ from test_alerts_e2e import (
     check_heartbeat,
     wait_until_scraped,
 )
-from test_dashboards import has_data
 
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.node_exporter import (
@@ -36,7 +35,7 @@ from gpufleet.alerts.node_exporter import (
 from gpufleet.alerts.rules import render
 from gpufleet.dashboards.cli import rendered
 from gpufleet.devtools.delivery import AlertLog, Receiver
-from gpufleet.devtools.grafana import Target, expand, targets
+from gpufleet.devtools.grafana import Target, expand, has_data, ours, targets
 from gpufleet.devtools.paths import FIXTURES, memory_directory
 from gpufleet.devtools.programs import (
     exporter,
@@ -208,5 +207,5 @@ def test_the_scenario_fires_the_same_alerts_and_every_dashboard_query_answers_be
 
 
 def _without_data(url: str, dashboards: Path, among: Iterable[Target] | None = None) -> list[Target]:
-    return [t for t in (among if among is not None else targets(dashboards))
+    return [t for t in (among if among is not None else ours(targets(dashboards)))
             if not has_data(url, expand(t.expr), t.instant)]

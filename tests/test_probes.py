@@ -17,6 +17,8 @@ import yaml
 
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.rules import render
+from gpufleet.dashboards.cli import OUTPUT
+from gpufleet.devtools import grafana
 from gpufleet.devtools.delivery import Receiver, routing
 from gpufleet.devtools.net import free_port, free_ports, http
 from gpufleet.devtools.paths import COMPOSE_DIR
@@ -85,6 +87,8 @@ def test_a_node_down_pages_as_unreachable_and_an_exporter_down_as_exporter_down(
         wait_for(lambda: len(query(prom_url, 'probe_success{job="gpufleet-probe"}')) == NODES + 1, 60,
                  "every node probed")
         probed = json.loads(http("GET", f"{prom_url}/api/v1/targets")[1])["data"]["activeTargets"]
+        panels = grafana.beside(grafana.targets(OUTPUT), "probe_")  # The node dashboard's probe panel.
+        empty = [t.title for t in panels if not grafana.has_data(prom_url, grafana.expand(t.expr), t.instant)]
         wait_for(lambda: _paged(receiver, DOWN)[0] and _paged(receiver, EXPORTER_DOWN)[0], 150, "the two pages")
         time.sleep(10)  # Several group intervals at this scale: a page that should not come would have come.
         print(f"paged {time.monotonic() - started:.0f}s after the fleet started")
@@ -94,6 +98,7 @@ def test_a_node_down_pages_as_unreachable_and_an_exporter_down_as_exporter_down(
     assert _paged(receiver, DOWN) == ({"NodeUnreachable"}, 1)
     assert _paged(receiver, EXPORTER_DOWN) == ({"NodeExporterDown"}, 1)
     assert _paged(receiver, REBOOTED) == (set(), 0)
+    assert [t.title for t in panels] == ["Node answers its probe"] and not empty
 
 
 
