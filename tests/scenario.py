@@ -114,6 +114,9 @@ SCENARIO: list[tuple[dict, list[Expected]]] = [
     # Soft lockups every 10 s (80 production seconds) from node 9's kernel: a ticket once three are logged.
     ({"kind": "kernel_events", "node": node(9), "event": "soft_lockup", "rate": 0.1},
      [expect("NodeKernelEventsRepeated", 9, "ticket", event="soft_lockup")]),
+    # Node 2's NFS server stops answering it alone: a ticket of its own, no outage's page.
+    ({"kind": "kernel_events", "node": node(2), "event": "storage_timeout", "rate": 0.1},
+     [expect("NodeKernelEventsRepeated", 2, "ticket", event="storage_timeout")]),
     # A GPU's PCIe link goes bad: a completion timeout in its AER counts, then corrections at 1 a second (60 a
     # minute, past the limit of 8). Node 13 pages for nothing, so neither ticket is held back.
     ({"kind": "pcie_aer", "node": node(13), "gpu": 1},
