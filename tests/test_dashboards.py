@@ -95,8 +95,8 @@ def test_rate_queries_use_the_rate_interval():
 
 # Faults that fill the panels a healthy fleet leaves empty: XIDs of each class, a lost GPU, a saturated
 # link, ports down, slow, flapping or erroring, a straggler with a cause, a new ECC error,
-# a remapped row, PCIe replays, NVLink CRC errors, an NVSwitch's SXid and storage timeouts. The layout (layouts.SIXTEEN_NODES)
-# puts a Kubernetes job on nodes 4, 9, 12 and 16, and leaves nodes 5 and 7 idle.
+# a remapped row, PCIe replays, NVLink CRC errors, an NVSwitch's SXid and storage timeouts. The layout
+# (layouts.SIXTEEN_NODES) puts a Kubernetes job on nodes 4, 9, 12 and 16, and leaves nodes 5 and 7 idle.
 FAULTS = [
     {"kind": "xid", "node": "gpu-node-0001", "gpu": 0, "xid": 79},
     {"kind": "xid", "node": "gpu-node-0001", "gpu": 1, "xid": 94},
