@@ -186,3 +186,9 @@ def test_a_gpu_that_needs_more_than_a_reset_keeps_it_and_its_own_reset_joins_the
     board.boot(1_800_000_500)  # The reboot both need.
     board.start()
     assert board.actions() == FREE
+
+
+def test_a_fatal_sxid_read_before_any_gpu_answered_holds_the_board_once_they_do(board):
+    board.log.write_sxid(24007, 1)  # Read while NVML has not answered yet: a driver hung from the start.
+    board.collector.held(hung=True)
+    assert board.actions() == {UUID0: (RESET, HELD), UUID1: (RESET, HELD)}
