@@ -110,7 +110,10 @@ class Config:
     job_hang_tensor_active: float = 0.05
     job_hang_spinning_share: float = 0.5  # At least this share of a job's GPUs spin, and none works.
     job_hang_min_gpus: int = 2  # One GPU that spins alone is more likely a polling service than a collective.
-    job_hang_for: Duration = "10m"
+    # Held this long after a whole evaluation interval hung (alerts/jobs.py): paged within five minutes of the hang,
+    # while PyTorch's NCCL watchdog (10 minutes by default) has yet to end the job. A site whose ranks wait in a
+    # collective longer than that on purpose (a synchronous checkpoint written by one rank) raises it.
+    job_hang_for: Duration = "2m"
     job_hang_lookback: Duration = "30m"  # How far back the page looks for the first node with a fault signal.
 
     # Drift (alerts/drift.py): how long a node may differ from its job or its model's fleet before a ticket, and the

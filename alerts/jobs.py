@@ -33,11 +33,10 @@ ACTIVITY = "job_instance:gpufleet_gpu_activity:count"
 _ACTIVITIES = ("working", "idle", "spinning")  # count_values' 0, 1 and 2 (see `_activity`).
 _JOB = ("scheduler", "job_id")
 _SHOWN_NODES = 8  # A page lists this many of a job's nodes, then their number.
-# What each GPU did is judged over the last half minute of every minute's evaluation: a hang then counts from
-# the first evaluation half a minute into it, and `for` holds it for 10 of them, so it pages within its `for`
-# and a minute and a half. A healthy job's GPUs that wait for a peer for a whole half minute at every one of
-# those evaluations are as good as hung.
-ACTIVITY_WINDOW = "30s"
+# What each GPU did is judged over the whole interval between two of the group's evaluations, so that every
+# moment of a hang is judged once: the alert goes pending at the first evaluation a whole window into the hang and
+# fires `job_hang_for` later, the hang then held for that window and `for` together without a gap.
+ACTIVITY_WINDOW = TREND_INTERVAL
 
 
 def _activity(c: Config) -> dict[str, Any]:
@@ -108,6 +107,7 @@ def jobs(c: Config) -> dict[str, Any]:
     window = c.d(STAKE_WINDOW)
     paged = (f'group by ({job}) (last_over_time({NODE_JOBS}{{job_id!=""}}[{window}]) and on ({c.by("instance")}) '
              'ALERTS{alertstate="firing",severity="critical"})')
+    judged = duration.render(duration.parse(ACTIVITY_WINDOW) + duration.parse(c.job_hang_for))
     first = (f"{{{{ with {_first_signal(c)} | query }}}}{{{{ range $s := . }}}}The first fault signal on its "
              "nodes: {{ $s.Labels.instance }}, {{ if $s.Labels.xid }}XID {{ $s.Labels.xid }} on GPU "
              "{{ $s.Labels.gpu }}{{ else if $s.Labels.device }}{{ $s.Labels.device }} port {{ $s.Labels.port }} "
@@ -123,6 +123,6 @@ def jobs(c: Config) -> dict[str, Any]:
               "critical", "A job's GPUs wait in a collective and none works: it makes no progress and holds its nodes.",
               f"{{{{ $value | humanizePercentage }}}} of the GPUs of {{{{ $labels.scheduler }}}} job "
               f"{{{{ $labels.job_id }}}} are busy to NVML while their SMs and tensor pipes stand still, and none "
-              f"works, for {c.job_hang_for}: a collective waits for a peer that will not come. {_nodes(c)}{first}",
+              f"works, for {judged}: a collective waits for a peer that will not come. {_nodes(c)}{first}",
               for_=c.job_hang_for, held=False),
     ]}
