@@ -347,7 +347,7 @@ def run(sweep: Sweep) -> Outcome:
                   "minutes", file=sys.stderr)
             time.sleep(sweep.healthy_minutes * 60 / scale)
             done = _inject(sweep, jobs, sim.url)
-            round_ = _kinds_round(sweep, nodes, sim.url, prom.url)
+            round_ = _kinds_round(sweep, nodes, jobs, sim.url, prom.url)
             log.stop()
             ended = time.monotonic()
             moved = movement(sim.url, prom.url, round(ended - began))
@@ -365,14 +365,16 @@ def _straggling(alert: dict[str, str], at: float, done: list[Case], scale: float
     return any(c.node == alert.get("instance") and c.start <= at <= c.end + 600 / scale for c in done)
 
 
-def _kinds_round(sweep: Sweep, nodes: int, sim_url: str, prom_url: str) -> list[incidents.Injected]:
+def _kinds_round(sweep: Sweep, nodes: int, jobs: list[dict[str, Any]], sim_url: str,
+                 prom_url: str) -> list[incidents.Injected]:
     """The round of fault kinds, once the stragglers' rounds have settled: injected, then left to page. A hang
-    is the job's that its node runs then, as Prometheus saw it."""
+    is the job's that its node runs then, as Prometheus saw it, on a job no other fault of the round touches."""
     if not sweep.kinds:
         return []
     seconds = sweep.kinds_minutes * 60 / sweep.time_scale
     names = [f"gpu-node-{number:04d}" for number in range(1, nodes + 1)]
-    round_ = incidents.inject(sim_url, names, sweep.kinds, seconds, sweep.seed, time.monotonic())
+    round_ = incidents.inject(sim_url, names, sweep.kinds, seconds, sweep.seed, time.monotonic(),
+                              [job["nodes"] for job in jobs])
     for fault in round_:
         if fault.kind in ("job_hang", "driver_hang"):
             job = incidents.running_job(prom_url, fault.node)

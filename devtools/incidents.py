@@ -10,7 +10,7 @@ on a node with no fault is a false page.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,11 +92,31 @@ class Injected:
         return self.incidents == (1 if self.pages else 0)
 
 
-def inject(sim_url: str, nodes: list[str], kinds: int, seconds: float, seed: int, now: float) -> list[Injected]:
-    """The first `kinds` kinds, each on a node drawn from `nodes`, lasting `seconds` (wall) unless the kind says."""
-    if kinds > len(nodes):
-        raise HarnessError(f"{kinds} fault kinds need as many nodes; the fleet has {len(nodes)}")
-    chosen = random.Random(f"incidents:{seed}").sample(nodes, kinds)
+def apart(kinds: int, pool: list[str], jobs: Sequence[Sequence[str]]) -> list[str]:
+    """A node for each of the first `kinds` kinds, taken from the end of `pool` (and out of it). A hang takes the
+    first node of the smallest of `jobs` wholly in the pool, and its job's other nodes leave the pool with it: a
+    fault on a node of the hung job would page for that node, the hang would stand aside for it (alerts/jobs.py),
+    and the round would never see the hang's own page. Without such a job the hang is drawn like the others."""
+    names = [str(body["kind"]) for body, _ in KINDS[:kinds]]
+    free = [job for job in jobs if job and set(job) <= set(pool)]
+    hung = min(free, key=len) if "job_hang" in names and free else ()
+    for node in hung:
+        pool.remove(node)
+    if kinds - bool(hung) > len(pool):
+        raise HarnessError(f"{kinds} fault kinds need as many nodes; {len(pool) + bool(hung)} are free")
+    chosen = [pool.pop() for _ in range(kinds - bool(hung))]
+    if hung:
+        chosen.insert(names.index("job_hang"), hung[0])
+    return chosen
+
+
+def inject(sim_url: str, nodes: list[str], kinds: int, seconds: float, seed: int, now: float,
+           jobs: Sequence[Sequence[str]] = ()) -> list[Injected]:
+    """The first `kinds` kinds, each on a node drawn from `nodes` (a hang on a job of `jobs` of its own, `apart`),
+    lasting `seconds` (wall) unless the kind says."""
+    pool = list(nodes)
+    random.Random(f"incidents:{seed}").shuffle(pool)
+    chosen = apart(kinds, pool, jobs)
     round_ = [Injected(fault, pages, node) for (fault, pages), node in zip(KINDS[:kinds], chosen, strict=True)]
     for fault in round_:
         faults = [{"duration": seconds, **fault.fault, "node": fault.node}]

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpufleet import simulator as simulator_package
 from gpufleet.devtools import incidents
+from gpufleet.devtools.detection import layout
 from gpufleet.devtools.incidents import Injected
 from gpufleet.simulator.rates import draw, load_rates
 
@@ -161,7 +162,7 @@ def plan(week: Week) -> Plan:
     t, w = week.times, Builder(week)
     upgraded = take(max(1, round(week.upgrade_share * week.nodes)))
     rma, removed, faulty, overdue = take(1)[0], take(1)[0], take(1)[0], take(1)[0] if t.overdue else ""
-    w.kinds_round(take(week.kinds))
+    w.kinds_round(incidents.apart(week.kinds, pool, [job["nodes"] for job in layout(list(week.jobs), week.seed)[1]]))
     w.exporter_upgrade(nodes)
     w.driver_upgrade(upgraded)
     w.rma(rma)
