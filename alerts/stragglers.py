@@ -26,6 +26,7 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.kernel import STALLS
 from gpufleet.alerts.recording import (
     JOB_XMIT_WAIT,
+    NODE_JOBS,
     NODE_SIGNAL,
     NODE_XMIT_WAIT_MAX,
     PCIE_DEGRADED,
@@ -36,7 +37,7 @@ from gpufleet.alerts.recording import (
     share_of_time,
     waits_more_than_peers,
 )
-from gpufleet.alerts.rule import TREND_INTERVAL, alert, record
+from gpufleet.alerts.rule import TREND_INTERVAL, alert, printf, record
 
 SIGNAL = "job_instance:gpufleet_straggler_signal:avg5m"
 MEDIAN = "job:gpufleet_straggler_signal:median5m"
@@ -105,6 +106,18 @@ def stragglers(c: Config) -> dict[str, Any]:
               '{{ range $i, $s := . | sortByLabel "cause" }}{{ if $i }}, {{ end }}{{ $s.Labels.cause }}{{ end }}'
               "{{ else }}none of thermal slowdown, power brake, PCIe, NIC congestion, idle GPUs or kernel stalls"
               "{{ end }}")
+    # What the job loses: every other node waits for the straggler at each synchronous step, so the job moves at
+    # about the straggler's pace, and each of its GPUs loses the rest of its hour. The NIC's signal is a ratio of
+    # waits, not a pace, so there only the job's GPUs are named.
+    gpus = printf(f"sum({NODE_JOBS}{{{cluster}=%q,scheduler=%q,job_id=%q}})", f"$labels.{cluster}",
+                  "$labels.scheduler", "$labels.job_id")
+    lost = printf(f"sum({NODE_JOBS}{{{cluster}=%q,scheduler=%q,job_id=%q}}) * (1 - %g)", f"$labels.{cluster}",
+                  "$labels.scheduler", "$labels.job_id", "$value")
+    cost = (f"{{{{ if $labels.job_id }}}}{{{{ with {gpus} | query }}}} Its job's {{{{ . | first | value }}}} GPUs "
+            "wait for it at every step"
+            '{{ if ne $labels.signal "infiniband_xmit_wait" }}'
+            f"{{{{ with {lost} | query }}}}: at its pace the job loses about "
+            '{{ . | first | value | printf "%.1f" }} GPU-hours an hour{{ end }}{{ end }}.{{ end }}{{ end }}')
     job = c.by("scheduler", "job_id")
     # Within a job the SM clock and utilisation are judged at 0.95: the clock barely moves between a step's
     # phases, and utilisation is the mean of the driver's samples over each scrape interval, so both are
@@ -131,6 +144,6 @@ def stragglers(c: Config) -> dict[str, Any]:
         '{{ if eq $labels.signal "infiniband_xmit_wait" }}its InfiniBand ports wait to send '
         "{{ $value | humanize }} times as long as the job's median node's"
         "{{ else }}its {{ $labels.signal }} is {{ $value | humanizePercentage }} of the best node's{{ end }}. "
-        f"Likely cause: {causes}.",
+        f"Likely cause: {causes}.{cost}",
         for_=c.straggler_for))
     return {"name": "gpufleet-stragglers", "interval": c.d(TREND_INTERVAL), "rules": rules}
