@@ -116,6 +116,11 @@ class Config:
     job_hang_for: Duration = "2m"
     job_hang_lookback: Duration = "30m"  # How far back the page looks for the first node with a fault signal.
 
+    # A node's record (alerts/history.py): this many repairs, stragglers and link flaps within the window make a
+    # node to take out and inspect. The store must keep the window.
+    repeat_faults: int = 3
+    repeat_fault_window: Duration = "30d"
+
     # Drift (alerts/drift.py): how long a node may differ from its job or its model's fleet before a ticket, and the
     # share of its board's default power limit below which a GPU's limit counts as lowered.
     drift_for: Duration = "15m"

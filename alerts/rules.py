@@ -20,6 +20,7 @@ from gpufleet.alerts.drift import drift
 from gpufleet.alerts.exporter import collector_health, exporter_health
 from gpufleet.alerts.fabric import fabric, fabric_trends
 from gpufleet.alerts.gpu import gpu_failures, gpu_trends
+from gpufleet.alerts.history import history
 from gpufleet.alerts.jobs import jobs
 from gpufleet.alerts.kernel import kernel
 from gpufleet.alerts.maintenance import maintenance, maintenance_trends
@@ -48,7 +49,7 @@ def groups(config: Config) -> list[dict[str, Any]]:
             nvswitch(config), storage(config), fabric(config), exporter_health(config), collector_health(config),
             gpu_trends(config), fabric_trends(config), maintenance_trends(config), drift(config), kernel(config),
             pcie(config), *bmc(config),
-            *capacity(config), reliability(config), pipeline(config), remediation(config)]
+            *capacity(config), reliability(config), history(config), pipeline(config), remediation(config)]
 
 
 def recorded_by(rule_groups: list[dict[str, Any]]) -> dict[str, str]:

@@ -1,0 +1,83 @@
+"""Each node's record of faults across jobs, repairs and weeks, and a ticket for the node that keeps failing.
+
+A node that straggled in one job, or needed a GPU reset, usually does again: Meta's study of its research
+clusters (HPCA '25) takes such "lemon" nodes out of service and inspects them before they fail the next job.
+No single alert sees that: each episode ends with its own repair or its job. This group keeps the record.
+
+Every `INTERVAL` it writes one series per node and kind of event that began in the interval just ended, and
+nothing otherwise (the reliability group's tiling, `alerts/reliability.py`), so a month of a healthy fleet
+records nothing and the record is the count of what is there:
+
+- `repair`: one of the node's GPUs was raised to a recovery action (a drain, reset, reboot or replacement that
+  the exporter asks for after an XID, an ECC error, a lost GPU or an NVSwitch error), with none at the
+  interval's start: one episode, however many of its GPUs the fault took;
+- `straggler`: `NodeStraggler` began to fire for the node, on any signal;
+- `link_flap`: one of its InfiniBand ports went down (its link-downed counter grew), none had in the interval
+  before, and no leaf switch's outage explains it.
+
+Nothing counts while the node is in maintenance (`alerts/maintenance.py`): planned work is not the node's fault.
+`NodeRepeatedFaults` tickets a node whose record reaches `repeat_faults` within `repeat_fault_window`. The
+record needs the store to keep that window (Prometheus keeps 15 days by default: set
+`--storage.tsdb.retention.time` to 30d or more, or read a long-term store); with less, it counts what is kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpufleet import duration
+from gpufleet.alerts.config import Config
+from gpufleet.alerts.fabric import LINK_DOWNS
+from gpufleet.alerts.maintenance import MAINTENANCE
+from gpufleet.alerts.reliability import INTERVAL
+from gpufleet.alerts.rule import alert, printf, record
+
+GROUP = "gpufleet-history"
+# Per node and kind of event (label `event`): 1 in the interval where one began, absent otherwise.
+EVENTS = "instance:gpufleet_node_faults:new10m"
+_STEP = "1m"  # How finely a straggler's episode is looked for within the interval: its group's interval.
+
+
+def _began(c: Config, now: str, then: str) -> str:
+    """Nodes where `now` (over the interval) holds and `then` (at its start) did not, seen at its start too,
+    and not in maintenance during it."""
+    w = c.d(INTERVAL)
+    node = c.by("instance")
+    return (f"({now} unless on ({node}) {then}) and on ({node}) ({c.up()} offset {w} == 1) "
+            f"unless on ({node}) max_over_time({MAINTENANCE}[{w}])")
+
+
+def _events(c: Config) -> list[dict[str, Any]]:
+    w, node = c.d(INTERVAL), c.by("instance")
+    action = c.metric("gpufleet_gpu_recovery_action")
+    repair = _began(c, f"max by ({node}) (max_over_time({action}[{w}])) > 0",
+                    f"max by ({node}) ({action} offset {w}) > 0")
+    straggling = f'group by ({node}) (ALERTS{{alertname="NodeStraggler",alertstate="firing"}})'
+    straggler = _began(c, f"max_over_time({straggling}[{w}:{c.d(_STEP)}])",
+                       f'group by ({node}) (ALERTS{{alertname="NodeStraggler",alertstate="firing"}} offset {w})')
+    # A leaf switch down takes every port behind it down: that is the switch's fault, not its nodes'.
+    leaf = (f' unless on ({c.by(c.leaf_label)}) max_over_time(ALERTS{{alertname="FabricLeafDown",'
+            f'alertstate="firing"}}[{w}])' if c.leaf_label else "")
+    flap = _began(c, f"group by ({node}) (max_over_time({LINK_DOWNS}[{w}]){leaf})",
+                  f"group by ({node}) ({LINK_DOWNS} offset {w})")
+    return [record(EVENTS, f"({expr}) * 0 + 1", event=event)
+            for event, expr in (("repair", repair), ("straggler", straggler), ("link_flap", flap))]
+
+
+def history(c: Config) -> dict[str, Any]:
+    window = c.d(c.repeat_fault_window)
+    node, cluster = c.by("instance"), c.cluster_label
+    kinds = printf(f"sum by (event) (count_over_time({EVENTS}{{{cluster}=%q,instance=%q}}[{window}]))",
+                   f"$labels.{cluster}", "$labels.instance")
+    spoken = duration.spoken(c.repeat_fault_window)
+    return {"name": GROUP, "interval": c.d(INTERVAL), "rules": [
+        *_events(c),
+        alert(c, "NodeRepeatedFaults",
+              f"sum by ({node}) (count_over_time({EVENTS}[{window}])) >= {c.repeat_faults}",
+              "warning", "A node keeps failing: take it out and inspect it before it fails another job.",
+              f"{{{{ $labels.instance }}}} had {{{{ $value }}}} faults in the last {spoken} ("
+              f'{{{{ range $i, $s := {kinds} | query | sortByLabel "event" }}}}{{{{ if $i }}}}, {{{{ end }}}}'
+              "{{ $s.Labels.event }}: {{ $s.Value }}{{ end }}); "
+              f"{c.repeat_faults} or more mark a node that fails job after job. Planned work is not counted.",
+              held=False),
+    ]}
