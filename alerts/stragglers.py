@@ -107,8 +107,8 @@ def stragglers(c: Config) -> dict[str, Any]:
               "{{ else }}none of thermal slowdown, power brake, PCIe, NIC congestion, idle GPUs or kernel stalls"
               "{{ end }}")
     # What the job loses: every other node waits for the straggler at each synchronous step, so the job moves at
-    # about the straggler's pace, and each of its GPUs loses the rest of its hour. The NIC's signal is a ratio of
-    # waits, not a pace, so there only the job's GPUs are named.
+    # about the straggler's pace (its score), and each of its GPUs loses the rest of each hour, one minus the score.
+    # The NIC's signal is a ratio of waits, not a pace, so there only the job's GPUs are named.
     gpus = printf(f"sum({NODE_JOBS}{{{cluster}=%q,scheduler=%q,job_id=%q}})", f"$labels.{cluster}",
                   "$labels.scheduler", "$labels.job_id")
     lost = printf(f"sum({NODE_JOBS}{{{cluster}=%q,scheduler=%q,job_id=%q}}) * (1 - %g)", f"$labels.{cluster}",
