@@ -33,8 +33,10 @@ from gpufleet.alerts.reliability import INTERVAL
 from gpufleet.alerts.rule import alert, printf, record
 
 GROUP = "gpufleet-history"
-# Per node and kind of event (label `event`): 1 in the interval where one began, absent otherwise.
+# Per node and kind of event (label `event`, one of EVENT_KINDS): 1 in the interval where one began, absent
+# otherwise.
 EVENTS = "instance:gpufleet_node_faults:new10m"
+EVENT_KINDS = ("repair", "straggler", "link_flap")
 _STEP = "1m"  # How finely a straggler's episode is looked for within the interval: its group's interval.
 
 
@@ -61,7 +63,7 @@ def _events(c: Config) -> list[dict[str, Any]]:
     flap = _began(c, f"group by ({node}) (max_over_time({LINK_DOWNS}[{w}]){leaf})",
                   f"group by ({node}) ({LINK_DOWNS} offset {w})")
     return [record(EVENTS, f"({expr}) * 0 + 1", event=event)
-            for event, expr in (("repair", repair), ("straggler", straggler), ("link_flap", flap))]
+            for event, expr in zip(EVENT_KINDS, (repair, straggler, flap), strict=True)]
 
 
 def history(c: Config) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import asyncio
 from collections import Counter, defaultdict
 
 from gpufleet.alerts import capacity as cap
+from gpufleet.alerts import history
 from gpufleet.alerts import reliability as rec
 from gpufleet.alerts.config import Config
 from gpufleet.report import charts
@@ -122,26 +123,44 @@ async def xids(q: Queries) -> Section:
                                  [(x, c, str(n)) for x, c, n in rows])])
 
 
+def _records(record: list[Series]) -> list[tuple[str, ...]]:
+    """Each node's record (alerts/history.py) over the range, one row per node, the most faults first."""
+    per_node: defaultdict[tuple[str, str], Counter[str]] = defaultdict(Counter)
+    for s in record:
+        per_node[(s.labels.get("cluster", "") or "—", s.labels.get("instance", ""))][s.labels.get("event", "")] += \
+            round(s.values[-1][1])
+    ranked = sorted(per_node.items(), key=lambda item: (-sum(item[1].values()), item[0]))
+    return [(c, i, str(sum(n.values())), *(str(n[event]) for event in history.EVENT_KINDS)) for (c, i), n in ranked]
+
+
 async def repeats(q: Queries) -> Section:
-    gpus, nodes = await asyncio.gather(
+    gpus, nodes, record = await asyncio.gather(
         q.at_end(f"sum by ({q.by('instance', 'gpu', 'uuid')}) (sum_over_time({rec.GPU_EVENTS}[{q.window.r}])) >= 2"),
-        _counts(q, q.by("instance")))
+        _counts(q, q.by("instance")),
+        q.at_end(f"sum by ({q.by('instance', 'event')}) (count_over_time({history.EVENTS}[{q.window.r}]))"))
     per_node: Counter[tuple[str, str]] = Counter()
     for s in nodes:
         per_node[(s.labels.get("cluster", "") or "—", s.labels.get("instance", ""))] += round(s.values[-1][1])
     node_rows = [(c, i, str(n)) for (c, i), n in per_node.most_common() if n >= 2]
+    records = _records(record)
     gpu_rows = sorted(((s.labels.get("cluster", "") or "—", s.labels.get("instance", ""), s.labels.get("gpu", ""),
                         s.labels.get("uuid", ""), str(round(s.values[-1][1]))) for s in gpus),
                       key=lambda r: (-int(r[4]), r))
     return Section("repeats", "GPUs and nodes that repeat",
                    "Hardware interrupted twice or more in the period: candidates for a closer look, a burn-in "
                    "or a return, before they interrupt the next job. A node counts its GPUs' and ports' "
-                   "interruptions as well as its own.",
-                   findings=[f"{len(gpu_rows)} GPUs and {len(node_rows)} nodes were interrupted twice or more."],
+                   "interruptions as well as its own. Its record (the gpufleet-history rules) counts the "
+                   "repairs, straggler episodes and link flaps that began outside maintenance, each once.",
+                   findings=[f"{len(gpu_rows)} GPUs and {len(node_rows)} nodes were interrupted twice or more.",
+                             f"{sum(int(r[2]) >= q.config.repeat_faults for r in records)} nodes had "
+                             f"{q.config.repeat_faults} or more repairs, straggler episodes and link flaps, as "
+                             "NodeRepeatedFaults counts them (outside maintenance)."],
                    tables=[Table("GPUs interrupted twice or more", ("Cluster", "Node", "GPU", "UUID", "Interruptions"),
                                  gpu_rows[:TOP]),
                            Table("Nodes interrupted twice or more", ("Cluster", "Node", "Interruptions"),
-                                 node_rows[:TOP])])
+                                 node_rows[:TOP]),
+                           Table("Nodes by their record", ("Cluster", "Node", "Faults", "Repairs",
+                                                           "Straggler episodes", "Link flaps"), records[:TOP])])
 
 
 async def jobs(q: Queries) -> Section:
