@@ -29,15 +29,15 @@ from gpufleet import duration
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.fabric import LINK_DOWNS
 from gpufleet.alerts.maintenance import MAINTENANCE
+from gpufleet.alerts.recording import NODES_SEEN
 from gpufleet.alerts.reliability import INTERVAL
-from gpufleet.alerts.rule import alert, printf, record
+from gpufleet.alerts.rule import TREND_INTERVAL, alert, printf, record
 
 GROUP = "gpufleet-history"
 # Per node and kind of event (label `event`, one of EVENT_KINDS): 1 in the interval where one began, absent
 # otherwise.
 EVENTS = "instance:gpufleet_node_faults:new10m"
 EVENT_KINDS = ("repair", "straggler", "link_flap")
-_STEP = "1m"  # How finely a straggler's episode is looked for within the interval: its group's interval.
 
 
 def _began(c: Config, now: str, then: str) -> str:
@@ -54,9 +54,10 @@ def _events(c: Config) -> list[dict[str, Any]]:
     action = c.metric("gpufleet_gpu_recovery_action")
     repair = _began(c, f"max by ({node}) (max_over_time({action}[{w}])) > 0",
                     f"max by ({node}) ({action} offset {w}) > 0")
-    straggling = f'group by ({node}) (ALERTS{{alertname="NodeStraggler",alertstate="firing"}})'
-    straggler = _began(c, f"max_over_time({straggling}[{w}:{c.d(_STEP)}])",
-                       f'group by ({node}) (ALERTS{{alertname="NodeStraggler",alertstate="firing"}} offset {w})')
+    # Looked for at every evaluation of the straggler's group within the interval.
+    firing = 'ALERTS{alertname="NodeStraggler",alertstate="firing"}'
+    straggler = _began(c, f"max_over_time(group by ({node}) ({firing})[{w}:{c.d(TREND_INTERVAL)}])",
+                       f"group by ({node}) ({firing} offset {w})")
     # A leaf switch down takes every port behind it down: that is the switch's fault, not its nodes'.
     leaf = (f' unless on ({c.by(c.leaf_label)}) max_over_time(ALERTS{{alertname="FabricLeafDown",'
             f'alertstate="firing"}}[{w}])' if c.leaf_label else "")
@@ -69,13 +70,19 @@ def _events(c: Config) -> list[dict[str, Any]]:
 def history(c: Config) -> dict[str, Any]:
     window = c.d(c.repeat_fault_window)
     node, cluster = c.by("instance"), c.cluster_label
+    # The node's place (leaf, rack), as every alert about a node carries it for Alertmanager's grouping: from the
+    # nodes expected, one series each, since the record's sources do not all carry it; a node long gone keeps its
+    # record without it.
+    counted = f"sum by ({node}) (count_over_time({EVENTS}[{window}])) >= {c.repeat_faults}"
+    placed = (f"({counted}) * on ({node}) group_left ({c.leaf_label}, {c.rack_label}) "
+              f"group by ({c.node()}) ({NODES_SEEN})")
     kinds = printf(f"sum by (event) (count_over_time({EVENTS}{{{cluster}=%q,instance=%q}}[{window}]))",
                    f"$labels.{cluster}", "$labels.instance")
     spoken = duration.spoken(c.repeat_fault_window)
     return {"name": GROUP, "interval": c.d(INTERVAL), "rules": [
         *_events(c),
         alert(c, "NodeRepeatedFaults",
-              f"sum by ({node}) (count_over_time({EVENTS}[{window}])) >= {c.repeat_faults}",
+              f"{placed} or on ({node}) ({counted})",
               "warning", "A node keeps failing: take it out and inspect it before it fails another job.",
               f"{{{{ $labels.instance }}}} had {{{{ $value }}}} faults in the last {spoken} ("
               f'{{{{ range $i, $s := {kinds} | query | sortByLabel "event" }}}}{{{{ if $i }}}}, {{{{ end }}}}'
