@@ -29,7 +29,6 @@ from gpufleet import duration
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.fabric import LINK_DOWNS
 from gpufleet.alerts.maintenance import MAINTENANCE
-from gpufleet.alerts.recording import NODES_SEEN
 from gpufleet.alerts.reliability import INTERVAL
 from gpufleet.alerts.rule import TREND_INTERVAL, alert, printf, record
 
@@ -50,7 +49,9 @@ def _began(c: Config, now: str, then: str) -> str:
 
 
 def _events(c: Config) -> list[dict[str, Any]]:
-    w, node = c.d(INTERVAL), c.by("instance")
+    """Each kind's episodes, per node with its place (leaf, rack), which its sources carry from the scrape, as
+    every alert about a node keeps it for Alertmanager's grouping."""
+    w, node = c.d(INTERVAL), c.node()
     action = c.metric("gpufleet_gpu_recovery_action")
     repair = _began(c, f"max by ({node}) (max_over_time({action}[{w}])) > 0",
                     f"max by ({node}) ({action} offset {w}) > 0")
@@ -63,26 +64,25 @@ def _events(c: Config) -> list[dict[str, Any]]:
             f'alertstate="firing"}}[{w}])' if c.leaf_label else "")
     flap = _began(c, f"group by ({node}) (max_over_time({LINK_DOWNS}[{w}]){leaf})",
                   f"group by ({node}) ({LINK_DOWNS} offset {w})")
-    return [record(EVENTS, f"({expr}) * 0 + 1", event=event)
+    # An engine that restarts out of phase (vmalert starts its groups when it starts) evaluates a window that
+    # overlaps the last one before it stopped, and would count an episode that began in the overlap again: a kind
+    # recorded for the node within most of an interval is not recorded again.
+    recent = duration.render(0.9 * duration.parse(w))
+    return [record(EVENTS, f"({expr} unless on ({node}) last_over_time({EVENTS}{{event=\"{event}\"}}[{recent}])) "
+                           "* 0 + 1", event=event)
             for event, expr in zip(EVENT_KINDS, (repair, straggler, flap), strict=True)]
 
 
 def history(c: Config) -> dict[str, Any]:
     window = c.d(c.repeat_fault_window)
-    node, cluster = c.by("instance"), c.cluster_label
-    # The node's place (leaf, rack), as every alert about a node carries it for Alertmanager's grouping: from the
-    # nodes expected, one series each, since the record's sources do not all carry it; a node long gone keeps its
-    # record without it.
-    counted = f"sum by ({node}) (count_over_time({EVENTS}[{window}])) >= {c.repeat_faults}"
-    placed = (f"({counted}) * on ({node}) group_left ({c.leaf_label}, {c.rack_label}) "
-              f"group by ({c.node()}) ({NODES_SEEN})")
+    node, cluster = c.node(), c.cluster_label
     kinds = printf(f"sum by (event) (count_over_time({EVENTS}{{{cluster}=%q,instance=%q}}[{window}]))",
                    f"$labels.{cluster}", "$labels.instance")
     spoken = duration.spoken(c.repeat_fault_window)
     return {"name": GROUP, "interval": c.d(INTERVAL), "rules": [
         *_events(c),
         alert(c, "NodeRepeatedFaults",
-              f"{placed} or on ({node}) ({counted})",
+              f"sum by ({node}) (count_over_time({EVENTS}[{window}])) >= {c.repeat_faults}",
               "warning", "A node keeps failing: take it out and inspect it before it fails another job.",
               f"{{{{ $labels.instance }}}} had {{{{ $value }}}} faults in the last {spoken} ("
               f'{{{{ range $i, $s := {kinds} | query | sortByLabel "event" }}}}{{{{ if $i }}}}, {{{{ end }}}}'
