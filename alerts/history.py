@@ -15,7 +15,8 @@ records nothing and the record is the count of what is there:
 - `link_flap`: one of its InfiniBand ports went down (its link-downed counter grew), none had in the interval
   before, and no leaf switch's outage explains it.
 
-Nothing counts while the node is in maintenance (`alerts/maintenance.py`): planned work is not the node's fault.
+Each kind counts at most once a day for a node, and nothing counts while the node is in maintenance
+(`alerts/maintenance.py`): planned work is not the node's fault.
 `NodeRepeatedFaults` tickets a node whose record reaches `repeat_faults` within `repeat_fault_window`. The
 record needs the store to keep that window (Prometheus keeps 15 days by default: set
 `--storage.tsdb.retention.time` to 30d or more, or read a long-term store); with less, it counts what is kept.
@@ -37,6 +38,7 @@ GROUP = "gpufleet-history"
 # otherwise.
 EVENTS = "instance:gpufleet_node_faults:new10m"
 EVENT_KINDS = ("repair", "straggler", "link_flap")
+_DAYS = 30  # The record's days in its window: each kind counts at most once in each.
 
 
 def _began(c: Config, now: str, then: str) -> str:
@@ -64,10 +66,12 @@ def _events(c: Config) -> list[dict[str, Any]]:
             f'alertstate="firing"}}[{w}])' if c.leaf_label else "")
     flap = _began(c, f"group by ({node}) (max_over_time({LINK_DOWNS}[{w}]){leaf})",
                   f"group by ({node}) ({LINK_DOWNS} offset {w})")
-    # An engine that restarts out of phase (vmalert starts its groups when it starts) evaluates a window that
-    # overlaps the last one before it stopped, and would count an episode that began in the overlap again: a kind
-    # recorded for the node within most of an interval is not recorded again.
-    recent = duration.render(0.9 * duration.parse(w))
+    # A daily record: a kind counts for a node at most once a day (a thirtieth of the window, which a site may
+    # shorten), so that a straggler whose ticket flaps, or a port that flaps for hours, is one bad day and not a
+    # lemon by itself; and an engine that restarts out of phase (vmalert starts its groups when it starts), whose
+    # first window overlaps its last, does not count an episode of the overlap again.
+    day = max(0.9 * duration.parse(w), duration.parse(c.d(c.repeat_fault_window)) / _DAYS)
+    recent = duration.render(day)
     return [record(EVENTS, f"({expr} unless on ({node}) last_over_time({EVENTS}{{event=\"{event}\"}}[{recent}])) "
                            "* 0 + 1", event=event)
             for event, expr in zip(EVENT_KINDS, (repair, straggler, flap), strict=True)]
