@@ -26,7 +26,6 @@ from gpufleet.alerts.config import Config
 from gpufleet.alerts.kernel import STALLS
 from gpufleet.alerts.recording import (
     JOB_XMIT_WAIT,
-    NODE_JOBS,
     NODE_SIGNAL,
     NODE_XMIT_WAIT_MAX,
     PCIE_DEGRADED,
@@ -38,6 +37,7 @@ from gpufleet.alerts.recording import (
     waits_more_than_peers,
 )
 from gpufleet.alerts.rule import TREND_INTERVAL, alert, printf, record
+from gpufleet.alerts.stake import JOB_GPUS
 
 SIGNAL = "job_instance:gpufleet_straggler_signal:avg5m"
 MEDIAN = "job:gpufleet_straggler_signal:median5m"
@@ -109,10 +109,10 @@ def stragglers(c: Config) -> dict[str, Any]:
     # What the job loses: every other node waits for the straggler at each synchronous step, so the job moves at
     # about the straggler's pace (its score), and each of its GPUs loses the rest of each hour, one minus the score.
     # The NIC's signal is a ratio of waits, not a pace, so there only the job's GPUs are named.
-    gpus = printf(f"sum({NODE_JOBS}{{{cluster}=%q,scheduler=%q,job_id=%q}})", f"$labels.{cluster}",
-                  "$labels.scheduler", "$labels.job_id")
-    lost = printf(f"sum({NODE_JOBS}{{{cluster}=%q,scheduler=%q,job_id=%q}}) * (1 - %g)", f"$labels.{cluster}",
-                  "$labels.scheduler", "$labels.job_id", "$value")
+    job_gpus = f"{JOB_GPUS}{{{cluster}=%q,scheduler=%q,job_id=%q}}"
+    of_job = (f"$labels.{cluster}", "$labels.scheduler", "$labels.job_id")
+    gpus = printf(job_gpus, *of_job)
+    lost = printf(f"{job_gpus} * (1 - %g)", *of_job, "$value")
     cost = (f"{{{{ if $labels.job_id }}}}{{{{ with {gpus} | query }}}} Its job's {{{{ . | first | value }}}} GPUs "
             "wait for it at every step"
             '{{ if ne $labels.signal "infiniband_xmit_wait" }}'
