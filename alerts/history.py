@@ -28,7 +28,7 @@ from typing import Any
 
 from gpufleet import duration
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.fabric import LINK_DOWNS
+from gpufleet.alerts.fabric import LINK_DOWNS, leaf_outage
 from gpufleet.alerts.maintenance import MAINTENANCE
 from gpufleet.alerts.reliability import INTERVAL
 from gpufleet.alerts.rule import TREND_INTERVAL, alert, printf, record
@@ -61,10 +61,12 @@ def _events(c: Config) -> list[dict[str, Any]]:
     firing = 'ALERTS{alertname="NodeStraggler",alertstate="firing"}'
     straggler = _began(c, f"max_over_time(group by ({node}) ({firing})[{w}:{c.d(TREND_INTERVAL)}])",
                        f"group by ({node}) ({firing} offset {w})")
-    # A leaf switch down takes every port behind it down: that is the switch's fault, not its nodes'.
-    leaf = (f' unless on ({c.by(c.leaf_label)}) max_over_time(ALERTS{{alertname="FabricLeafDown",'
-            f'alertstate="firing"}}[{w}])' if c.leaf_label else "")
-    flap = _began(c, f"group by ({node}) (max_over_time({LINK_DOWNS}[{w}]){leaf})",
+    # A leaf switch down takes every port behind it down: that is the switch's fault, not its nodes'. Its
+    # links' downs say so at once, where its page comes a `for` later, perhaps after the interval ended.
+    downs = f"max_over_time({LINK_DOWNS}[{w}])"
+    leaf = (f" unless on ({c.by(c.leaf_label)}) ({leaf_outage(c, downs)} or max_over_time("
+            f'ALERTS{{alertname="FabricLeafDown",alertstate="firing"}}[{w}]))' if c.leaf_label else "")
+    flap = _began(c, f"group by ({node}) ({downs}{leaf})",
                   f"group by ({node}) ({LINK_DOWNS} offset {w})")
     # A daily record: a kind counts for a node at most once a day (a thirtieth of the window, which a site may
     # shorten), so that a straggler whose ticket flaps, or a port that flaps for hours, is one bad day and not a

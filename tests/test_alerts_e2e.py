@@ -417,7 +417,10 @@ def _check(engine: Engine, started: float, drills: list[Expected],
         dict(key).get(label) != value for label, value in places[dict(key)["instance"]].items())]
     assert misplaced == [], f"alerts of a node without its leaf and rack:\n{misplaced}"
     unexpected = [dict(key) for key in seen if not any(e.matches(dict(key)) for e in EXPECTED + drills)]
-    assert unexpected == [], f"alerts no fault explains:\n{report}"
+    told = "\n".join(f"{labels['alertname']} {labels.get('instance', '')}: "
+                     f"{log.annotations.get(frozenset(labels.items()), {}).get('description', '')}"
+                     for labels in unexpected)
+    assert unexpected == [], f"alerts no fault explains:\n{told}\n{report}"
     # Time to detect, from the faults' start to each expected alert's first firing (shown with -s, and on failure).
     detected = sorted((min((fired - started - FAULTS_AT for key, fired in log.fired.items() if e.matches(dict(key))),
                            default=float("nan")), e.alertname, e.instance) for e in EXPECTED if e.required)
