@@ -44,10 +44,25 @@ def wave(t: float, phase: float) -> float:
     return math.sin(1.7 * t + phase) * 0.6 + math.sin(0.23 * t + 2 * phase) * 0.4
 
 
+# How far healthy boards of one model differ, and how far the day moves them all: the spread is what a false
+# straggler is made of, so it is taken from measured fleets, never narrowed to suit a detector.
+# - Sinha et al., "Not All GPUs Are Created Equal" (SC '22, arXiv 2208.11035): the same application on the same
+#   SKU, over 90 % of the GPUs of five clusters, runs 8 % apart on average (22 % at most) between GPUs, from
+#   manufacturing variation under the boards' power management, which sets their clocks. Read as the range of
+#   the bulk of a normal spread (about 5.4 standard deviations between a box plot's whiskers), one standard
+#   deviation is 1.5 % of the clock per board, and 0.53 % for the mean of a node's eight. Its outliers (up to
+#   1.5 times the median's time) are stragglers, which the simulator injects as faults, not noise.
+# - Llama 3 (arXiv 2407.21783): throughput moved 1 to 2 % over the day with the temperature, every node at once.
+CLOCK_SPREAD = 0.015  # One standard deviation of a board's own clock, as a share of the phase's.
+POWER_SPREAD = 0.02  # The most a board's own draw differs from its model's, as a share.
+DAILY_CLOCK = 0.015  # What the warmest hour takes from every board's clock, as a share.
+
+
 def spread(key: str) -> tuple[float, float]:
-    """A board's own fixed deviations of power and clock, each in [-1, 1]: no two boards draw or clock alike."""
+    """A board's own fixed deviations of power (in [-1, 1]) and clock (in standard deviations, normal and cut
+    at three): no two boards draw or clock alike."""
     rng = random.Random(key)
-    return rng.uniform(-1.0, 1.0), rng.uniform(-1.0, 1.0)
+    return rng.uniform(-1.0, 1.0), max(-3.0, min(3.0, rng.gauss(0.0, 1.0)))
 
 
 def _default_limit(board: SimulatedGpu) -> float:
@@ -154,8 +169,9 @@ class Workload:
         # Healthy boards differ: each draws and clocks a little differently under the same load, and clocks
         # wander with it; a warm afternoon costs every board some clock and warms it by a few degrees.
         power_spread, clock_spread = self._spreads[board.index]
-        power_share = max(0.05, levels.power * (1 + noise + 0.02 * power_spread))
-        sm_share = levels.sm_clock * (1 + 0.01 * clock_spread + 0.005 * wave(0.7 * t, board.index) - 0.004 * _daily(t))
+        power_share = max(0.05, levels.power * (1 + noise + POWER_SPREAD * power_spread))
+        sm_share = levels.sm_clock * (1 + CLOCK_SPREAD * clock_spread + 0.005 * wave(0.7 * t, board.index)
+                                      - DAILY_CLOCK * _daily(t))
         limit, default = board.power_limit_watts, _default_limit(board)
         energy = self.energy(board, t)
         # A cap lowers what a slowdown left of the draw, not the draw again: over their overlap, it takes its share
