@@ -61,7 +61,7 @@ REMAP_PENDING = "instance_gpu:gpufleet_gpu_row_remap_pending:true"
 REMAP_FAILED = "instance_gpu:gpufleet_gpu_row_remap_failed:true"
 LOST = "instance_gpu:gpufleet_gpu_lost:true"
 PCI_MISSING = "instance:gpufleet_gpus_missing_from_nvml:count"
-STRAGGLING = "job_instance:gpufleet_gpu_sm_clock:ratio_to_fastest_straggling"
+STRAGGLING = "job_instance:gpufleet_gpu_sm_clock:ratio_to_median_straggling"
 JOB_GPUS = "cluster_job:gpufleet_gpus:count"
 JOB_NODES = "cluster_job:gpufleet_nodes:count"
 JOB_USED = "cluster_job:gpufleet_gpu_utilization_ratio:sum"
@@ -126,8 +126,9 @@ def capacity(c: Config) -> list[dict[str, Any]]:
     sm_clock = f"avg_over_time({raw_clock}[{c.d(WINDOW)}])"
     clock = (f"avg by ({c.by('scheduler', 'job_id', 'instance')}) ({named_jobs}"
              f" * on ({c.by('instance', 'gpu', 'uuid')}) group_left {sm_clock})")
-    # A job of one node is its own fastest (ratio 1), so it never straggles: no count of peers is needed.
-    relative = f"{clock} / on ({job_key}) group_left max by ({job_key}) ({clock})"
+    # Against the job's median node, as NodeStraggler judges: a job of one node is its own median (ratio 1), so
+    # it never straggles, and no count of peers is needed.
+    relative = f"{clock} / on ({job_key}) group_left quantile by ({job_key}) (0.5, {clock})"
 
     def group(part: str, *rules: dict[str, Any]) -> dict[str, Any]:
         return {"name": GROUP.format(part), "interval": c.d(INTERVAL), "rules": list(rules)}

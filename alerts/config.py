@@ -89,19 +89,24 @@ class Config:
     stale_seconds: int = 300  # A collector without a success for this long is stale.
 
     # Stragglers: a node is one when both tests agree, for `straggler_for`, in a job of enough nodes.
-    signal_window: Duration = "5m"  # Per-node signals are averaged over this, to see through training phases.
-    straggler_for: Duration = "10m"
+    # Per-node signals are averaged over this, to see through the phases of a few training steps.
+    signal_window: Duration = "2m"
+    # Longer than a stall that is no fault: a site whose ranks wait on one that writes a synchronous checkpoint
+    # for minutes sets it past that.
+    straggler_for: Duration = "2m"
     straggler_min_nodes: int = 4
-    # Score against the job's best node. A node 10 % slow scores about 0.88 on SM clock (clock and power
-    # causes); healthy nodes of one job, 0.98 or more.
-    straggler_relative: float = 0.95
+    # Score against the job's median node. A node that stretches a step by 5 % runs its SM clock about 7 %
+    # slower (clock, thermal and power causes) or its GPUs about 5 % less busy (PCIe and host causes); healthy
+    # nodes of one job sit within about 1 % of the median (the simulator's spread, from measured fleets).
+    straggler_relative: float = 0.97
     # Nodes compared by GPU model (no job id) run different jobs, whose phases differ by more than 5 %: only
     # a large slowdown tells them apart (nvidia-resiliency-ext's default).
     straggler_relative_model: float = 0.75
     straggler_zscore: float = -3.5  # Modified z-score from median and MAD (Iglewicz and Hoaglin).
     # The MAD is taken as at least this share of the median: in a job of identical nodes the MAD can be
-    # tiny, and a z-score over it would turn a 1 % difference into an outlier.
-    straggler_mad_floor: float = 0.01
+    # tiny, and a z-score over it would turn a 1 % difference into an outlier. At this floor the z-score
+    # needs a node 2.6 % below the median.
+    straggler_mad_floor: float = 0.005
     busy_utilization: float = 0.5  # Nodes with no job are compared only while their GPUs are this busy.
 
     # Hung jobs (alerts/jobs.py): a GPU spins while NVML counts it busy and its SM and tensor activity (GPM) stay

@@ -1,16 +1,19 @@
 """Straggler nodes: the node of a job that holds every other node back, found by two tests that must agree.
 
 A robust z-score (median and median absolute deviation, so the straggler cannot hide by dragging
-the mean) finds the outlier; a relative score against the job's best node keeps a tiny MAD from
-firing on noise. Signals are averaged over `signal_window`, long enough to see through the
-compute and communication phases of a training step. Lower is worse for every signal.
+the mean) finds the outlier; a relative score against the job's median node keeps a tiny MAD from
+firing on noise. Both stand on the median, which one slow node cannot move and the fastest healthy node
+does not set. Signals are averaged over `signal_window`, long enough to see through the compute and
+communication phases of a few training steps. Lower is worse for every signal.
 
 Peers are the nodes of one job where the scheduler names jobs (Slurm, a job mapping file, a Kubernetes pod
 named by a training operator). Nodes without a job id (no attribution, or pods named otherwise) are compared
 within their cluster and GPU model, on their SM clock alone, and only while busy: an idle node holds nobody back.
 This group first reduces each signal to one series per node and job (`recording.node_signals`), then
 averages those over `signal_window`, so its window spans a thousand series, not eight thousand. It
-runs every minute (`TREND_INTERVAL`): its signals are 5-minute averages and its `for` is 10 minutes.
+runs every minute (`TREND_INTERVAL`), its signals are 2-minute averages and its `for` is 2 minutes: what a
+straggler takes to be found is the share of the window its slowdown needs to move the average past the
+thresholds, the `for`, and up to one evaluation on top.
 Network throughput is not a signal: in a synchronous job every node moves the same bytes per step,
 so the straggler's throughput falls with everyone else's. What its port waits to send is: a node whose
 InfiniBand ports wait `xmit_wait_outlier` times more than its job's median node holds the job's
@@ -39,13 +42,12 @@ from gpufleet.alerts.recording import (
 from gpufleet.alerts.rule import TREND_INTERVAL, alert, printf, record
 from gpufleet.alerts.stake import JOB_GPUS
 
-SIGNAL = "job_instance:gpufleet_straggler_signal:avg5m"
-MEDIAN = "job:gpufleet_straggler_signal:median5m"
-BEST = "job:gpufleet_straggler_signal:max5m"
+SIGNAL = "job_instance:gpufleet_straggler_signal:avg2m"
+MEDIAN = "job:gpufleet_straggler_signal:median2m"
 NODES = "job:gpufleet_straggler_signal:count"
-MAD = "job:gpufleet_straggler_signal:mad5m"
-RELATIVE = "job_instance:gpufleet_straggler_signal:relative5m"
-ZSCORE = "job_instance:gpufleet_straggler_signal:zscore5m"
+MAD = "job:gpufleet_straggler_signal:mad2m"
+RELATIVE = "job_instance:gpufleet_straggler_signal:relative2m"
+ZSCORE = "job_instance:gpufleet_straggler_signal:zscore2m"
 CAUSE = "instance:gpufleet_straggler_cause:active"
 
 # Besides the cluster: the labels that make a group of peers.
@@ -93,11 +95,10 @@ def stragglers(c: Config) -> dict[str, Any]:
         record(SIGNAL, f"avg_over_time({NODE_SIGNAL}[{window}]) and count_over_time({NODE_SIGNAL}[{window}]) >= "
                        f"{full} and present_over_time({NODE_SIGNAL}[{before}] offset {settled})"),
         record(MEDIAN, f"quantile by ({peers}) (0.5, {SIGNAL})"),
-        record(BEST, f"max by ({peers}) ({SIGNAL})"),
         record(NODES, f"count by ({peers}) ({SIGNAL})"),
         record(MAD, f"quantile by ({peers}) (0.5, abs({SIGNAL} - on ({peers}) group_left {MEDIAN})) >= "
                     f"{MEDIAN} * {c.straggler_mad_floor:g} or {MEDIAN} * {c.straggler_mad_floor:g}"),
-        record(RELATIVE, f"{SIGNAL} / on ({peers}) group_left {BEST}"),
+        record(RELATIVE, f"{SIGNAL} / on ({peers}) group_left {MEDIAN}"),
         record(ZSCORE, f"0.6745 * ({SIGNAL} - on ({peers}) group_left {MEDIAN}) / on ({peers}) group_left {MAD}"),
         *_causes(c),
     ]
@@ -119,14 +120,14 @@ def stragglers(c: Config) -> dict[str, Any]:
             f"{{{{ with {lost} | query }}}}: at its pace the job loses about "
             '{{ . | first | value | printf "%.1f" }} GPU-hours an hour{{ end }}{{ end }}.{{ end }}{{ end }}')
     job = c.by("scheduler", "job_id")
-    # Within a job the SM clock and utilisation are judged at 0.95: the clock barely moves between a step's
-    # phases, and utilisation is the mean of the driver's samples over each scrape interval, so both are
-    # exact to a percent among healthy nodes. Power (40 % to 92 % of the limit within a step) wanders by
-    # several percent between healthy nodes' sampled means, and put healthy nodes of the end-to-end test
-    # pending: it is recorded, drawn and named as a cause. Among nodes compared by model, which run different
-    # jobs, only the SM clock is judged (at 0.75): it stays near its maximum in every phase of any job's step,
-    # where power follows each job's own mix of phases, and put 7 of 18 healthy Kubernetes nodes running three
-    # jobs pending.
+    # Within a job the SM clock and utilisation are judged against the median node (`straggler_relative`): the
+    # clock barely moves between a step's phases, and utilisation is the mean of the driver's samples over each
+    # scrape interval, so healthy nodes differ by little more than their boards' own spread. Power (40 % to 92 %
+    # of the limit within a step) wanders by several percent between healthy nodes' sampled means, and put
+    # healthy nodes of the end-to-end test pending: it is recorded, drawn and named as a cause. Among nodes
+    # compared by model, which run different jobs, only the SM clock is judged (at 0.75): it stays near its
+    # maximum in every phase of any job's step, where power follows each job's own mix of phases, and put 7 of
+    # 18 healthy Kubernetes nodes running three jobs pending.
     relative = (f'({RELATIVE}{{peers="job",signal=~"sm_clock|utilization"}} < {c.straggler_relative:g} or '
                 f'{RELATIVE}{{peers="model",signal="sm_clock"}} < {c.straggler_relative_model:g})')
     named = '{job_id!=""}'
@@ -143,7 +144,7 @@ def stragglers(c: Config) -> dict[str, Any]:
         "{{ $labels.job_id }}{{ else }}the busy {{ $labels.model }} nodes{{ end }}: "
         '{{ if eq $labels.signal "infiniband_xmit_wait" }}its InfiniBand ports wait to send '
         "{{ $value | humanize }} times as long as the job's median node's"
-        "{{ else }}its {{ $labels.signal }} is {{ $value | humanizePercentage }} of the best node's{{ end }}. "
+        "{{ else }}its {{ $labels.signal }} is {{ $value | humanizePercentage }} of the median node's{{ end }}. "
         f"Likely cause: {causes}.{cost}",
         for_=c.straggler_for))
     return {"name": "gpufleet-stragglers", "interval": c.d(TREND_INTERVAL), "rules": rules}

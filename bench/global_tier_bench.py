@@ -174,7 +174,7 @@ def node_series(node: Node, straggler: bool, rng: random.Random) -> Iterator[tup
     peers = ({"scheduler": "slurm", "job_id": node.job_id, "peers": "job"} if node.job_id
              else {"model": MODEL, "peers": "model"})
     for signal, level, spread in (("sm_clock", 1.98e9, 0.003), ("power", 650.0, 0.02), ("utilization", 0.97, 0.01)):
-        yield "job_instance:gpufleet_straggler_signal:avg5m", (
+        yield "job_instance:gpufleet_straggler_signal:avg2m", (
             {**base, **peers, "signal": signal}, noisy(level * scale, spread))
 
 

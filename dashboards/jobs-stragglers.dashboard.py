@@ -47,9 +47,9 @@ def build(config: Config) -> Dashboard:
              against_median("Utilisation against the job median", "utilization", "percentunit",
                             "A node whose GPUs idle between steps (waiting on their host or a slow PCIe link) sits "
                             "below its peers, which spin busy while they wait for it.")],
-            [timeseries("Share of the best node", [(f"{RELATIVE}{{{job}}}", _NODE + " {{signal}}")], "percentunit",
-                        description=f"Each node's signal over its group's best node; the alert fires below "
-                                    f"{config.straggler_relative:.0%} of a job's best node "
+            [timeseries("Share of the median node", [(f"{RELATIVE}{{{job}}}", _NODE + " {{signal}}")], "percentunit",
+                        description=f"Each node's signal over its group's median node; the alert fires below "
+                                    f"{config.straggler_relative:.0%} of a job's median node "
                                     f"({config.straggler_relative_model:.0%} among nodes compared by GPU model) "
                                     f"together with a robust z-score below {config.straggler_zscore:g}."),
              timeseries("Robust z-score", [(f"{ZSCORE}{{{job}}}", _NODE + " {{signal}}")], "short",

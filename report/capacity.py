@@ -377,10 +377,10 @@ async def stragglers(q: Queries) -> Section:
                      _hours(s.values[-1][1] * w.hours_per_point), _pct(lowest.get(ident))))
     return Section("stragglers", "Nodes that straggled",
                    f"A node straggles while its mean SM clock is below {q.config.straggler_relative:.0%} of the "
-                   "fastest node's in the same job (jobs of two nodes or more), judged at every step of the range.",
+                   "median node's in the same job (jobs of two nodes or more), judged at every step of the range.",
                    findings=[f"Nodes that straggled in the period: {len({(r[0], r[1]) for r in rows})}."],
                    tables=[Table("Straggling nodes", ("Cluster", "Node", "Job", "Hours straggling",
-                                                      "Lowest clock against the fastest node"), rows[:TOP * 5])])
+                                                      "Lowest clock against the median node"), rows[:TOP * 5])])
 
 
 async def network(q: Queries) -> Section:
