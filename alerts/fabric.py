@@ -93,24 +93,17 @@ def _leaf_down(c: Config, down: str) -> dict[str, Any]:
     fires before the nodes' own port alerts (`for` 1m against their 2m), which it inhibits at Alertmanager,
     so the leaf is one incident rather than one per node."""
     leaf = c.by(c.leaf_label)
-    return alert(c, "FabricLeafDown", f"max without () ({leaf_outage(c, down)}) or on ({leaf}, device) {_leaf_held(c)}",
+    on_leaf = f'{c.leaf_label}!=""'
+    nodes_down = _nodes_down(c, down)
+    job = f'job="{c.exporter_job}"'
+    nodes = f"count by ({leaf}) ({c.metric('up', job, on_leaf)})"
+    down = (f"({nodes_down} >= {c.leaf_down_nodes}) and "
+            f"({nodes_down} / on ({leaf}) group_left () {nodes} >= {c.leaf_down_share:g})")
+    return alert(c, "FabricLeafDown", f"max without () ({down}) or on ({leaf}, device) {_leaf_held(c)}",
                  "critical", "The InfiniBand links of the nodes behind one leaf switch went down together.",
                  f"{{{{ $value }}}} nodes behind {c.leaf_label} {{{{ $labels.{c.leaf_label} }}}} lost their "
                  "{{ $labels.device }} link at once, or cannot be seen since: the switch (or its rail), not the nodes.",
                  for_="1m", held=False)
-
-
-def leaf_outage(c: Config, ports: str) -> str:
-    """How many nodes behind each leaf have a port of each HCA among `ports`, where they are enough to be the
-    leaf's outage rather than the nodes' own faults: at least `leaf_down_nodes`, and `leaf_down_share` of the
-    leaf's nodes."""
-    leaf = c.by(c.leaf_label)
-    on_leaf = f'{c.leaf_label}!=""'
-    nodes_down = _nodes_down(c, ports)
-    job = f'job="{c.exporter_job}"'
-    nodes = f"count by ({leaf}) ({c.metric('up', job, on_leaf)})"
-    return (f"({nodes_down} >= {c.leaf_down_nodes}) and "
-            f"({nodes_down} / on ({leaf}) group_left () {nodes} >= {c.leaf_down_share:g})")
 
 
 def _nodes_down(c: Config, ports: str) -> str:

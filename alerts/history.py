@@ -4,9 +4,10 @@ A node that straggled in one job, or needed a GPU reset, usually does again: Met
 clusters (HPCA '25) takes such "lemon" nodes out of service and inspects them before they fail the next job.
 No single alert sees that: each episode ends with its own repair or its job. This group keeps the record.
 
-Every `INTERVAL` it writes one series per node and kind of event that began in the interval just ended, and
-nothing otherwise (the reliability group's tiling, `alerts/reliability.py`), so a month of a healthy fleet
-records nothing and the record is the count of what is there:
+Every `INTERVAL` it writes one series per node and kind of event that began in the interval just ended (a
+link flap: in the one before, once a leaf switch's outage would be known), and nothing otherwise (the
+reliability group's tiling, `alerts/reliability.py`), so a month of a healthy fleet records nothing and the
+record is the count of what is there:
 
 - `repair`: one of the node's GPUs was raised to a recovery action (a drain, reset, reboot or replacement that
   the exporter asks for after an XID, an ECC error, a lost GPU or an NVSwitch error), with none at the
@@ -28,7 +29,7 @@ from typing import Any
 
 from gpufleet import duration
 from gpufleet.alerts.config import Config
-from gpufleet.alerts.fabric import LINK_DOWNS, leaf_outage
+from gpufleet.alerts.fabric import LINK_DOWNS
 from gpufleet.alerts.maintenance import MAINTENANCE
 from gpufleet.alerts.reliability import INTERVAL
 from gpufleet.alerts.rule import TREND_INTERVAL, alert, printf, record
@@ -41,13 +42,16 @@ EVENT_KINDS = ("repair", "straggler", "link_flap")
 _DAYS = 30  # The record's days in its window: each kind counts at most once in each.
 
 
-def _began(c: Config, now: str, then: str) -> str:
+def _began(c: Config, now: str, then: str, late: bool = False) -> str:
     """Nodes where `now` (over the interval) holds and `then` (at its start) did not, seen at its start too,
-    and not in maintenance during it."""
+    and not in maintenance during it. `late`: the interval judged is the one before the last, whose `now` and
+    `then` the caller offsets by an interval."""
     w = c.d(INTERVAL)
+    start = c.d(duration.render(2 * duration.parse(INTERVAL))) if late else w
+    since = f" offset {w}" if late else ""
     node = c.by("instance")
-    return (f"({now} unless on ({node}) {then}) and on ({node}) ({c.up()} offset {w} == 1) "
-            f"unless on ({node}) max_over_time({MAINTENANCE}[{w}])")
+    return (f"({now} unless on ({node}) {then}) and on ({node}) ({c.up()} offset {start} == 1) "
+            f"unless on ({node}) max_over_time({MAINTENANCE}[{w}]{since})")
 
 
 def _events(c: Config) -> list[dict[str, Any]]:
@@ -62,12 +66,14 @@ def _events(c: Config) -> list[dict[str, Any]]:
     straggler = _began(c, f"max_over_time(group by ({node}) ({firing})[{w}:{c.d(TREND_INTERVAL)}])",
                        f"group by ({node}) ({firing} offset {w})")
     # A leaf switch down takes every port behind it down: that is the switch's fault, not its nodes'. Its
-    # links' downs say so at once, where its page comes a `for` later, perhaps after the interval ended.
-    downs = f"max_over_time({LINK_DOWNS}[{w}])"
-    leaf = (f" unless on ({c.by(c.leaf_label)}) ({leaf_outage(c, downs)} or max_over_time("
-            f'ALERTS{{alertname="FabricLeafDown",alertstate="firing"}}[{w}]))' if c.leaf_label else "")
-    flap = _began(c, f"group by ({node}) ({downs}{leaf})",
-                  f"group by ({node}) ({LINK_DOWNS} offset {w})")
+    # FabricLeafDown, pending as soon as enough of its nodes' ports are down together, can come a scrape after
+    # their link-downs, in the next interval: so the interval before the last is judged, against the leaf's
+    # alert over both.
+    both = c.d(duration.render(2 * duration.parse(INTERVAL)))
+    leaf = (f' unless on ({c.by(c.leaf_label)}) max_over_time(ALERTS{{alertname="FabricLeafDown"}}[{both}])'
+            if c.leaf_label else "")
+    flap = _began(c, f"group by ({node}) (max_over_time({LINK_DOWNS}[{w}] offset {w}){leaf})",
+                  f"group by ({node}) ({LINK_DOWNS} offset {both})", late=True)
     # A daily record: a kind counts for a node at most once a day (a thirtieth of the window, which a site may
     # shorten), so that a straggler whose ticket flaps, or a port that flaps for hours, is one bad day and not a
     # lemon by itself; and an engine that restarts out of phase (vmalert starts its groups when it starts), whose
