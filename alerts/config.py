@@ -91,8 +91,8 @@ class Config:
     # Stragglers: a node is one when both tests agree, for `straggler_for`, in a job of enough nodes.
     # Per-node signals are averaged over this, to see through the phases of a few training steps.
     signal_window: Duration = "2m"
-    # Longer than a stall that is no fault: a site whose ranks wait on one that writes a synchronous checkpoint
-    # for minutes sets it past that.
+    # A stall that is no fault and lasts longer than this and the window together fires it (one rank writing a
+    # synchronous checkpoint while the others wait): a site whose checkpoints stall so sets it past them.
     straggler_for: Duration = "2m"
     straggler_min_nodes: int = 4
     # Score against the job's median node. A node that stretches a step by 5 % runs its SM clock about 7 %
@@ -100,7 +100,7 @@ class Config:
     # nodes of one job sit within about 1 % of the median (the simulator's spread, from measured fleets).
     straggler_relative: float = 0.97
     # Nodes compared by GPU model (no job id) run different jobs, whose phases differ by more than 5 %: only
-    # a large slowdown tells them apart (nvidia-resiliency-ext's default).
+    # a large slowdown tells them apart (nvidia-resiliency-ext's default cut-off, there against the best rank).
     straggler_relative_model: float = 0.75
     straggler_zscore: float = -3.5  # Modified z-score from median and MAD (Iglewicz and Hoaglin).
     # The MAD is taken as at least this share of the median: in a job of identical nodes the MAD can be

@@ -118,7 +118,7 @@ def node_signals(c: Config) -> list[dict[str, Any]]:
     for signal, (metric, *matchers) in _GPU_SIGNALS.items():
         # Every sample since the last evaluation, not the latest: a training step moves between phases of
         # very different power and utilisation, and each node is scraped at its own moment in the step, so
-        # one sample a minute per node would make its 5-minute average depend on where its scrapes fall.
+        # one sample a minute per node would make its windowed average depend on where its scrapes fall.
         value = f"avg_over_time({c.metric(metric, *matchers)}[{window}])"
         if signal == "power":
             # Every sample is still not enough for power, which differs most between a step's phases: where

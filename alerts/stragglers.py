@@ -52,6 +52,7 @@ CAUSE = "instance:gpufleet_straggler_cause:active"
 
 # Besides the cluster: the labels that make a group of peers.
 PEERS = ("scheduler", "job_id", "model", "signal")
+_STALLS_WINDOW = "10m"
 
 
 def _causes(c: Config) -> list[dict[str, Any]]:
@@ -65,10 +66,11 @@ def _causes(c: Config) -> list[dict[str, Any]]:
     nic = f"max by ({c.by('instance')}) ({congested(c, NODE_XMIT_WAIT_MAX)})"
     # Its GPUs ran nothing for part of each step while its peers' spun: they waited on their host (data
     # loading, the CPU, storage) or on a slow PCIe link, which is named beside it where one is degraded.
-    idle = f'min by ({c.by("instance")}) ({RELATIVE}{{signal="utilization"}}) < {c.straggler_relative:g}'
-    # Its host's processes stalled for seconds at a time: CPUs locked up, tasks or storage not answering.
+    idle = f'min by ({c.by("instance")}) ({RELATIVE}{{peers="job",signal="utilization"}}) < {c.straggler_relative:g}'
+    # Its host's processes stalled for seconds at a time: CPUs locked up, tasks or storage not answering. They
+    # are logged minutes apart, so they are looked for over `_STALLS_WINDOW`, not the signal's window.
     stalls = c.metric("gpufleet_kernel_events_total", f'event=~"{"|".join(STALLS)}"')
-    kernel = f"max by ({c.by('instance')}) (increase({stalls}[{c.d(c.signal_window)}])) > 0"
+    kernel = f"max by ({c.by('instance')}) (increase({stalls}[{c.d(_STALLS_WINDOW)}])) > 0"
     causes = {
         "thermal slowdown": event("hw_thermal_slowdown|sw_thermal_slowdown"),
         "power brake": event("hw_power_brake_slowdown"),
