@@ -170,8 +170,8 @@ class Workload:
         # wander with it; a warm afternoon costs every board some clock and warms it by a few degrees.
         power_spread, clock_spread = self._spreads[board.index]
         power_share = max(0.05, levels.power * (1 + noise + POWER_SPREAD * power_spread))
-        sm_share = levels.sm_clock * (1 + CLOCK_SPREAD * clock_spread + 0.005 * wave(0.7 * t, board.index)
-                                      - DAILY_CLOCK * _daily(t))
+        sm_share = min(1.0, levels.sm_clock * (1 + CLOCK_SPREAD * clock_spread + 0.005 * wave(0.7 * t, board.index)
+                                               - DAILY_CLOCK * _daily(t)))
         limit, default = board.power_limit_watts, _default_limit(board)
         energy = self.energy(board, t)
         # A cap lowers what a slowdown left of the draw, not the draw again: over their overlap, it takes its share
