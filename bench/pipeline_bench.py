@@ -11,7 +11,7 @@ runs it) and notifying an Alertmanager that routes nowhere. The fleet is --nodes
 by --simulators `gpufleet simulate` processes (one cannot serve 1,250 nodes on one core), each its own
 cluster (sim-0, sim-1, ...), so that node names repeat and series do not.
 
-After --warm-up (12 minutes: the straggler rules read 11 minutes back) it measures over --seconds and
+After --warm-up (12 minutes: more than the rules read back) it measures over --seconds and
 prints, per rule group, where in its interval vmalert starts it, every evaluation's duration (p50, p99,
 max, and max as a share of the group's interval), missed iterations, its rules' times asked alone once
 vmalert has stopped, and when its worst evaluation began (which groups it met); failed rule executions and

@@ -143,7 +143,8 @@ def post(url: str, case: Case, seconds: float) -> None:
 def explains(labels: dict[str, str], first: float, last: float, done: list[Case], scale: float,
              round_: list[incidents.Injected], removed: set[str]) -> bool:
     """Whether a fault explains an alert episode: one on the alert's node that overlaps it, allowing the
-    alert to resolve up to two signal windows (10 production minutes) after the fault's end. A fault of the
+    alert to resolve up to 10 production minutes after the fault's end (the resolved signals' window, the
+    other rules' longer windows, and the scrapes between). A fault of the
     kinds round explains any alert of its own (`Injected.caused`) that began while it lasted; a GPU taken out
     on purpose, the inventory ticket for its node."""
     grace = 600 / scale
@@ -225,8 +226,8 @@ class Sweep:
     queues: dict[int, list[Case]]
     seed: int = 1
     time_scale: float = 8.0
-    fault_minutes: float = 22.0  # Production minutes each fault lasts.
-    settle_minutes: float = 12.0  # Production minutes between rounds.
+    fault_minutes: float = 12.0  # Production minutes each fault lasts.
+    settle_minutes: float = 8.0  # Production minutes between rounds.
     healthy_minutes: float = 60.0  # Production minutes before the first round.
     interval: str = "2s"  # Collection and scrape interval, wall time.
     job_lifetime: float | None = None  # Production minutes a job lasts on average; None: jobs never end.
@@ -342,7 +343,7 @@ def run(sweep: Sweep) -> Outcome:
                                              am.url), work / "data") as prom:
             log = AlertLog(prom.url)
             began = time.monotonic()
-            since = began + 600 / scale  # The first signal window fills: alerts before are not judged.
+            since = began + 600 / scale  # The rules' windows fill: alerts before are not judged.
             print(f"{nodes} nodes in jobs of {sweep.sizes}; healthy for {sweep.healthy_minutes:g} production "
                   "minutes", file=sys.stderr)
             time.sleep(sweep.healthy_minutes * 60 / scale)
@@ -361,7 +362,7 @@ def run(sweep: Sweep) -> Outcome:
 
 
 def _straggling(alert: dict[str, str], at: float, done: list[Case], scale: float) -> bool:
-    """Whether a page is one of a straggler's: on its node, while it lasted or within two signal windows after."""
+    """Whether a page is one of a straggler's: on its node, while it lasted or within 10 production minutes after."""
     return any(c.node == alert.get("instance") and c.start <= at <= c.end + 600 / scale for c in done)
 
 

@@ -17,7 +17,7 @@ def nodes(*numbers: int) -> list[str]:
 
 # Sixteen nodes: a large Slurm job, a Kubernetes job of four pods, a Slurm job of two (too small to have
 # a straggler), and nodes 5 and 7 idle. The tests run the rules at a time scale of 8, so the jobs' steps
-# are an eighth of production ones (45, 33 and 20 s): a signal window must hold several steps, as 5
+# are an eighth of production ones (45, 33 and 20 s): a signal window must hold several steps, as 2
 # minutes do in production, or its average depends on where in a step it begins.
 SIXTEEN_NODES = {"jobs": [
     {"id": "944279", "scheduler": "slurm", "nodes": nodes(1, 2, 3, 6, 8, 11, 13, 14),

@@ -48,7 +48,7 @@ def _repair(where: str, gpu: int, minutes: float) -> list[dict]:
 
 
 # A node's episodes eleven production minutes apart, more than the history group's interval: each begins in an
-# interval of its own. The straggler's ticket fires some fifteen minutes into it.
+# interval of its own. The straggler's ticket fires some five minutes into it.
 FAULTS = [
     *_repair(LEMON, 1, 0), *_repair(LEMON, 2, 11), *_repair(LEMON, 3, 22),
     *_repair(FEW, 1, 0), *_repair(FEW, 2, 11),
