@@ -139,6 +139,7 @@ class AlertLog:
         self.fired: dict[Labels, float] = {}  # When each alert was first seen firing.
         self.episodes: dict[Labels, list[list[float]]] = {}
         self.annotations: dict[Labels, dict[str, str]] = {}  # As each alert's latest episode began.
+        self.told: dict[Labels, list[dict[str, str]]] = {}  # As each of its `episodes` began, in their order.
         self._blind: list[list[float]] = []  # [from, to] of each spell of blind polls; to is inf while down.
         self._missing: dict[Labels, float] = {}  # Firing alerts by the first poll since that answered without them.
         self._stop = threading.Event()
@@ -179,6 +180,7 @@ class AlertLog:
                     else:
                         spells.append([now, now])
                         self.annotations[key] = alert.get("annotations", {})
+                        self.told.setdefault(key, []).append(self.annotations[key])
             for key in self.episodes.keys() - firing:
                 self._missing.setdefault(key, now)
 

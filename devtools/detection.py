@@ -175,15 +175,16 @@ def judge(log: AlertLog, done: list[Case], scale: float, since: float, round_: l
                 tally.false.append(f"{labels.get('alertname')} on {labels.get('instance')} "
                                    f"{ {k: v for k, v in labels.items() if k not in ('alertname', 'instance')} }")
     for case in done:
-        straggling = [(key, spell) for key, spells in log.episodes.items() for spell in spells
+        # Each episode's own description: a node can straggle again in a later round, for another cause.
+        straggling = [(spell, told.get("description", "")) for key, spells in log.episodes.items()
+                      for spell, told in zip(spells, log.told.get(key, []), strict=False)
                       if dict(key).get("alertname") == "NodeStraggler" and dict(key).get("instance") == case.node
                       and case.start <= spell[0] <= case.end]
         if straggling:
-            first_spell = min(spell for _, spell in straggling)
+            first_spell = min(spell for spell, _ in straggling)
             case.detected = (first_spell[0] - case.start) * scale / 60
-            case.resolved = (max(spell[1] for _, spell in straggling) - case.end) * scale / 60
-            case.named = any(NAMED[case.cause] in log.annotations.get(key, {}).get("description", "")
-                             for key, _ in straggling)
+            case.resolved = (max(spell[1] for spell, _ in straggling) - case.end) * scale / 60
+            case.named = any(NAMED[case.cause] in description for _, description in straggling)
     return tally
 
 

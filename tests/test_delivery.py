@@ -16,6 +16,7 @@ class Engine(BaseHTTPRequestHandler):
     """/api/v1/alerts as the test's `mode` says: the alert firing, no alert, or not serving (503)."""
 
     mode = "firing"
+    description = ""
 
     def do_GET(self) -> None:
         if Engine.mode == "down":
@@ -24,7 +25,8 @@ class Engine(BaseHTTPRequestHandler):
             return
         if Engine.mode == "slow":
             time.sleep(3.5)  # An engine, or a poller, on a machine too busy to answer in time.
-        alerts = [ALERT] if Engine.mode in ("firing", "slow") else None  # vmalert answers null for none.
+        alert = {**ALERT, "annotations": {"description": Engine.description}}
+        alerts = [alert] if Engine.mode in ("firing", "slow") else None  # vmalert answers null for none.
         body = json.dumps({"status": "success", "data": {"alerts": alerts}}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -35,20 +37,27 @@ class Engine(BaseHTTPRequestHandler):
         pass
 
 
-def _spells(modes: tuple[tuple[str, float], ...]) -> list[list[float]]:
-    """The firing alert's episodes, as an AlertLog with a 2 s gap saw an engine go through `modes` (mode, seconds)."""
-    Engine.mode = modes[0][0]
+def _log(modes: tuple[tuple[str, float], ...], descriptions: tuple[str, ...] = ()) -> AlertLog:
+    """An AlertLog with a 2 s gap, after an engine went through `modes` (mode, seconds), its alert described by
+    each of `descriptions` in turn (one per mode; none: no description)."""
+    Engine.mode, Engine.description = modes[0][0], ""
     server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     log = AlertLog(f"http://127.0.0.1:{server.server_address[1]}", gap=2.0)
     try:
-        for mode, seconds in modes:
+        for number, (mode, seconds) in enumerate(modes):
             Engine.mode = mode
+            Engine.description = descriptions[number] if descriptions else ""
             time.sleep(seconds)
     finally:
         log.stop()
         server.shutdown()
-    [spells] = log.episodes.values()
+    return log
+
+
+def _spells(modes: tuple[tuple[str, float], ...]) -> list[list[float]]:
+    """The firing alert's episodes, as an AlertLog with a 2 s gap saw an engine go through `modes` (mode, seconds)."""
+    [spells] = _log(modes).episodes.values()
     return spells
 
 
@@ -66,3 +75,13 @@ def test_a_poll_that_comes_late_is_no_break():
     poll answered without it says it resolved."""
     spells = _spells((("firing", 2.5), ("slow", 4.0), ("firing", 2.5)))
     assert len(spells) == 1, spells
+
+
+def test_each_episode_keeps_what_the_alert_said_as_it_began():
+    """An alert that fires again later, for another reason (a node that straggles in a later round, for another
+    cause), keeps each episode's own description; the latest is also the alert's."""
+    log = _log((("firing", 2.5), ("empty", 4.5), ("firing", 2.5)), ("thermal slowdown", "", "power brake"))
+    [told] = log.told.values()
+    [spells] = log.episodes.values()
+    assert [note["description"] for note in told] == ["thermal slowdown", "power brake"], (told, spells)
+    assert [note["description"] for note in log.annotations.values()] == ["power brake"]
