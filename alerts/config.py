@@ -97,7 +97,7 @@ class Config:
     straggler_min_nodes: int = 4
     # Score against the job's median node. A node that stretches a step by 5 % runs its SM clock about 7 %
     # slower (clock, thermal and power causes) or its GPUs about 5 % less busy (PCIe and host causes); healthy
-    # nodes of one job sit within about 1 % of the median (the simulator's spread, from measured fleets).
+    # nodes of one job sit within about 2 % of the median (the simulator's spread, from measured fleets).
     straggler_relative: float = 0.97
     # Nodes compared by GPU model (no job id) run different jobs, whose phases differ by more than 5 %: only
     # a large slowdown tells them apart (nvidia-resiliency-ext's default cut-off, there against the best rank).
