@@ -164,7 +164,10 @@ def test_every_query_returns_data_with_the_sites_own_cluster_label_and_selector(
         f"{t.uid} / {t.title}: {t.expr}" for t in sorted(pending, key=lambda t: (t.uid, t.title, t.expr)))
     assert capacity == STATS
     assert [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] == "err"] == []
-    assert {r["metric"]["instance"] for r in straggler} == {"gpu-node-0004"}
+    # The planted straggler, and perhaps node 6, whose one GPU at 60 % of its clock holds the node's mean about 5 %
+    # below its job's median: a straggler too, once its slowdown fills the signal window. No other node.
+    stragglers = {r["metric"]["instance"] for r in straggler}
+    assert "gpu-node-0004" in stragglers and stragglers <= {"gpu-node-0004", "gpu-node-0006"}, stragglers
     # Every recorded series and alert kept the site's cluster label.
     assert without_site == [], [r["metric"] for r in without_site]
     assert dcgm == DCGM, dcgm
