@@ -42,12 +42,16 @@ EVENT_KINDS = ("repair", "straggler", "link_flap")
 _DAYS = 30  # The record's days in its window: each kind counts at most once in each.
 
 
+def _two_intervals(c: Config) -> str:
+    return c.d(duration.render(2 * duration.parse(INTERVAL)))
+
+
 def _began(c: Config, now: str, then: str, late: bool = False) -> str:
     """Nodes where `now` (over the interval) holds and `then` (at its start) did not, seen at its start too,
     and not in maintenance during it. `late`: the interval judged is the one before the last, whose `now` and
     `then` the caller offsets by an interval."""
     w = c.d(INTERVAL)
-    start = c.d(duration.render(2 * duration.parse(INTERVAL))) if late else w
+    start = _two_intervals(c) if late else w
     since = f" offset {w}" if late else ""
     node = c.by("instance")
     return (f"({now} unless on ({node}) {then}) and on ({node}) ({c.up()} offset {start} == 1) "
@@ -69,7 +73,7 @@ def _events(c: Config) -> list[dict[str, Any]]:
     # FabricLeafDown, pending as soon as enough of its nodes' ports are down together, can come a scrape after
     # their link-downs, in the next interval: so the interval before the last is judged, against the leaf's
     # alert over both.
-    both = c.d(duration.render(2 * duration.parse(INTERVAL)))
+    both = _two_intervals(c)
     leaf = (f' unless on ({c.by(c.leaf_label)}) max_over_time(ALERTS{{alertname="FabricLeafDown"}}[{both}])'
             if c.leaf_label else "")
     flap = _began(c, f"group by ({node}) (max_over_time({LINK_DOWNS}[{w}] offset {w}){leaf})",

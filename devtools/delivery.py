@@ -138,7 +138,6 @@ class AlertLog:
         self.seen: dict[Labels, tuple[float, str]] = {}
         self.fired: dict[Labels, float] = {}  # When each alert was first seen firing.
         self.episodes: dict[Labels, list[list[float]]] = {}
-        self.annotations: dict[Labels, dict[str, str]] = {}  # As each alert's latest episode began.
         self.told: dict[Labels, list[dict[str, str]]] = {}  # As each of its `episodes` began, in their order.
         self._blind: list[list[float]] = []  # [from, to] of each spell of blind polls; to is inf while down.
         self._missing: dict[Labels, float] = {}  # Firing alerts by the first poll since that answered without them.
@@ -179,10 +178,14 @@ class AlertLog:
                         spells[-1][1] = now
                     else:
                         spells.append([now, now])
-                        self.annotations[key] = alert.get("annotations", {})
-                        self.told.setdefault(key, []).append(self.annotations[key])
+                        self.told.setdefault(key, []).append(alert.get("annotations", {}))
             for key in self.episodes.keys() - firing:
                 self._missing.setdefault(key, now)
+
+    @property
+    def annotations(self) -> dict[Labels, dict[str, str]]:
+        """Each alert's annotations as its latest episode began."""
+        return {key: told[-1] for key, told in self.told.items()}
 
     def stop(self) -> None:
         self._stop.set()
