@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from gpufleet import duration
 from gpufleet.devtools import oncall, oncall_judge, oncall_run, results
 
 
@@ -58,25 +57,29 @@ def main() -> None:
     parser.add_argument("--short", action="store_true", help="CI's week (oncall.short)")
     parser.add_argument("--nodes", type=int, help="nodes of 8 GPUs (default: 250, or 16 with --short)")
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--time-scale", type=float, help="production seconds per wall second (default: 8)")
-    parser.add_argument("--interval", help="collection and scrape interval, wall time (default: 2s)")
+    parser.add_argument("--time-scale", type=float,
+                        help="production seconds per wall second (default: 5, or 16 with --short)")
+    parser.add_argument("--interval",
+                        help="collection and scrape interval, wall time (default: 3s, or 1s with --short)")
     results.add_argument(parser)
     args = parser.parse_args()
     week = week_from(args)
     the_plan, running, receiver, ended = oncall_run.run(week)
     judged = oncall_judge.judge(the_plan.faults, the_plan.works, running, receiver, ended)
-    interval_minutes = duration.parse(week.interval) * week.time_scale / 60
-    print(oncall_judge.report(judged, running, interval_minutes))
+    print(oncall_judge.report(judged, running))
     print("\n".join(f"  log: {line}" for line in running.log if line))
-    figures = oncall_judge.figures(judged, week, interval_minutes)
+    figures = oncall_judge.figures(judged, week)
     health = running.health
     figures.update({"slowest rule group evaluation (share of its interval)": round(health.worst_evaluation, 3),
                     "rule group evaluations skipped": health.missed_evaluations,
                     "node scrapes failed (share)": round(health.failed_scrapes, 4)})
-    table = results.Table(["fault", "node", "cause", "expected", "incidents", "tickets", "time to page (min)"])
+    table = results.Table(["fault", "node", "cause", "expected", "incidents", "tickets", "time to page (min)",
+                           "allowed (min)"])
+    reference = oncall_judge.detection_times()
     for verdict in judged.verdicts:
         table.add(oncall_judge.label(verdict.fault), verdict.fault.injected.node, verdict.fault.cause,
-                  verdict.fault.expect, len(verdict.incidents), verdict.tickets, verdict.paged)
+                  verdict.fault.expect, len(verdict.incidents), verdict.tickets, verdict.paged,
+                  oncall_judge.allowed(verdict, reference) if verdict.paged is not None else None)
     spans = (f"Spans run in full at time scale {week.time_scale:g}: the RMA's {week.times.rma_minutes:g} production "
              f"minutes powered off (the pager's repeat_interval is 60), the profile's faults up to their length or "
              f"the end of the run; the timeline is {week.times.hours:g} production hours, so GpuCountDropped's day "

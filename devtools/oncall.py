@@ -48,8 +48,9 @@ PROMETHEUS_TIMERS = {"--rules.alert.for-grace-period": "10m", "--rules.alert.res
 @dataclass
 class Fault:
     """A real fault: the simulator's body, what should reach people (`expect`: page; ticket; none, for an
-    application's own error; no page, for a kind that tickets or only informs), and, for one on a node in
-    maintenance, when the node returns and may page."""
+    application's own error; no page, for a kind that tickets or only informs), for one on a node in
+    maintenance, when the node returns and may page, and whether its node was idle as the rules judge stakes
+    (a repair there waits `drain_grace` for a drain before it pages)."""
 
     injected: Injected
     at: float  # Production minutes from the start.
@@ -57,6 +58,7 @@ class Fault:
     cause: str
     expect: str
     returns: float | None = None  # Production minutes: the node's return to service.
+    idle: bool = False  # Its node's GPUs had no work in the rules' stake window when it began.
 
 
 @dataclass

@@ -20,6 +20,7 @@ import yaml
 
 from gpufleet import cli, duration
 from gpufleet.alerts.config import Config
+from gpufleet.alerts.recording import NODE_WORK
 from gpufleet.alerts.rules import render
 from gpufleet.devtools import incidents
 from gpufleet.devtools.delivery import Receiver, routing
@@ -70,8 +71,10 @@ class Running:
             raise HarnessError(f"the simulator refused {body}: {status} {answer!r}")
 
     def start(self, fault: Fault, body: dict[str, Any]) -> None:
-        """A real fault, with the job a hang stops (none on an idle node: a hang there pages nobody)."""
+        """A real fault, with the job a hang stops (none on an idle node: a hang there pages nobody), and whether
+        its node's GPUs had work as the rules read it."""
         injected = fault.injected
+        fault.idle = not query(self.prom_url, f'{NODE_WORK}{{instance="{injected.node}"}}')
         if injected.kind in ("job_hang", "driver_hang"):
             job = incidents.running_job(self.prom_url, injected.node)
             injected.job = job if injected.kind == "job_hang" else ""

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import pytest
 
-from gpufleet import duration
 from gpufleet.devtools import oncall, oncall_judge, oncall_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -25,7 +24,7 @@ def test_planned_work_pages_nobody_and_each_real_fault_pages_once():
     week = oncall.short()
     the_plan, running, receiver, ended = oncall_run.run(week)
     judged = oncall_judge.judge(the_plan.faults, the_plan.works, running, receiver, ended)
-    table = oncall_judge.report(judged, running, duration.parse(week.interval) * week.time_scale / 60)
+    table = oncall_judge.report(judged, running)
     print(table)
     pages = {(oncall_judge.label(v.fault), v.fault.cause): len(v.incidents) for v in judged.verdicts}
     assert pages == {("xid 79", "every kind"): 1, ("ecc_dbe", "every kind"): 1, ("gpu_lost", "every kind"): 1,
