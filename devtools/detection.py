@@ -378,12 +378,8 @@ def _kinds_round(sweep: Sweep, nodes: int, jobs: list[dict[str, Any]], sim_url: 
     round_ = incidents.inject(sim_url, names, sweep.kinds, seconds, sweep.seed, time.monotonic(),
                               [job["nodes"] for job in jobs])
     for fault in round_:
-        if fault.kind in ("job_hang", "driver_hang"):
-            job = incidents.running_job(prom_url, fault.node)
-            fault.job = job if fault.kind == "job_hang" else ""
-            if not job:
-                fault.pages = False  # An idle node has no job to hang, nor one its hung driver stops.
-                print(f"{fault.kind} on {fault.node}: the node runs no job, so nothing should page", file=sys.stderr)
+        if said := incidents.hang_at_stake(prom_url, fault):
+            print(said, file=sys.stderr)
     print("fault kinds: " + ", ".join(f"{f.kind} on {f.node}" for f in round_), file=sys.stderr)
     time.sleep(seconds)
     return round_

@@ -138,6 +138,19 @@ def running_job(prom_url: str, node: str) -> str:
     return str(found[0]["metric"]["job_id"]) if found else ""
 
 
+def hang_at_stake(prom_url: str, fault: Injected) -> str:
+    """For a job's hang, the job it stops (`fault.job`: the one its node runs), and on a node that runs none,
+    that nothing should page, said. A hung driver always should: on a node with work it pages at once, and on an
+    idle one its recovery action pages after `drain_grace`, as no bench drains the node. "" otherwise."""
+    if fault.kind != "job_hang":
+        return ""
+    fault.job = running_job(prom_url, fault.node)
+    if fault.job:
+        return ""
+    fault.pages = False
+    return f"job_hang on {fault.node}: the node runs no job, so nothing should page"
+
+
 def count(round_: list[Injected], receiver: Receiver, scale: float,
           also: Callable[[dict[str, str], float], bool] = lambda alert, at: False) -> list[str]:
     """Fill in each fault's incidents and time to page; returns the incidents that neither a fault of the round

@@ -71,15 +71,12 @@ class Running:
             raise HarnessError(f"the simulator refused {body}: {status} {answer!r}")
 
     def start(self, fault: Fault, body: dict[str, Any]) -> None:
-        """A real fault, with the job a hang stops (none on an idle node: a hang there pages nobody), and whether
-        its node's GPUs had work as the rules read it."""
+        """A real fault, with whether a hang should page (`incidents.hang_at_stake`), and whether its node's GPUs
+        had work as the rules read it."""
         injected = fault.injected
         fault.idle = not query(self.prom_url, f'{NODE_WORK}{{instance="{injected.node}"}}')
-        if injected.kind in ("job_hang", "driver_hang"):
-            job = incidents.running_job(self.prom_url, injected.node)
-            injected.job = job if injected.kind == "job_hang" else ""
-            if not job:
-                injected.pages, fault.expect = False, "no page"
+        if incidents.hang_at_stake(self.prom_url, injected):
+            fault.expect = "no page"
         self.fault(body)
         injected.start = self.at(fault.at)
         injected.end = self.at(fault.at + fault.minutes)
