@@ -66,6 +66,7 @@ class Judged:
     other_pages: list[Incident]
     tickets: Counter[str]
     planned_tickets: list[str]
+    other_tickets: list[str]
     pages: int
     shift_pages: list[int]
 
@@ -122,7 +123,8 @@ def judge(faults: list[Fault], works: list[Work], running: Running, receiver: Re
         else:
             other_pages.append(incident)
     tickets: Counter[str] = Counter()
-    planned_tickets = []
+    planned_tickets: list[str] = []
+    other_tickets: list[str] = []
     seen: set[tuple[tuple[str, str], ...]] = set()
     for at, path, labels in receiver.arrivals():
         key = tuple(sorted(labels.items()))
@@ -133,12 +135,15 @@ def judge(faults: list[Fault], works: list[Work], running: Running, receiver: Re
         if fault is not None:
             verdicts[id(fault)].tickets += 1
             tickets["faults"] += 1
-        elif (work := _work_of([labels], at, works, running)) is not None:
+            continue
+        where = labels.get("instance") or labels.get("leaf") or labels.get("job_id") or labels.get("cluster")
+        what = f"{labels.get('alertname')} on {where} at {(at - running.t0) * running.week.time_scale / 60:.1f} min"
+        if (work := _work_of([labels], at, works, running)) is not None:
             tickets["planned work"] += 1
-            where = labels.get("instance") or labels.get("leaf") or labels.get("job_id") or labels.get("cluster")
-            planned_tickets.append(f"{labels.get('alertname')} on {where} ({work.name})")
+            planned_tickets.append(f"{what} ({work.name})")
         else:
             tickets["other"] += 1
+            other_tickets.append(what)
     for verdict in verdicts.values():
         if verdict.incidents:
             begun = verdict.fault.returns if verdict.fault.returns is not None else verdict.fault.at
@@ -148,7 +153,8 @@ def judge(faults: list[Fault], works: list[Work], running: Running, receiver: Re
     for incident in every:
         hour = (incident.opened - running.t0) * running.week.time_scale / 3600
         shifts[min(len(shifts) - 1, int(hour // SHIFT_HOURS))] += 1
-    return Judged(list(verdicts.values()), planned_pages, other_pages, tickets, planned_tickets, len(every), shifts)
+    return Judged(list(verdicts.values()), planned_pages, other_pages, tickets, planned_tickets, other_tickets,
+                  len(every), shifts)
 
 
 def detection_times() -> dict[str, float]:
@@ -250,4 +256,5 @@ def report(judged: Judged, running: Running) -> str:
                       for incident in v.incidents]
     lines.append(running.health.line())
     lines += [f"  ticket from planned work: {text}" for text in judged.planned_tickets]
+    lines += [f"  ticket neither a fault nor planned work explains: {text}" for text in judged.other_tickets]
     return "\n".join(lines)
