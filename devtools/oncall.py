@@ -107,8 +107,7 @@ class Times:
 class Week:
     nodes: int = 250
     # Production's 15 s scrape interval at two fifths of its time: 250 nodes scraped every 6 s ask two CPUs as
-    # much as 125 every 3 s, which kept up in its last run; faster, the engine's lag reads as pages that flap
-    # (`Health`).
+    # much as 125 every 3 s, and the engine keeps up; faster, its lag reads as pages that flap (`Health`).
     time_scale: float = 2.5
     interval: str = "6s"  # Collection and scrape interval, wall time.
     seed: int = 1
