@@ -75,11 +75,9 @@ def main() -> None:
                     "node scrapes failed (share)": round(health.failed_scrapes, 4)})
     table = results.Table(["fault", "node", "cause", "expected", "incidents", "tickets", "time to page (min)",
                            "allowed (min)"])
-    reference = oncall_judge.detection_times()
     for verdict in judged.verdicts:
         table.add(oncall_judge.label(verdict.fault), verdict.fault.injected.node, verdict.fault.cause,
-                  verdict.fault.expect, len(verdict.incidents), verdict.tickets, verdict.paged,
-                  oncall_judge.allowed(verdict, reference) if verdict.paged is not None else None)
+                  verdict.fault.expect, len(verdict.incidents), verdict.tickets, verdict.paged, verdict.allowed)
     spans = (f"Spans run in full at time scale {week.time_scale:g}: the RMA's {week.times.rma_minutes:g} production "
              "minutes powered off (the pager's repeat_interval is 60), a maintenance reservation's stated end and "
              "the hour after it that NodeMaintenanceOverdue waits, the profile's faults up to their length or the end "

@@ -65,6 +65,10 @@ class Running:
     def at(self, minutes: float) -> float:
         return self.t0 + minutes * 60 / self.week.time_scale
 
+    def minutes(self, at: float) -> float:
+        """Production minutes from the start at monotonic time `at`: `at`'s inverse."""
+        return (at - self.t0) * self.week.time_scale / 60
+
     def fault(self, body: dict[str, Any]) -> None:
         status, answer = http("POST", f"{self.sim_url}/control/faults", body)
         if status != 201:
