@@ -4,10 +4,10 @@ A node that straggled in one job, or needed a GPU reset, usually does again: Met
 clusters (HPCA '25) takes such "lemon" nodes out of service and inspects them before they fail the next job.
 No single alert sees that: each episode ends with its own repair or its job. This group keeps the record.
 
-Every `INTERVAL` it writes one series per node and kind of event that began in the interval just ended (a
-link flap: in the one before, once a leaf switch's outage would be known), and nothing otherwise (the
-reliability group's tiling, `alerts/reliability.py`), so a month of a healthy fleet records nothing and the
-record is the count of what is there:
+Every `INTERVAL` it writes one series per node and kind of event that began in the interval that ended
+`SETTLE` ago (a link flap: in the one before, once a leaf switch's outage would be known), and nothing
+otherwise (the reliability group's tiling, `alerts/reliability.py`, and its reason to wait for samples to
+land), so a month of a healthy fleet records nothing and the record is the count of what is there:
 
 - `repair`: one of the node's GPUs was raised to a recovery action (a drain, reset, reboot or replacement that
   the exporter asks for after an XID, an ECC error, a lost GPU or an NVSwitch error), with none at the
@@ -31,7 +31,7 @@ from gpufleet import duration
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.fabric import LINK_DOWNS
 from gpufleet.alerts.maintenance import MAINTENANCE
-from gpufleet.alerts.reliability import INTERVAL
+from gpufleet.alerts.reliability import INTERVAL, settled
 from gpufleet.alerts.rule import TREND_INTERVAL, alert, printf, record
 
 GROUP = "gpufleet-history"
@@ -42,20 +42,14 @@ EVENT_KINDS = ("repair", "straggler", "link_flap")
 _DAYS = 30  # The record's days in its window: each kind counts at most once in each.
 
 
-def _two_intervals(c: Config) -> str:
-    return c.d(duration.render(2 * duration.parse(INTERVAL)))
-
-
 def _began(c: Config, now: str, then: str, late: bool = False) -> str:
-    """Nodes where `now` (over the interval) holds and `then` (at its start) did not, seen at its start too,
-    and not in maintenance during it. `late`: the interval judged is the one before the last, whose `now` and
-    `then` the caller offsets by an interval."""
-    w = c.d(INTERVAL)
-    start = _two_intervals(c) if late else w
-    since = f" offset {w}" if late else ""
+    """Nodes where `now` (over the interval judged) holds and `then` (at its start) did not, seen at its start
+    too, and not in maintenance during it. `late`: the interval judged is the one before, whose `now` and `then`
+    the caller offsets by an interval more."""
+    shift = 1 if late else 0
     node = c.by("instance")
-    return (f"({now} unless on ({node}) {then}) and on ({node}) ({c.up()} offset {start} == 1) "
-            f"unless on ({node}) max_over_time({MAINTENANCE}[{w}]{since})")
+    return (f"({now} unless on ({node}) {then}) and on ({node}) ({c.up()}{settled(c, shift + 1)} == 1) "
+            f"unless on ({node}) max_over_time({MAINTENANCE}[{c.d(INTERVAL)}]{settled(c, shift)})")
 
 
 def _events(c: Config) -> list[dict[str, Any]]:
@@ -63,21 +57,21 @@ def _events(c: Config) -> list[dict[str, Any]]:
     every alert about a node keeps it for Alertmanager's grouping."""
     w, node = c.d(INTERVAL), c.node()
     action = c.metric("gpufleet_gpu_recovery_action")
-    repair = _began(c, f"max by ({node}) (max_over_time({action}[{w}])) > 0",
-                    f"max by ({node}) ({action} offset {w}) > 0")
+    repair = _began(c, f"max by ({node}) (max_over_time({action}[{w}]{settled(c, 0)})) > 0",
+                    f"max by ({node}) ({action}{settled(c, 1)}) > 0")
     # Looked for at every evaluation of the straggler's group within the interval.
     firing = 'ALERTS{alertname="NodeStraggler",alertstate="firing"}'
-    straggler = _began(c, f"max_over_time(group by ({node}) ({firing})[{w}:{c.d(TREND_INTERVAL)}])",
-                       f"group by ({node}) ({firing} offset {w})")
+    straggler = _began(c, f"max_over_time(group by ({node}) ({firing})[{w}:{c.d(TREND_INTERVAL)}]{settled(c, 0)})",
+                       f"group by ({node}) ({firing}{settled(c, 1)})")
     # A leaf switch down takes every port behind it down: that is the switch's fault, not its nodes'. Its
     # FabricLeafDown, pending as soon as enough of its nodes' ports are down together, can come a scrape after
-    # their link-downs, in the next interval: so the interval before the last is judged, against the leaf's
-    # alert over both.
-    both = _two_intervals(c)
-    leaf = (f' unless on ({c.by(c.leaf_label)}) max_over_time(ALERTS{{alertname="FabricLeafDown"}}[{both}])'
-            if c.leaf_label else "")
-    flap = _began(c, f"group by ({node}) (max_over_time({LINK_DOWNS}[{w}] offset {w}){leaf})",
-                  f"group by ({node}) ({LINK_DOWNS} offset {both})", late=True)
+    # their link-downs, in the next interval: so the interval before is judged, against the leaf's alert over
+    # both.
+    both = c.d(duration.render(2 * duration.parse(INTERVAL)))
+    leaf = (f' unless on ({c.by(c.leaf_label)}) max_over_time(ALERTS{{alertname="FabricLeafDown"}}[{both}]'
+            f'{settled(c, 0)})' if c.leaf_label else "")
+    flap = _began(c, f"group by ({node}) (max_over_time({LINK_DOWNS}[{w}]{settled(c, 1)}){leaf})",
+                  f"group by ({node}) ({LINK_DOWNS}{settled(c, 2)})", late=True)
     # A daily record: a kind counts for a node at most once a day (a thirtieth of the window, which a site may
     # shorten), so that a straggler whose ticket flaps, or a port that flaps for hours, is one bad day and not a
     # lemon by itself; and an engine that restarts out of phase (vmalert starts its groups when it starts), whose

@@ -20,6 +20,10 @@ one collection apart), are one interruption. A signal starts with:
   back after a gap shows counters and states that are not new.
 
 The intervals tile the time (`x - x offset INTERVAL`), so a month's sum is exact and needs no extrapolation.
+The interval judged ends `SETTLE` before the evaluation, not at it. A sample is stamped with the start of its scrape
+(or the evaluation that wrote it) and lands later; VictoriaMetrics hides the newest ones for its
+`-search.latencyOffset`. Judged at once, a start stamped just before the interval's end would be missing from
+that interval and already there at the next one's start: counted in neither.
 Two faults of one class on one object within an interval of each other count once. Like the capacity
 group, this one reads raw series only, so `promtool tsdb create-blocks-from rules` can compute it over
 the past.
@@ -38,6 +42,8 @@ from gpufleet.xid import APPLICATION, DOUBLE_BIT_ECC, FALLEN_OFF_BUS, RESET_OR_R
 # Each interruption is dated to its interval: ten minutes do for a month's count, and cost half of five at
 # a thousand nodes (the dense series are read four times an evaluation).
 INTERVAL = "10m"
+# More than a scrape's interval and timeout, a rule group's evaluation, and VictoriaMetrics' latency offset.
+SETTLE = "1m"
 GROUP = "gpufleet-reliability"
 Signal = Callable[[int], str]  # Where a signal started in the interval ending this many intervals back.
 GPU_EVENTS = "instance_gpu:gpufleet_interruptions:new10m"
@@ -68,23 +74,25 @@ CLASSES = {
 }
 
 
+def settled(c: Config, intervals: int) -> str:
+    """The offset, as PromQL writes it, of the end of the interval `intervals` before the one judged now."""
+    back = intervals * duration.parse(c.d(INTERVAL)) + duration.parse(c.d(SETTLE))
+    return f" offset {duration.render(back)}"
+
+
 def reliability(c: Config) -> dict[str, Any]:
     w = c.d(INTERVAL)
     gpu, port, node = c.by("instance", "gpu", "uuid"), c.by("instance", "device", "port"), c.by("instance")
     scraped = c.up()
-    was_up = f"on ({node}) ({scraped} offset {w} == 1)"
-
-    def back(shift: int) -> str:
-        """`shift` intervals back, as PromQL writes it."""
-        return duration.render(shift * duration.parse(w))
+    was_up = f"on ({node}) ({scraped}{settled(c, 1)} == 1)"
 
     def grown(selector: str, by: str, sparse: bool = False) -> Signal:
         """Objects whose counter grew in the interval. A sparse counter (an XID's) is created by its first
         event, so its birth counts as growth; a dense one exists from the GPU's or port's first collection, and
         its series returning with a GPU that was lost is no event."""
         def started(shift: int) -> str:
-            later = f" offset {back(shift)}" if shift else ""
-            earlier = f"{selector} offset {back(shift + 1)}"
+            later = settled(c, shift)
+            earlier = f"{selector}{settled(c, shift + 1)}"
             born = f" or ({selector}{later} unless {earlier})" if sparse else ""
             return f"max by ({by}) ((({selector}{later} - {earlier}) > 0){born})"
         return started
@@ -95,9 +103,8 @@ def reliability(c: Config) -> dict[str, Any]:
         sparse state (good: None), whose series exists only while bad, counts where it did not exist at the
         start; a dense one must have been there and good, so that a GPU coming back does not count again."""
         def started(shift: int) -> str:
-            later = f" offset {back(shift)}" if shift else ""
-            now = f"{worst} by ({by}) ({worst}_over_time({selector}[{w}]{later})) {bad}"
-            then = f"{worst} by ({by}) ({selector} offset {back(shift + 1)})"
+            now = f"{worst} by ({by}) ({worst}_over_time({selector}[{w}]{settled(c, shift)})) {bad}"
+            then = f"{worst} by ({by}) ({selector}{settled(c, shift + 1)})"
             return f"({now} unless {then} {bad})" if good is None else f"({now} and {then} {good})"
         return started
 

@@ -27,9 +27,10 @@ from layouts import node, nodes, write
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 TIME_SCALE = 16
-# Production minutes before the first fault: more than the history group's interval, since an episode counts
-# only where its node was scraped at the start of the interval it began in.
-WARM = 12.0
+# Production minutes before the first fault. An episode counts only where its node was scraped at the start of
+# the interval it began in, which starts up to an interval and the settling minute before it: Prometheus, started
+# after the simulator, must be scraping by then on a loaded machine too.
+WARM = 20.0
 # The straggler's job: its steps a sixteenth of a production step, several to each signal window.
 LAYOUT = {"jobs": [{"id": "800001", "scheduler": "slurm", "nodes": nodes(3, 4, 5, 6), "period": 2.6,
                     "comm_fraction": 0.3, "memory_fraction": 0.7}]}
@@ -47,14 +48,17 @@ def _repair(where: str, gpu: int, minutes: float) -> list[dict]:
             {"kind": "gpu_reset", "node": where, "gpu": gpu, "start": _at(minutes + 2)}]
 
 
-# A node's episodes eleven production minutes apart, more than the history group's interval: each begins in an
-# interval of its own. The straggler's ticket fires some five minutes into it.
+# A node's episodes this many production minutes apart. A repair counts where its node had none at the start of
+# the interval judged, which comes up to the history group's interval and its settling minute before it: so the
+# node's previous repair (two minutes to its reset, and the reset's GPU off the bus) must be done by then.
+APART = 16
+# The straggler's ticket fires some five minutes into it.
 FAULTS = [
-    *_repair(LEMON, 1, 0), *_repair(LEMON, 2, 11), *_repair(LEMON, 3, 22),
-    *_repair(FEW, 1, 0), *_repair(FEW, 2, 11),
+    *_repair(LEMON, 1, 0), *_repair(LEMON, 2, APART), *_repair(LEMON, 3, 2 * APART),
+    *_repair(FEW, 1, 0), *_repair(FEW, 2, APART),
     {"kind": "ib_link_flap", "node": MIXED, "port": "mlx5_0/1", "start": _at(0), "duration": _at(2) - _at(0)},
     {"kind": "straggler", "node": MIXED, "cause": "clock", "start": _at(0), "duration": _at(25) - _at(0)},
-    *_repair(MIXED, 1, 22),
+    *_repair(MIXED, 1, 2 * APART),
 ]
 
 
@@ -85,8 +89,9 @@ def test_the_node_that_keeps_failing_is_ticketed_and_no_other(tmp_path):
                                       "--collect-interval=1s", "--cluster=history", f"--scenario={scenario}"))
         url = stack.enter_context(prometheus(prometheus_config(tmp_path / "prometheus.yml", targets, "1s", rules),
                                              tmp_path / "data")).url
-        # The last episodes begin at 22 and are recorded by the end of the interval after it; then the alert.
-        ticketed = with_timeout(lambda: {LEMON, MIXED} <= set(_tickets(url)), _at(22 + 2 * 10) + 30)
+        # The last episodes are recorded a minute (SETTLE) after the end of the interval after the one they
+        # begin in, at the latest; then the alert.
+        ticketed = with_timeout(lambda: {LEMON, MIXED} <= set(_tickets(url)), _at(2 * APART + 2 * 10 + 1) + 30)
         tickets = _tickets(url)
         record = {(s["metric"]["instance"], s["metric"]["event"]): float(s["value"][1]) for s in query(
             url, "sum by (instance, event) (count_over_time(instance:gpufleet_node_faults:new10m[1h]))")}
