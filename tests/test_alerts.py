@@ -281,33 +281,6 @@ def test_a_flapping_port_pages_as_a_flap_and_not_also_as_down(tmp_path):
         ("pager", "NicInfinibandLinkFlapping", "mlx5_5"), ("pager", "NicInfinibandPortDown", "mlx5_4")]
 
 
-@pytest.mark.e2e
-def test_a_page_joining_a_node_incident_that_a_muted_alert_opened_waits_a_minute_at_most(tmp_path):
-    """An idle node's lost GPU: its GpuLost, held back by the reboot's ticket, opens the node's pager group with
-    nothing to send, and GpuRepairUrgent joins it `drain_grace` later. It is paged at the group's next flush: within
-    the pager's group_interval of a minute (6 s here), not the default five (30 s)."""
-    scale = 10
-    receiver = Receiver()
-    node = {"cluster": "c", "instance": "n1", "leaf": "L1", "rack": "r1"}
-    reboot = {**node, "alertname": "GpuNeedsReboot", "severity": "critical", "remediation": "drain", "gpu": "5"}
-    lost = {**node, "alertname": "GpuLost", "severity": "critical", "gpu": "5"}
-    urgent = {**node, "alertname": "GpuRepairUrgent", "severity": "critical"}
-    with alertmanager(tmp_path / "am", routing(tmp_path, receiver, time_scale=scale)) as am:
-        post_alerts(am.url, [reboot])
-        time.sleep(1)  # The source of an inhibition must be there before what it holds back.
-        post_alerts(am.url, [reboot, lost])
-        wait_for(lambda: ("ticket", "GpuNeedsReboot") in {(p, labels["alertname"]) for p, labels in
-                                                          receiver.snapshot()}, 30, "the reboot's ticket")
-        time.sleep(30 / scale + 1)  # The pager group's group_wait: its first flush, all of it muted, is over.
-        sent = time.monotonic()
-        post_alerts(am.url, [reboot, lost, urgent])
-        wait_for(lambda: any(p == "pager" for p, _ in receiver.snapshot()), 60, "the urgent repair's page")
-        waited = time.monotonic() - sent
-    paged = [labels["alertname"] for path, labels in receiver.snapshot() if path == "pager"]
-    assert paged == ["GpuRepairUrgent"], paged
-    assert waited < 15, f"paged {waited:.1f} s after it joined the group"
-
-
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_every_alert_of_the_rules_routes_by_its_severity():

@@ -164,7 +164,7 @@ def _shard_to_lose(scraped: list[set[str]]) -> int:
 
 def _wait_for_deliveries_and_repairs(engines: list[Engine], started: float) -> None:
     """Until every required alert has reached its receiver at both engines, and the repairs are done and the
-    rebooted node's incident resolved (at the pager's next group_interval, 7.5 s at this scale), before the drills."""
+    rebooted node's incident resolved (at the next group_interval, 37.5 s at this scale), before the drills."""
     deadline = time.monotonic() + FAULTS_AT + 240
     while not all(engine.delivered_all() for engine in engines) and time.monotonic() < deadline:
         time.sleep(1)

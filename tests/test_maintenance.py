@@ -15,7 +15,7 @@ from gpufleet.devtools.programs import alertmanager
 from gpufleet.devtools.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
-TIME_SCALE = 30  # The routing's group_interval of 5m is 10 s, the pager's of 1m 2 s.
+TIME_SCALE = 30  # The routing's group_interval of 5m is 10 s.
 
 
 def _down(instance: str, leaf: str, **labels: str) -> dict[str, str]:
