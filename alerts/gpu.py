@@ -162,7 +162,13 @@ def gpu_failures(c: Config) -> dict[str, Any]:
         _driver_unresponsive(c),
         # After the repairs it reads: in Prometheus it sees their ALERTS of this evaluation.
         _repair_urgent(c),
-        alert(c, "GpuLost", f"{c.metric('gpufleet_gpu_up')} == 0", "critical",
+        # A GPU held at a reboot is off the bus: the reboot's ticket, and GpuRepairUrgent's page where it cannot
+        # wait, say so. Alertmanager would mute this alert for it anyway; standing aside here keeps it from opening
+        # the node's pager incident muted, which Alertmanager counts as sent, so that the urgent repair joining
+        # it `drain_grace` later would wait for the incident's next group_interval (alertmanager#2496). Read from
+        # the reboot's ALERTS, which fire at once, within this one's `for`.
+        alert(c, "GpuLost", f"{c.metric('gpufleet_gpu_up')} == 0 unless on ({c.by('instance', 'gpu')}) "
+                            'ALERTS{alertname="GpuNeedsReboot",alertstate="firing"}', "critical",
               "A GPU stopped answering NVML.",
               f"{GPU} is lost: NVML no longer answers for it.", for_="1m"),
         alert(c, "GpuMissingFromNvml",
