@@ -46,6 +46,14 @@ def _where(labels: dict[str, str]) -> str | None:
     return labels.get("instance") or labels.get("leaf") or labels.get("job_id") or labels.get("cluster")
 
 
+def _detail(labels: dict[str, str]) -> str:
+    """The labels that tell one alert of a node from another (a job, a signal, a GPU, a port), so that a ticket
+    nothing explains can be traced to the series behind it."""
+    shared = {"alertname", "alertstate", "cluster", "instance", "severity", "scheduler", "job"}
+    rest = [f"{name}={value}" for name, value in sorted(labels.items()) if name not in shared]
+    return f" ({', '.join(rest)})" if rest else ""
+
+
 @dataclass
 class Verdict:
     """One real fault and what reached people for it: its incidents, its tickets (alert episodes), how many
@@ -141,7 +149,7 @@ def judge(faults: list[Fault], works: list[Work], running: Running, receiver: Re
             verdicts[id(fault)].tickets += 1
             tickets["faults"] += 1
             continue
-        what = f"{labels.get('alertname')} on {_where(labels)} at {running.minutes(at):.1f} min"
+        what = f"{labels.get('alertname')} on {_where(labels)}{_detail(labels)} at {running.minutes(at):.1f} min"
         if (work := _work_of([labels], at, works, running)) is not None:
             tickets["planned work"] += 1
             planned_tickets.append(f"{what} ({work.name})")
