@@ -105,8 +105,8 @@ def node_signals(c: Config) -> list[dict[str, Any]]:
     signals then join: found per signal, they read every GPU's information, jobs and utilisation three
     times a minute, to keep nothing on a fleet whose jobs all have ids.
     """
-    # Job and model over the last minute, not at this instant: one missed scrape marks a node's series stale,
-    # and a node missing from one evaluation of its job would restart every `for` that counts its peers.
+    # Which GPUs have a job id: over the last minute, not at this instant, so that one missed scrape (which
+    # marks a node's series stale) does not move a GPU with a job into the pool of GPUs without one.
     window = c.d(TREND_INTERVAL)
     named = c.metric("gpufleet_gpu_job_info", 'job_id!=""')
     jobs = f"last_over_time({named}[{window}])"
@@ -127,8 +127,13 @@ def node_signals(c: Config) -> list[dict[str, Any]]:
             # a minute, then 92 %. The energy counter's rate counts every moment; the gauge stands in for a
             # GPU without one.
             value = f"(rate({c.metric(_ENERGY)}[{window}]) or {value})"
+        # A node counts in its job only while the job runs there now. Held for the last minute, its job would
+        # lend its id to the idle samples after the job's end: nodes scraped first after it then read a
+        # scrape's worth of idle below their peers, and the signal window kept that for three evaluations,
+        # a straggler at every job's end. A missed scrape costs the node this one evaluation, which the
+        # signal window spares.
         rules.append(record(NODE_SIGNAL, f"avg by ({c.node('scheduler', 'job_id')}) "
-                                         f"({jobs} * on ({gpu}) group_left () {value})", signal=signal, peers="job"))
+                                         f"({named} * on ({gpu}) group_left () {value})", signal=signal, peers="job"))
         without_job = f"{value} * on ({gpu}) group_left (name) {BUSY_WITHOUT_JOB}"
         by_model = (f'label_replace(avg by ({c.node("name")}) ({without_job}), '
                     f'"model", "$1", "name", "(.*)")')
