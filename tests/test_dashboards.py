@@ -149,8 +149,10 @@ def test_every_query_returns_data_with_the_sites_own_cluster_label_and_selector(
         with prometheus(config, tmp_path / "data") as prom:
             url = prom.url
             pending = set(ours(targets(dashboards))) | set(targets(DCGM_DASHBOARD))
+            # The panels can fill before the planted straggler's `for` has run out: wait for both.
+            planted = 'ALERTS{alertname="NodeStraggler", alertstate="firing", instance="gpu-node-0004"}'
             deadline = time.monotonic() + 240
-            while pending and time.monotonic() < deadline:
+            while (pending or not query(url, planted)) and time.monotonic() < deadline:
                 pending = {t for t in pending if not has_data(url, expand(t.expr), t.instant)}
                 time.sleep(2)
             capacity = {t.title: float(query(url, expand(t.expr))[0]["value"][1])
