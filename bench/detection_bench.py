@@ -106,7 +106,7 @@ def main() -> None:
     parser.add_argument("--slowdowns", default="0.05,0.075,0.1", help="slowdowns (default: %(default)s)")
     parser.add_argument("--seeds", type=int, default=1, help="times each case runs in each job size")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--time-scale", type=float, default=8.0)
+    parser.add_argument("--time-scale", type=float, default=Sweep.time_scale)
     parser.add_argument("--fault-minutes", type=float, default=12.0, help="production minutes each fault lasts")
     parser.add_argument("--settle-minutes", type=float, default=8.0, help="production minutes between rounds")
     parser.add_argument("--healthy-minutes", type=float, default=60.0, help="production minutes before round 1")

@@ -42,6 +42,9 @@ from gpufleet.simulator.faults import Cause
 # What names each cause in the alert's description, and the alerts of the cause itself, on the same node (a
 # straggler held back by heat heats every GPU of its node: the node's cooling alert, which stands in for each
 # GPU's).
+# The jobs' training steps, in production seconds: a few to a window, as `docs/alerts/stragglers.md` says a window
+# must hold (real steps are shorter, and hold more).
+STEPS = (34.4, 53.6)
 NAMED = {Cause.CLOCK: "none of", Cause.THERMAL: "thermal slowdown", Cause.POWER: "power brake",
          Cause.NIC: "NIC congestion", Cause.PCIE: "PCIe degraded", Cause.HOST: "GPUs idle between steps"}
 OWN_ALERTS = {Cause.THERMAL: {"GpuThermalMarginLow", "NodeThermalMarginLow"}, Cause.POWER: {"GpuHardwareSlowdown"},
@@ -68,8 +71,10 @@ class Tally:
     false: list[str] = field(default_factory=list)
 
 
-def layout(sizes: list[int], seed: int, scheduler: str = "slurm") -> tuple[int, list[dict[str, Any]]]:
-    """The fleet's jobs, one of each size, all of one scheduler or, `mixed`, Slurm and Kubernetes in turn.
+def layout(sizes: list[int], seed: int, scheduler: str = "slurm",
+           periods: tuple[float, float] = (4.3, 6.7)) -> tuple[int, list[dict[str, Any]]]:
+    """The fleet's jobs, one of each size, all of one scheduler or, `mixed`, Slurm and Kubernetes in turn, each
+    with a training step drawn from `periods` (simulator seconds).
     Kubernetes jobs are pods the simulator cannot name (no kubelet answers it), so they have no job id and their
     nodes are compared by GPU model across the different jobs."""
     rng = random.Random(f"layout:{seed}")
@@ -80,7 +85,7 @@ def layout(sizes: list[int], seed: int, scheduler: str = "slurm") -> tuple[int, 
         kubernetes = scheduler == "kubernetes" or (scheduler == "mixed" and number % 2 == 1)
         job_id = random_uuid(rng) if kubernetes else str(700000 + number)
         jobs.append({"id": job_id, "scheduler": "kubernetes" if kubernetes else "slurm", "nodes": nodes,
-                     "period": round(rng.uniform(4.3, 6.7), 2), "comm_fraction": round(rng.uniform(0.2, 0.35), 2)})
+                     "period": round(rng.uniform(*periods), 2), "comm_fraction": round(rng.uniform(0.2, 0.35), 2)})
     return first - 1, jobs
 
 
@@ -226,7 +231,10 @@ class Sweep:
     sizes: list[int]
     queues: dict[int, list[Case]]
     seed: int = 1
-    time_scale: float = 8.0
+    # Ten, so that every window and `for` of the straggler and pager groups (multiples of 15 s) is a whole number
+    # of wall seconds (`Config.d` rounds to the second): at 8, the minute group ran every 8 s while its 2-minute
+    # window and `for` were 15 s, and a single evaluation's transient could never fire.
+    time_scale: float = 10.0
     fault_minutes: float = 12.0  # Production minutes each fault lasts.
     settle_minutes: float = 8.0  # Production minutes between rounds.
     healthy_minutes: float = 60.0  # Production minutes before the first round.
@@ -330,7 +338,7 @@ def _inject(sweep: Sweep, jobs: list[dict[str, Any]], sim_url: str) -> list[Case
 def run(sweep: Sweep) -> Outcome:
     """Run the sweep in the real programs and judge every alert that fired."""
     scale = sweep.time_scale
-    nodes, jobs = layout(sweep.sizes, sweep.seed, sweep.scheduler)
+    nodes, jobs = layout(sweep.sizes, sweep.seed, sweep.scheduler, (STEPS[0] / scale, STEPS[1] / scale))
     config = Config().scaled(scale)
     with tempfile.TemporaryDirectory(prefix="detection-") as tmp:
         work = Path(tmp)
