@@ -14,7 +14,8 @@ which the straggler alert judges.
 
 The page names the job's nodes and the first of them to show a fault (an XID, a link that went down, an NVLink
 down) in the minutes before, which is where the on-call engineer starts. While one of its nodes has a page of
-its own open, the job's hang stands aside: that page is the incident.
+its own open, the job's hang stands aside: that page is the incident. A job that has paged already keeps its
+page through a later page of one of its nodes.
 """
 
 from __future__ import annotations
@@ -107,6 +108,12 @@ def jobs(c: Config) -> dict[str, Any]:
     window = c.d(STAKE_WINDOW)
     paged = (f'group by ({job}) (last_over_time({NODE_JOBS}{{job_id!=""}}[{window}]) and on ({c.by("instance")}) '
              'ALERTS{alertstate="firing",severity="critical"})')
+    hung = (f"{spinning} / {activity} >= {c.job_hang_spinning_share:g} unless on ({job}) {working} "
+            f"and on ({job}) {gpus} >= {c.job_hang_min_gpus}")
+    # Standing aside is for a hang not yet paged. Once the job has paged, a page that opens later on one of its
+    # nodes (a leaf switch lost under it) must not resolve the job's incident, only for it to open a second one
+    # when that page ends.
+    own = 'ALERTS{alertname="JobHung",alertstate="firing"}'
     judged = duration.render(duration.parse(ACTIVITY_WINDOW) + duration.parse(c.job_hang_for))
     first = (f"{{{{ with {_first_signal(c)} | query }}}}{{{{ range $s := . }}}}The first fault signal on its "
              "nodes: {{ $s.Labels.instance }}, {{ if $s.Labels.xid }}XID {{ $s.Labels.xid }} on GPU "
@@ -118,8 +125,7 @@ def jobs(c: Config) -> dict[str, Any]:
         job_gpus(c),
         _activity(c),
         alert(c, "JobHung",
-              f"{spinning} / {activity} >= {c.job_hang_spinning_share:g} unless on ({job}) {working} "
-              f"and on ({job}) {gpus} >= {c.job_hang_min_gpus} unless on ({job}) {paged}",
+              f"({hung} unless on ({job}) {paged}) or ({hung} and on ({job}) {own})",
               "critical", "A job's GPUs wait in a collective and none works: it makes no progress and holds its nodes.",
               f"{{{{ $value | humanizePercentage }}}} of the GPUs of {{{{ $labels.scheduler }}}} job "
               f"{{{{ $labels.job_id }}}} are busy to NVML while their SMs and tensor pipes stand still, and none "
