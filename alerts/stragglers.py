@@ -88,9 +88,6 @@ def stragglers(c: Config) -> dict[str, Any]:
     full = max(1, round(duration.parse(c.signal_window) / duration.parse(TREND_INTERVAL)) - 1)
     settled = c.d(duration.render(duration.parse(c.signal_window) + duration.parse(TREND_INTERVAL)))
     before = c.d(duration.render(2 * duration.parse(TREND_INTERVAL)))
-    median = f"quantile by ({peers}) (0.5, {SIGNAL})"
-    floor = f"{median} * {c.straggler_mad_floor:g}"
-    mad = f"quantile by ({peers}) (0.5, abs({SIGNAL} - on ({peers}) group_left () ({median}))) >= {floor} or {floor}"
     rules = [
         *node_signals(c),
         # Only over a full window that leaves out the node's first evaluation in the job: that one averages
@@ -99,17 +96,12 @@ def stragglers(c: Config) -> dict[str, Any]:
         # missing evaluation, so a missed scrape does not drop a node from its job for a minute.
         record(SIGNAL, f"avg_over_time({NODE_SIGNAL}[{window}]) and count_over_time({NODE_SIGNAL}[{window}]) >= "
                        f"{full} and present_over_time({NODE_SIGNAL}[{before}] offset {settled})"),
-        record(MEDIAN, median),
+        record(MEDIAN, f"quantile by ({peers}) (0.5, {SIGNAL})"),
         record(NODES, f"count by ({peers}) ({SIGNAL})"),
-        record(MAD, mad),
-        # Each score reads SIGNAL once and works out the job's median (and MAD) from that same read, rather than
-        # reading MEDIAN and MAD back: vmalert writes a group's records to the store asynchronously, so a rule that
-        # reads an earlier rule of its group may get that rule's previous evaluation. Every node of a job then
-        # moved against a median a minute old, and the whole job's scores swung together by the change of its
-        # signal over that minute.
-        record(RELATIVE, f"{SIGNAL} / on ({peers}) group_left () ({median})"),
-        record(ZSCORE, f"0.6745 * ({SIGNAL} - on ({peers}) group_left () ({median})) / on ({peers}) group_left () "
-                       f"({mad})"),
+        record(MAD, f"quantile by ({peers}) (0.5, abs({SIGNAL} - on ({peers}) group_left {MEDIAN})) >= "
+                    f"{MEDIAN} * {c.straggler_mad_floor:g} or {MEDIAN} * {c.straggler_mad_floor:g}"),
+        record(RELATIVE, f"{SIGNAL} / on ({peers}) group_left {MEDIAN}"),
+        record(ZSCORE, f"0.6745 * ({SIGNAL} - on ({peers}) group_left {MEDIAN}) / on ({peers}) group_left {MAD}"),
         *_causes(c),
     ]
     cluster = c.cluster_label
