@@ -39,12 +39,12 @@ from gpufleet.devtools.waiting import HarnessError
 from gpufleet.exporter.gpu.simulated.host import random_uuid
 from gpufleet.simulator.faults import Cause
 
-# What names each cause in the alert's description, and the alerts of the cause itself, on the same node (a
-# straggler held back by heat heats every GPU of its node: the node's cooling alert, which stands in for each
-# GPU's).
 # The jobs' training steps, in production seconds: a few to a window, as `docs/alerts/stragglers.md` says a window
 # must hold (real steps are shorter, and hold more).
 STEPS = (34.4, 53.6)
+# What names each cause in the alert's description, and the alerts of the cause itself, on the same node (a
+# straggler held back by heat heats every GPU of its node: the node's cooling alert, which stands in for each
+# GPU's).
 NAMED = {Cause.CLOCK: "none of", Cause.THERMAL: "thermal slowdown", Cause.POWER: "power brake",
          Cause.NIC: "NIC congestion", Cause.PCIE: "PCIe degraded", Cause.HOST: "GPUs idle between steps"}
 OWN_ALERTS = {Cause.THERMAL: {"GpuThermalMarginLow", "NodeThermalMarginLow"}, Cause.POWER: {"GpuHardwareSlowdown"},
@@ -231,9 +231,9 @@ class Sweep:
     sizes: list[int]
     queues: dict[int, list[Case]]
     seed: int = 1
-    # Ten, so that every window and `for` of the straggler and pager groups (multiples of 15 s) is a whole number
-    # of wall seconds (`Config.d` rounds to the second): at 8, the minute group ran every 8 s while its 2-minute
-    # window and `for` were 15 s, and a single evaluation's transient could never fire.
+    # Ten, so that every window and `for` of the straggler group (whole minutes) is a whole number of wall seconds
+    # (`Config.d` rounds to the second): at 8, the minute group ran every 8 s while its 2-minute window and `for`
+    # were 15 s, and a single evaluation's transient could never fire.
     time_scale: float = 10.0
     fault_minutes: float = 12.0  # Production minutes each fault lasts.
     settle_minutes: float = 8.0  # Production minutes between rounds.
