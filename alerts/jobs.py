@@ -106,14 +106,12 @@ def jobs(c: Config) -> dict[str, Any]:
     # likely its consequence. A silenced page counts too, since a silence does not stop the alert: someone owns
     # that node. The job pages once that page resolves with the job still hung.
     window = c.d(STAKE_WINDOW)
-    paged = (f'group by ({job}) (last_over_time({NODE_JOBS}{{job_id!=""}}[{window}]) and on ({c.by("instance")}) '
-             'ALERTS{alertstate="firing",severity="critical"})')
-    hung = (f"{spinning} / {activity} >= {c.job_hang_spinning_share:g} unless on ({job}) {working} "
-            f"and on ({job}) {gpus} >= {c.job_hang_min_gpus}")
     # Standing aside is for a hang not yet paged. Once the job has paged, a page that opens later on one of its
     # nodes (a leaf switch lost under it) must not resolve the job's incident, only for it to open a second one
     # when that page ends.
-    own = 'ALERTS{alertname="JobHung",alertstate="firing"}'
+    paged = (f'group by ({job}) (last_over_time({NODE_JOBS}{{job_id!=""}}[{window}]) and on ({c.by("instance")}) '
+             'ALERTS{alertstate="firing",severity="critical"}) '
+             f'unless on ({job}) ALERTS{{alertname="JobHung",alertstate="firing"}}')
     judged = duration.render(duration.parse(ACTIVITY_WINDOW) + duration.parse(c.job_hang_for))
     first = (f"{{{{ with {_first_signal(c)} | query }}}}{{{{ range $s := . }}}}The first fault signal on its "
              "nodes: {{ $s.Labels.instance }}, {{ if $s.Labels.xid }}XID {{ $s.Labels.xid }} on GPU "
@@ -125,7 +123,8 @@ def jobs(c: Config) -> dict[str, Any]:
         job_gpus(c),
         _activity(c),
         alert(c, "JobHung",
-              f"({hung} unless on ({job}) {paged}) or ({hung} and on ({job}) {own})",
+              f"{spinning} / {activity} >= {c.job_hang_spinning_share:g} unless on ({job}) {working} "
+              f"and on ({job}) {gpus} >= {c.job_hang_min_gpus} unless on ({job}) ({paged})",
               "critical", "A job's GPUs wait in a collective and none works: it makes no progress and holds its nodes.",
               f"{{{{ $value | humanizePercentage }}}} of the GPUs of {{{{ $labels.scheduler }}}} job "
               f"{{{{ $labels.job_id }}}} are busy to NVML while their SMs and tensor pipes stand still, and none "
