@@ -9,9 +9,10 @@ takes them:
     jobs:
       - {id: "944279", scheduler: slurm, nodes: [gpu-node-0001, gpu-node-0002]}
       - {id: e3666734-1319-4d33-8192-05760e733588, scheduler: kubernetes, nodes: [gpu-node-0004],
-         period: 40s, comm_fraction: 0.3, memory_fraction: 0.7}
+         period: 40s, comm_fraction: 0.3, memory_fraction: 0.7,
+         checkpoint: {every: 30m, lasts: 60s, writers: first}}
 
-Nodes in no job are idle.
+Nodes in no job are idle. A job writes no checkpoints unless it says how (`Checkpoint`).
 """
 
 from __future__ import annotations
@@ -28,11 +29,29 @@ from gpufleet.simulator.faults import listed
 
 SCHEDULERS = ("slurm", "kubernetes")
 _POD_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-_FIELDS = {"id", "scheduler", "nodes", "period", "comm_fraction", "memory_fraction"}
+_FIELDS = {"id", "scheduler", "nodes", "period", "comm_fraction", "memory_fraction", "checkpoint"}
+_CHECKPOINT_FIELDS = {"every", "lasts", "writers"}
+WRITERS = ("all", "first")
 
 
 class LayoutError(ValueError):
     """A layout that cannot be used; the message names the job and the field."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A job's synchronous checkpoints: after each `every` seconds of training its ranks stop for `lasts` seconds
+    to write one, then train on.
+
+    `writers` says who writes. "all": every rank writes its own shard at once (`torch.distributed.checkpoint`),
+    so every node of the job idles together. "first": the job's first node writes the whole state (a rank-0
+    `torch.save`) while the others wait for it in a barrier, which NCCL spins on: to NVML their GPUs are busy
+    and do nothing, as in a hung collective, and the writer's are idle, as a host straggler's are.
+    """
+
+    every: float
+    lasts: float
+    writers: str = "all"
 
 
 @dataclass(frozen=True)
@@ -43,6 +62,7 @@ class Job:
     period: float = 40.0  # Seconds of one compute and communication cycle.
     comm_fraction: float = 0.3  # Share of the cycle spent communicating.
     memory_fraction: float = 0.7  # Share of each GPU's memory the job holds.
+    checkpoint: Checkpoint | None = None  # None: it writes none (or writes them without stopping).
 
     def cgroup(self, node_index: int, gpu: int) -> str:
         """The cgroup of the job's process on one GPU of one node, as its scheduler would create it."""
@@ -77,6 +97,33 @@ def _share(raw: dict[str, Any], name: str, what: str, default: float, top: float
     return float(value)
 
 
+def _seconds(raw: dict[str, Any], name: str, what: str) -> float:
+    try:
+        value = duration.parse(raw[name])
+    except KeyError:
+        raise LayoutError(f"{what}: {name} is required") from None
+    except duration.DurationError as err:
+        raise LayoutError(f"{what}: {name}: {err}") from None
+    if value <= 0:
+        raise LayoutError(f"{what}: {name} must be longer than zero")
+    return value
+
+
+def _checkpoint(raw: Any, what: str) -> Checkpoint | None:
+    if raw is None:
+        return None
+    what = f"{what}: checkpoint"
+    if not isinstance(raw, dict):
+        raise LayoutError(f"{what}: expected a mapping of every, lasts and writers, not {type(raw).__name__}")
+    unknown = sorted(set(raw) - _CHECKPOINT_FIELDS)
+    if unknown:
+        raise LayoutError(f"{what}: unknown field {unknown[0]!r}")
+    writers = raw.get("writers", Checkpoint.writers)
+    if writers not in WRITERS:
+        raise LayoutError(f"{what}: writers must be one of {', '.join(WRITERS)}, not {writers!r}")
+    return Checkpoint(_seconds(raw, "every", what), _seconds(raw, "lasts", what), writers)
+
+
 def _job(raw: Any, what: str, names: set[str], taken: dict[str, str]) -> Job:
     if not isinstance(raw, dict):
         raise LayoutError(f"{what}: expected a mapping of fields, not {type(raw).__name__}")
@@ -98,15 +145,11 @@ def _job(raw: Any, what: str, names: set[str], taken: dict[str, str]) -> Job:
         if node in taken:
             raise LayoutError(f"{what}: node {node} already runs job {taken[node]}")
         taken[node] = job_id
-    try:
-        period = duration.parse(raw.get("period", Job.period))
-    except duration.DurationError as err:
-        raise LayoutError(f"{what}: period: {err}") from None
-    if period <= 0:
-        raise LayoutError(f"{what}: period must be longer than zero")
+    period = _seconds({"period": Job.period, **raw}, "period", what)
     return Job(job_id, scheduler, tuple(sorted(nodes)), period,
                _share(raw, "comm_fraction", what, Job.comm_fraction, 0.9),
-               _share(raw, "memory_fraction", what, Job.memory_fraction, 1.0))
+               _share(raw, "memory_fraction", what, Job.memory_fraction, 1.0),
+               _checkpoint(raw.get("checkpoint"), what))
 
 
 def load_layout(text: str, names: Sequence[str]) -> list[Job]:

@@ -146,7 +146,17 @@ class Workload:
             cycle = [(compute + own, COMPUTE.capped(share)), (comm, COMM.capped(share))]
         if pace > own:
             cycle.insert(len(cycle) - 1, (pace - own, WAIT))
-        return tuple(cycle)
+        return tuple(self._checkpointed(job, cycle))
+
+    def _checkpointed(self, job: Job, step: list[tuple[float, Levels]]) -> list[tuple[float, Levels]]:
+        """The node's cycle with the job's checkpoints: as many steps as fit in its interval, then the write,
+        which the writers spend idle (clocked down, as an idle node's GPUs are: a write lasts seconds to minutes,
+        not a host stall's fraction of a step) and the others spinning in a barrier."""
+        if job.checkpoint is None:
+            return step
+        steps = max(1, round(job.checkpoint.every / sum(seconds for seconds, _ in step)))
+        writes = job.checkpoint.writers == "all" or self.state.name == job.nodes[0]
+        return [*step * steps, (job.checkpoint.lasts, IDLE if writes else WAIT)]
 
     def levels(self) -> Levels:
         return phase_at(self.segments(), self.state.t)
