@@ -91,8 +91,10 @@ class Config:
     # Stragglers: a node is one when both tests agree, for `straggler_for`, in a job of enough nodes.
     # Per-node signals are averaged over this, to see through the phases of a few training steps.
     signal_window: Duration = "2m"
-    # A stall that is no fault and lasts longer than this and the window together fires it (one rank writing a
-    # synchronous checkpoint while the others wait): a site whose checkpoints stall so sets it past them.
+    # A node whose GPUs stall on purpose while its peers wait (one rank writing a synchronous checkpoint) reads
+    # low in each minute the stall touches: a stall of a minute or less never fires, one that spans three
+    # evaluations' minutes does (from 61 s to 2 minutes, by where it falls). Each minute added here spares
+    # a minute more: a site whose checkpoints stall so sets it past them.
     straggler_for: Duration = "2m"
     straggler_min_nodes: int = 4
     # Score against the job's median node. A node that stretches a step by 5 % runs its SM clock about 7 %

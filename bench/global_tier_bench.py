@@ -48,6 +48,7 @@ import psutil
 import yaml
 
 from gpufleet.alerts.cli import VMALERT_RULES_FILE
+from gpufleet.alerts.stragglers import SIGNAL
 from gpufleet.devtools import results
 from gpufleet.devtools.compose import victoria_metrics_flags, vmalert_flags
 from gpufleet.devtools.net import get
@@ -174,7 +175,7 @@ def node_series(node: Node, straggler: bool, rng: random.Random) -> Iterator[tup
     peers = ({"scheduler": "slurm", "job_id": node.job_id, "peers": "job"} if node.job_id
              else {"model": MODEL, "peers": "model"})
     for signal, level, spread in (("sm_clock", 1.98e9, 0.003), ("power", 650.0, 0.02), ("utilization", 0.97, 0.01)):
-        yield "job_instance:gpufleet_straggler_signal:avg2m", (
+        yield SIGNAL, (
             {**base, **peers, "signal": signal}, noisy(level * scale, spread))
 
 
