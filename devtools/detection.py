@@ -71,14 +71,17 @@ class Tally:
     false: list[str] = field(default_factory=list)
 
 
-def layout(sizes: list[int], seed: int, scheduler: str = "slurm",
-           periods: tuple[float, float] = (4.3, 6.7)) -> tuple[int, list[dict[str, Any]]]:
+def layout(sizes: list[int], seed: int, scheduler: str = "slurm", periods: tuple[float, float] = (4.3, 6.7),
+           checkpoint: tuple[float, float] | None = None) -> tuple[int, list[dict[str, Any]]]:
     """The fleet's jobs, one of each size, all of one scheduler or, `mixed`, Slurm and Kubernetes in turn, each
     with a training step drawn from `periods` (simulator seconds).
     Kubernetes jobs are pods the simulator cannot name (no kubelet answers it), so they have no job id and their
-    nodes are compared by GPU model across the different jobs."""
+    nodes are compared by GPU model across the different jobs. With `checkpoint` (every, lasts; simulator
+    seconds), every job stops to write checkpoints, at an interval of its own drawn around `every`: every rank
+    its shard in one job, the first node alone while the others wait in the next, in turn."""
     rng = random.Random(f"layout:{seed}")
-    jobs, first = [], 1
+    jobs: list[dict[str, Any]] = []
+    first = 1
     for number, size in enumerate(sizes):
         nodes = [f"gpu-node-{i:04d}" for i in range(first, first + size)]
         first += size
@@ -86,6 +89,12 @@ def layout(sizes: list[int], seed: int, scheduler: str = "slurm",
         job_id = random_uuid(rng) if kubernetes else str(700000 + number)
         jobs.append({"id": job_id, "scheduler": "kubernetes" if kubernetes else "slurm", "nodes": nodes,
                      "period": round(rng.uniform(*periods), 2), "comm_fraction": round(rng.uniform(0.2, 0.35), 2)})
+        if checkpoint is not None:
+            every, lasts = checkpoint
+            # From a generator of its own, so that a seed lays out the same jobs with checkpoints as without.
+            drawn = every * random.Random(f"checkpoint:{seed}:{number}").uniform(0.5, 1.5)
+            jobs[-1]["checkpoint"] = {"every": f"{drawn:.2f}s", "lasts": f"{lasts:.2f}s",
+                                      "writers": ("all", "first")[number % 2]}
     return first - 1, jobs
 
 
@@ -243,6 +252,9 @@ class Sweep:
     scheduler: str = "slurm"  # The jobs' scheduler: "kubernetes" for jobs without ids, or "mixed" (`layout`).
     restarts_per_node_day: float = 6.0
     missed_scrapes: float = 0.005
+    # Production seconds between the jobs' synchronous checkpoints (about: each job's own is drawn around it) and
+    # how long each stops the job (`layout`), which must page nobody; None: no job stops to write one.
+    checkpoint: tuple[float, float] | None = (1800.0, 60.0)
     # After the stragglers, a round of the first `kinds` end-to-end fault kinds (`incidents.KINDS`), each on a
     # node of its own for `kinds_minutes`, counting the pager incidents each opens.
     kinds: int = 0
@@ -338,7 +350,8 @@ def _inject(sweep: Sweep, jobs: list[dict[str, Any]], sim_url: str) -> list[Case
 def run(sweep: Sweep) -> Outcome:
     """Run the sweep in the real programs and judge every alert that fired."""
     scale = sweep.time_scale
-    nodes, jobs = layout(sweep.sizes, sweep.seed, sweep.scheduler, (STEPS[0] / scale, STEPS[1] / scale))
+    checkpoint = None if sweep.checkpoint is None else (sweep.checkpoint[0] / scale, sweep.checkpoint[1] / scale)
+    nodes, jobs = layout(sweep.sizes, sweep.seed, sweep.scheduler, (STEPS[0] / scale, STEPS[1] / scale), checkpoint)
     config = Config().scaled(scale)
     with tempfile.TemporaryDirectory(prefix="detection-") as tmp:
         work = Path(tmp)
