@@ -93,7 +93,7 @@ def layout(sizes: list[int], seed: int, scheduler: str = "slurm", periods: tuple
             every, lasts = checkpoint
             # From a generator of its own, so that a seed lays out the same jobs with checkpoints as without.
             drawn = every * random.Random(f"checkpoint:{seed}:{number}").uniform(0.5, 1.5)
-            jobs[-1]["checkpoint"] = {"every": f"{drawn:.2f}s", "lasts": f"{lasts:.2f}s",
+            jobs[-1]["checkpoint"] = {"every": round(drawn, 2), "lasts": round(lasts, 2),
                                       "writers": ("all", "first")[number % 2]}
     return first - 1, jobs
 

@@ -9,7 +9,9 @@ import asyncio
 import itertools
 
 import pytest
+import yaml
 
+from gpufleet.devtools.detection import layout
 from gpufleet.simulator.fleet import Fleet
 from gpufleet.simulator.layout import Checkpoint, Job, LayoutError, load_layout
 
@@ -92,3 +94,14 @@ def test_checkpoints_in_a_layout_are_checked_with_clear_messages(checkpoint, mes
     with pytest.raises(LayoutError, match=message):
         load_layout(f"jobs: [{{id: '1', scheduler: slurm, nodes: [gpu-node-0001], checkpoint: {checkpoint}}}]",
                     NODES)
+
+
+def test_the_benches_jobs_with_checkpoints_are_a_layout_the_simulator_runs():
+    """The detection bench and the on-call week write their jobs' checkpoints as the simulator reads them: every
+    job has its own interval, and writers alternate."""
+    nodes, jobs = layout([4, 8, 4], seed=1, checkpoint=(180.0, 6.0))
+    loaded = load_layout(yaml.safe_dump({"jobs": jobs}), [f"gpu-node-{i:04d}" for i in range(1, nodes + 1)])
+    checkpoints = [job.checkpoint for job in loaded]
+    assert [c.writers for c in checkpoints if c] == ["all", "first", "all"]
+    assert all(c and c.lasts == 6.0 and 90.0 <= c.every <= 270.0 for c in checkpoints)
+    assert len({c.every for c in checkpoints if c}) == 3
