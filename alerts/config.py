@@ -89,12 +89,13 @@ class Config:
     stale_seconds: int = 300  # A collector without a success for this long is stale.
 
     # Stragglers: a node is one when both tests agree, for `straggler_for`, in a job of enough nodes.
-    # Per-node signals are averaged over this, to see through the phases of a few training steps.
+    # Each node's signal is the median of its one-minute means over this: each minute sees through the phases
+    # of a few training steps, and the median through one stalled minute.
     signal_window: Duration = "2m"
     # A node whose GPUs stall on purpose while its peers wait (one rank writing a synchronous checkpoint) reads
-    # low in each minute the stall touches: a stall of a minute or less never fires, one that spans three
-    # evaluations' minutes does (from 61 s to 2 minutes, by where it falls). Each minute added here spares
-    # a minute more: a site whose checkpoints stall so sets it past them.
+    # low in each minute the stall touches: a stall of a minute or less never fires, one that touches three
+    # minutes in a row does (past two minutes always, past one by where it falls). Each minute added here
+    # spares a minute more: a site whose checkpoints stall so sets it past them.
     straggler_for: Duration = "2m"
     straggler_min_nodes: int = 4
     # Score against the job's median node. A node that stretches a step by 5 % runs its SM clock about 7 %
