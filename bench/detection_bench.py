@@ -39,6 +39,11 @@ from gpufleet.devtools import incidents, results
 from gpufleet.devtools.detection import Outcome, Sweep, cases, run, short
 from gpufleet.simulator.faults import Cause
 
+_EVERY, _LASTS = Sweep.checkpoint or (0.0, 0.0)
+CHECKPOINTS_HELP = ("every job stops to write a synchronous checkpoint about every MINUTES (production), for SECONDS: "
+                    "every rank its shard in half the jobs, the first node alone while the others wait in the other "
+                    f"half; none for no checkpoints (default: {_EVERY / 60:g}:{_LASTS:g}, and none with --short)")
+
 
 def _checkpoint(text: str) -> tuple[float, float] | None:
     """`--checkpoints MINUTES:SECONDS` as production seconds between checkpoints and of each; `none`: None."""
@@ -56,8 +61,9 @@ def sweep_from(args: argparse.Namespace) -> Sweep:
     sizes = [int(size) for size in args.jobs.split(",")]
     moving = {"seed": args.seed, "time_scale": args.time_scale, "interval": args.interval,
               "restarts_per_node_day": args.restarts_per_node_day, "missed_scrapes": args.missed_scrapes,
-              "uncabled": args.uncabled, "removals": args.removals, "scheduler": args.scheduler,
-              "checkpoint": _checkpoint(args.checkpoints)}
+              "uncabled": args.uncabled, "removals": args.removals, "scheduler": args.scheduler}
+    if args.checkpoints is not None:
+        moving["checkpoint"] = _checkpoint(args.checkpoints)
     if args.short:
         return dataclasses.replace(short(), **moving)
     if args.healthy_hours:
@@ -145,11 +151,7 @@ def main() -> None:
     parser.add_argument("--removals", type=int, default=1,
                         help="nodes with a GPU taken out on purpose, halfway through the healthy start "
                              "(default: %(default)s)")
-    every, lasts = Sweep.checkpoint or (0.0, 0.0)
-    parser.add_argument("--checkpoints", metavar="MINUTES:SECONDS", default=f"{every / 60:g}:{lasts:g}",
-                        help="every job stops to write a synchronous checkpoint about every MINUTES (production), "
-                             "for SECONDS: every rank its shard in half the jobs, the first node alone while the "
-                             "others wait in the other half; none for no checkpoints (default: %(default)s)")
+    parser.add_argument("--checkpoints", metavar="MINUTES:SECONDS", help=CHECKPOINTS_HELP)
     parser.add_argument("--short", action="store_true",
                         help="CI's version: jobs of 4 and 8, one 20%% clock and one 20%% NIC straggler, one round")
     results.add_argument(parser)
