@@ -93,9 +93,10 @@ class Config:
     # of a few training steps, and the median through one stalled minute.
     signal_window: Duration = "2m"
     # A node whose GPUs stall on purpose while its peers wait (one rank writing a synchronous checkpoint) reads
-    # low in each minute the stall touches: a stall of a minute or less never fires, one that touches three
-    # minutes in a row does (past two minutes always, past one by where it falls). Each minute added here
-    # spares a minute more: a site whose checkpoints stall so sets it past them.
+    # low in each minute whose scrapes the stall touches, the scrape after its end included: it fires once it
+    # touches three minutes in a row, which a stall shorter than a minute less a scrape interval never does,
+    # a minute's can, and one past two minutes always does. Each minute added here spares a minute more: a
+    # site whose checkpoints stall so sets it past them.
     straggler_for: Duration = "2m"
     straggler_min_nodes: int = 4
     # Score against the job's median node. A node that stretches a step by 5 % runs its SM clock about 7 %

@@ -91,10 +91,10 @@ def stragglers(c: Config) -> dict[str, Any]:
     before = c.d(duration.render(2 * duration.parse(TREND_INTERVAL)))
     rules = [
         *node_signals(c),
-        # The median of the node's minutes over the window, not their mean: a node that stalls for a minute and
-        # no more (one rank writing a checkpoint while the others wait, a garbage collection, a slow read) reads
-        # one low minute, which a mean carried through every evaluation of the window and the `for`. A
-        # straggler is slow in every minute, and moves the median as far.
+        # The median of the node's minutes over the window, not their mean: a node that stalls for less than a
+        # minute (one rank writing a checkpoint while the others wait, a garbage collection, a slow read) reads
+        # one or two low minutes, which the median leaves out, where a mean carried one low minute through every
+        # evaluation of the window and the `for`. A straggler is slow in every minute, and moves the median as far.
         # Only over a full window that leaves out the node's first evaluation in the job: that one averages
         # what its scrapes held before (a Prometheus that just started, a node that was idle before it
         # joined), a sample or two that are not yet the mean of several training steps. Each test spares one
