@@ -97,11 +97,16 @@ def _share(raw: dict[str, Any], name: str, what: str, default: float, top: float
     return float(value)
 
 
-def _seconds(raw: dict[str, Any], name: str, what: str) -> float:
+def _seconds(raw: dict[str, Any], name: str, what: str, default: float | None = None) -> float:
+    """A positive duration field, in seconds; required where it has no `default`."""
+    if name in raw:
+        given = raw[name]
+    elif default is not None:
+        given = default
+    else:
+        raise LayoutError(f"{what}: {name} is required")
     try:
-        value = duration.parse(raw[name])
-    except KeyError:
-        raise LayoutError(f"{what}: {name} is required") from None
+        value = duration.parse(given)
     except duration.DurationError as err:
         raise LayoutError(f"{what}: {name}: {err}") from None
     if value <= 0:
@@ -145,7 +150,7 @@ def _job(raw: Any, what: str, names: set[str], taken: dict[str, str]) -> Job:
         if node in taken:
             raise LayoutError(f"{what}: node {node} already runs job {taken[node]}")
         taken[node] = job_id
-    period = _seconds({"period": Job.period, **raw}, "period", what)
+    period = _seconds(raw, "period", what, default=Job.period)
     return Job(job_id, scheduler, tuple(sorted(nodes)), period,
                _share(raw, "comm_fraction", what, Job.comm_fraction, 0.9),
                _share(raw, "memory_fraction", what, Job.memory_fraction, 1.0),
