@@ -52,7 +52,7 @@ class _Slot:
         number = len(self.tenures)
         job_id = random_uuid(rng) if first.scheduler == "kubernetes" else f"{first.id}{number:03d}"
         job = replace(first, id=job_id, nodes=tuple(sorted(rng.sample(first.nodes, size))),
-                      period=first.period * rng.uniform(0.9, 1.1))
+                      period=first.period * rng.uniform(0.9, 1.1), started=start)
         self.tenures.append(Tenure(start, start + rng.uniform(0.5, 1.5) * self.lifetime, job))
 
 

@@ -63,6 +63,7 @@ class Job:
     comm_fraction: float = 0.3  # Share of the cycle spent communicating.
     memory_fraction: float = 0.7  # Share of each GPU's memory the job holds.
     checkpoint: Checkpoint | None = None  # None: it writes none (or writes them without stopping).
+    started: float = 0.0  # Simulated seconds: its steps count from here on every node, whenever each joined.
 
     def cgroup(self, node_index: int, gpu: int) -> str:
         """The cgroup of the job's process on one GPU of one node, as its scheduler would create it."""

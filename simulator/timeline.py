@@ -38,18 +38,25 @@ class Levels:
 
 @dataclass(frozen=True)
 class Segment:
-    """From `start` to `end`, the phases in `cycle` repeat, each lasting its given seconds."""
+    """From `start` to `end`, the phases in `cycle` repeat, each lasting its given seconds, counted from
+    `origin` (the segment's start where None). A job's nodes share its origin, the moment the job began, so
+    they step together however late each of them noticed the job."""
 
     start: float
     end: float
     cycle: tuple[tuple[float, Levels], ...]
+    origin: float | None = None
 
     @property
     def period(self) -> float:
         return sum(seconds for seconds, _ in self.cycle)
 
+    @property
+    def _origin(self) -> float:
+        return self.start if self.origin is None else min(self.origin, self.start)
+
     def phase_at(self, t: float) -> Levels:
-        offset = (t - self.start) % self.period
+        offset = (t - self._origin) % self.period
         for seconds, phase in self.cycle:
             if offset < seconds:
                 return phase
@@ -58,11 +65,15 @@ class Segment:
 
     def integral(self, rate: Callable[[Levels], float], until: float) -> float:
         """The integral of `rate(phase)` from the segment's start to `until` (clipped to the segment)."""
-        span = min(until, self.end) - self.start
-        if span <= 0:
+        stop = min(until, self.end)
+        if stop <= self.start:
             return 0.0
+        return self._since_origin(rate, stop) - self._since_origin(rate, self.start)
+
+    def _since_origin(self, rate: Callable[[Levels], float], t: float) -> float:
+        """The integral of `rate(phase)` from the origin to `t`, as if the cycle had run all along."""
         per_cycle = sum(seconds * rate(phase) for seconds, phase in self.cycle)
-        cycles, rest = divmod(span, self.period)
+        cycles, rest = divmod(t - self._origin, self.period)
         total = cycles * per_cycle
         for seconds, phase in self.cycle:
             step = min(seconds, rest)

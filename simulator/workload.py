@@ -115,12 +115,13 @@ class Workload:
                                      and begin < t < finish)})
             for start, end in zip(edges, [*edges[1:], finish], strict=True):
                 if any(f.kind is Kind.JOB_HANG and f.active(start) for f in shaping):
-                    segments.append(Segment(start, end, ((job.period, WAIT),)))  # Every node waits on a peer.
+                    # Every node waits on a peer.
+                    segments.append(Segment(start, end, ((job.period, WAIT),), job.started))
                     continue
                 slow: dict[str, Fault] = {}
                 for fault in sorted((f for f in shaping if f.active(start)), key=lambda f: f.size):
                     slow[fault.node] = fault  # The largest of one node's slowdowns.
-                segments.append(Segment(start, end, self._cycle(job, slow)))
+                segments.append(Segment(start, end, self._cycle(job, slow), job.started))
         self._segments = (key, segments)
         return segments
 

@@ -71,6 +71,34 @@ def test_where_every_rank_writes_its_shard_every_node_idles_together():
         assert max(_gpus(writing[node], "gpufleet_gpu_sm_active_ratio")) == 0.0, node
 
 
+def test_the_nodes_of_a_job_that_churn_started_write_together_however_late_each_noticed_it():
+    """A job that follows another on a slot starts at one moment, and its steps count from it on every node: a
+    node first collected 20 s after its peer writes the same checkpoint at the same time, as a job that
+    synchronises every step does, and does not idle while its peer trains."""
+    first = Job("424242", "slurm", NODES, period=PERIOD, checkpoint=Checkpoint(EVERY, LASTS, "all"))
+    fleet = Fleet(node_count=2, gpus_per_node=2, seed=7, layout=[first], job_lifetime=2000.0)
+    job = next(job for t in range(0, 10_000, 10) for job in fleet.jobs_at(float(t)) if job.id != first.id)
+    assert job.started > 0.0 and set(job.nodes) == set(NODES)
+    write = job.started + round(EVERY / job.period) * job.period
+    wall = itertools.count(0, 100).__next__
+
+    async def scrape(node: str, t: float) -> dict:
+        return parse(await fleet.nodes[node].scrape(t, wall))
+
+    fleet.start()
+    try:
+        for node, delay in zip(NODES, (5.0, 25.0), strict=True):
+            joined = asyncio.run(scrape(node, job.started + delay))
+            assert value(joined, "gpufleet_gpu_job_info", gpu="0", job_id=job.id) == 1, node
+        for node in NODES:
+            asyncio.run(scrape(node, write + 5.0))
+        inside = {node: asyncio.run(scrape(node, write + LASTS - 5.0)) for node in NODES}
+    finally:
+        fleet.close()
+    for node in NODES:
+        assert max(_gpus(inside[node], "gpufleet_gpu_utilization_ratio")) == 0.0, node
+
+
 def test_a_layout_asks_for_checkpoints():
     layout = load_layout("jobs:\n"
                          "  - {id: '77', scheduler: slurm, nodes: [gpu-node-0001],"
