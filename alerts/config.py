@@ -89,15 +89,15 @@ class Config:
     stale_seconds: int = 300  # A collector without a success for this long is stale.
 
     # Stragglers: a node is one when both tests agree, for `straggler_for`, in a job of enough nodes.
-    # Each node's signal is the median of its one-minute means over this: each minute sees through the phases
-    # of a few training steps, and the median through one stalled minute.
+    # Each node's signal is the best of its one-minute means over this: each minute sees through the phases
+    # of a few training steps, and a straggler is slow in all of them.
     signal_window: Duration = "2m"
     # A node whose GPUs stall on purpose while its peers wait (one rank writing a synchronous checkpoint) reads
     # low in each minute whose scrapes the stall touches, the scrape after its end included: it fires once it
-    # touches three minutes in a row, which a stall shorter than a minute less a scrape interval never does,
-    # a minute's can, and one past two minutes always does. Each minute added here spares a minute more: a
-    # site whose checkpoints stall so sets it past them.
-    straggler_for: Duration = "2m"
+    # touches four minutes in a row, which a stall shorter than two minutes less a scrape interval never does,
+    # one of two minutes can, and one past three minutes always does. Each minute added here spares a minute
+    # more: a site whose checkpoints stall longer sets it past them.
+    straggler_for: Duration = "1m"
     straggler_min_nodes: int = 4
     # Score against the job's median node. A node that stretches a step by 5 % runs its SM clock about 7 %
     # slower (clock, thermal and power causes) or its GPUs about 5 % less busy (PCIe and host causes); healthy

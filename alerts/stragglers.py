@@ -3,18 +3,19 @@
 A robust z-score (median and median absolute deviation, so the straggler cannot hide by dragging
 the mean) finds the outlier; a relative score against the job's median node keeps a tiny MAD from
 firing on noise. Both stand on the median, which one slow node cannot move and the fastest healthy node
-does not set. Each node's signal is the mean of each minute's scrapes, and the median of those minutes over
-`signal_window`: a minute holds the compute and communication phases of a few training steps, and one stalled
-minute does not move the median. Lower is worse for every signal.
+does not set. Each node's signal is the mean of each minute's scrapes, and the best of those minutes over
+`signal_window`: a minute holds the compute and communication phases of a few training steps, and a straggler
+is slow in every one of them, where a stall (one rank writing a checkpoint) leaves one fast minute in the
+window before it reads three slow. Lower is worse for every signal.
 
 Peers are the nodes of one job where the scheduler names jobs (Slurm, a job mapping file, a Kubernetes pod
 named by a training operator). Nodes without a job id (no attribution, or pods named otherwise) are compared
 within their cluster and GPU model, on their SM clock alone, and only while busy: an idle node holds nobody back.
 This group first reduces each signal to one series per node and job (`recording.node_signals`), then
-takes the median of those over `signal_window`, so its window spans a thousand series, not eight thousand. It
-runs every minute (`TREND_INTERVAL`), its signals are medians of the minutes in 2-minute windows and its
-`for` is 2 minutes: what a straggler takes to be found is the minutes its slowdown needs to move the median
-past the thresholds, the `for`, and up to one evaluation on top.
+takes the best of those over `signal_window`, so its window spans a thousand series, not eight thousand. It
+runs every minute (`TREND_INTERVAL`), its signals are the best minute of 2-minute windows and its
+`for` is a minute: a straggler is found once four minutes in a row read slow (the window's three, then one
+more for the `for`), with up to one evaluation on top.
 Network throughput is not a signal: in a synchronous job every node moves the same bytes per step,
 so the straggler's throughput falls with everyone else's. What its port waits to send is: a node whose
 InfiniBand ports wait `xmit_wait_outlier` times more than its job's median node holds the job's
@@ -43,7 +44,7 @@ from gpufleet.alerts.recording import (
 from gpufleet.alerts.rule import TREND_INTERVAL, alert, printf, record
 from gpufleet.alerts.stake import JOB_GPUS
 
-SIGNAL = "job_instance:gpufleet_straggler_signal:median_over_time2m"
+SIGNAL = "job_instance:gpufleet_straggler_signal:max_over_time2m"
 MEDIAN = "job:gpufleet_straggler_signal:median2m"
 NODES = "job:gpufleet_straggler_signal:count"
 MAD = "job:gpufleet_straggler_signal:mad2m"
@@ -91,15 +92,16 @@ def stragglers(c: Config) -> dict[str, Any]:
     before = c.d(duration.render(2 * duration.parse(TREND_INTERVAL)))
     rules = [
         *node_signals(c),
-        # The median of the node's minutes over the window, not their mean: a node that stalls for less than a
-        # minute (one rank writing a checkpoint while the others wait, a garbage collection, a slow read) reads
-        # one or two low minutes, which the median leaves out, where a mean carried one low minute through every
-        # evaluation of the window and the `for`. A straggler is slow in every minute, and moves the median as far.
+        # The best of the node's minutes over the window, not their mean or median: a node that stalls while its
+        # peers wait (one rank writing a checkpoint, a garbage collection, a slow read) reads low in each minute
+        # whose scrapes the stall touches, the scrape after its end included: three in a row for a minute's
+        # write across two minutes' edges, which a median of three leaves in two evaluations and a mean in all.
+        # A straggler is slow in every minute, and the best of three needs three; the `for` asks a fourth.
         # Only over a full window that leaves out the node's first evaluation in the job: that one averages
         # what its scrapes held before (a Prometheus that just started, a node that was idle before it
         # joined), a sample or two that are not yet the mean of several training steps. Each test spares one
         # missing evaluation, so a missed scrape does not drop a node from its job for a minute.
-        record(SIGNAL, f"quantile_over_time(0.5, {NODE_SIGNAL}[{window}]) and "
+        record(SIGNAL, f"max_over_time({NODE_SIGNAL}[{window}]) and "
                        f"count_over_time({NODE_SIGNAL}[{window}]) >= {full} and "
                        f"present_over_time({NODE_SIGNAL}[{before}] offset {settled})"),
         record(MEDIAN, f"quantile by ({peers}) (0.5, {SIGNAL})"),
