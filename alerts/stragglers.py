@@ -5,8 +5,9 @@ the mean) finds the outlier; a relative score against the job's median node keep
 firing on noise. Both stand on the median, which one slow node cannot move and the fastest healthy node
 does not set. Each node's signal is the mean of each minute's scrapes, and the best of those minutes over
 `signal_window`: a minute holds the compute and communication phases of a few training steps, and a straggler
-is slow in every one of them, where a stall (one rank writing a checkpoint) leaves one fast minute in the
-window before it reads three slow. Lower is worse for every signal.
+is slow in every one of them, where a node's stall shorter than about two minutes (one rank writing a
+checkpoint) leaves a fast minute in each window, and a pause of the whole job lowers every node's minutes
+alike, which the best minute passes over. Lower is worse for every signal.
 
 Peers are the nodes of one job where the scheduler names jobs (Slurm, a job mapping file, a Kubernetes pod
 named by a training operator). Nodes without a job id (no attribution, or pods named otherwise) are compared
