@@ -42,7 +42,7 @@ from gpufleet.simulator.faults import Cause
 _EVERY, _LASTS = Sweep.checkpoint or (0.0, 0.0)
 CHECKPOINTS_HELP = ("every job stops to write a synchronous checkpoint about every MINUTES (production), for SECONDS: "
                     "every rank its shard in half the jobs, the first node alone while the others wait in the other "
-                    f"half; none for no checkpoints (default: {_EVERY / 60:g}:{_LASTS:g}, and none with --short)")
+                    f"half; none for no checkpoints (default: {_EVERY / 60:g}:{_LASTS:g})")
 
 
 def _checkpoint(text: str) -> tuple[float, float] | None:

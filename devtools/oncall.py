@@ -122,6 +122,9 @@ class Week:
     job_lifetime: float = 120.0  # Production minutes.
     restarts_per_node_day: float = 6.0
     missed_scrapes: float = 0.005
+    # Production seconds between the jobs' synchronous checkpoints (about: each job draws its own) and how long
+    # each stops its job (`detection.layout`): planned work that must page nobody. None: no job writes one.
+    checkpoint: tuple[float, float] | None = (1800.0, 60.0)
 
 
 def short() -> Week:

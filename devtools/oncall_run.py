@@ -141,7 +141,8 @@ def stack(week: Week, the_plan: Plan, work: Path, receiver: Receiver) -> Iterato
     """Every program of the week, running; yields once Prometheus scrapes every node and the remediator."""
     scale = week.time_scale
     (work / "rules.yml").write_text(render(Config().scaled(scale)))
-    sizes, jobs = layout(list(week.jobs), week.seed)
+    checkpoint = None if week.checkpoint is None else (week.checkpoint[0] / scale, week.checkpoint[1] / scale)
+    sizes, jobs = layout(list(week.jobs), week.seed, checkpoint=checkpoint)
     if sizes > week.nodes:
         raise HarnessError(f"jobs of {week.jobs} need {sizes} nodes; the week has {week.nodes}")
     (work / "layout.yml").write_text(yaml.safe_dump({"jobs": jobs}))
