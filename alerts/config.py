@@ -89,15 +89,19 @@ class Config:
     stale_seconds: int = 300  # A collector without a success for this long is stale.
 
     # Stragglers: a node is one when both tests agree, for `straggler_for`, in a job of enough nodes.
-    # Each node's signal is the best of its one-minute means over this: each minute sees through the phases
-    # of a few training steps, and a straggler is slow in all of them.
+    # Each node's signal is the median of its one-minute means over this: each minute sees through the phases
+    # of a few training steps, and the median through one slow minute.
     signal_window: Duration = "2m"
-    # A node whose GPUs stall on purpose while its peers wait (one rank writing a synchronous checkpoint) reads
-    # low in each minute whose scrapes the stall touches, the scrape after its end included: it fires once it
-    # touches four minutes in a row, which a stall shorter than two minutes less a scrape interval never does,
-    # one of two minutes can, and one past three minutes always does. Each minute added here spares a minute
-    # more: a site whose checkpoints stall longer sets it past them.
-    straggler_for: Duration = "1m"
+    # A minute in which one of a node's GPUs in a job read less than this at a scrape (idle through the whole
+    # interval the exporter averages) is a pause, not a slow minute: one rank writing a checkpoint while the
+    # others wait, a node that stalls. The node's best recent minute of work stands in for it. A straggler's
+    # GPUs work through every scrape; a node whose stalls outlast a scrape interval is hung, not slow.
+    straggler_pause_utilization: float = 0.05
+    # A stall that leaves every scrape partly busy reads low in each minute whose scrapes it touches: it fires
+    # once it touches three minutes in a row, which one shorter than a minute less a scrape interval never
+    # does. One that idles a whole scrape is a pause, which never fires. Each minute added here spares a
+    # minute more of stalls that never idle a whole scrape.
+    straggler_for: Duration = "2m"
     straggler_min_nodes: int = 4
     # Score against the job's median node. A node that stretches a step by 5 % runs its SM clock about 7 %
     # slower (clock, thermal and power causes) or its GPUs about 5 % less busy (PCIe and host causes); healthy

@@ -3,20 +3,20 @@
 A robust z-score (median and median absolute deviation, so the straggler cannot hide by dragging
 the mean) finds the outlier; a relative score against the job's median node keeps a tiny MAD from
 firing on noise. Both stand on the median, which one slow node cannot move and the fastest healthy node
-does not set. Each node's signal is the mean of each minute's scrapes, and the best of those minutes over
-`signal_window`: a minute holds the compute and communication phases of a few training steps, and a straggler
-is slow in every one of them, where a node's stall shorter than about two minutes (one rank writing a
-checkpoint) leaves a fast minute in each window, and a pause of the whole job lowers every node's minutes
-alike, which the best minute passes over. Lower is worse for every signal.
+does not set. Each node's signal is the mean of each minute's scrapes, and the median of those minutes over
+`signal_window`: a minute holds the compute and communication phases of a few training steps, and one slow
+minute does not move the median. A minute in which one of the node's GPUs did no work for a whole scrape is a
+pause, not a slow minute (a checkpoint written, a hang, a job that starts), and counts as the node's best
+recent minute of work: a straggler's GPUs work through every scrape, only more slowly. Lower is worse for every signal.
 
 Peers are the nodes of one job where the scheduler names jobs (Slurm, a job mapping file, a Kubernetes pod
 named by a training operator). Nodes without a job id (no attribution, or pods named otherwise) are compared
 within their cluster and GPU model, on their SM clock alone, and only while busy: an idle node holds nobody back.
 This group first reduces each signal to one series per node and job (`recording.node_signals`), then
-takes the best of those over `signal_window`, so its window spans a thousand series, not eight thousand. It
-runs every minute (`TREND_INTERVAL`), its signals are the best minute of 2-minute windows and its
-`for` is a minute: a straggler is found once four minutes in a row read slow (the window's three, then one
-more for the `for`), with up to one evaluation on top.
+takes the median of those over `signal_window`, so its window spans a thousand series, not eight thousand. It
+runs every minute (`TREND_INTERVAL`), its signals are medians of the minutes in 2-minute windows and its
+`for` is 2 minutes: what a straggler takes to be found is the minutes its slowdown needs to move the median
+past the thresholds, the `for`, and up to one evaluation on top.
 Network throughput is not a signal: in a synchronous job every node moves the same bytes per step,
 so the straggler's throughput falls with everyone else's. What its port waits to send is: a node whose
 InfiniBand ports wait `xmit_wait_outlier` times more than its job's median node holds the job's
@@ -31,6 +31,8 @@ from gpufleet import duration
 from gpufleet.alerts.config import Config
 from gpufleet.alerts.kernel import STALLS
 from gpufleet.alerts.recording import (
+    BUSY_WITHOUT_JOB,
+    GPU_KEY,
     JOB_XMIT_WAIT,
     NODE_SIGNAL,
     NODE_XMIT_WAIT_MAX,
@@ -45,7 +47,10 @@ from gpufleet.alerts.recording import (
 from gpufleet.alerts.rule import TREND_INTERVAL, alert, printf, record
 from gpufleet.alerts.stake import JOB_GPUS
 
-SIGNAL = "job_instance:gpufleet_straggler_signal:max_over_time2m"
+PAUSED = "instance:gpufleet_gpu_paused:count1m"
+WORKING = "job_instance:gpufleet_straggler_signal:avg_working"
+STEADY = "job_instance:gpufleet_straggler_signal:avg_steady"
+SIGNAL = "job_instance:gpufleet_straggler_signal:median_over_time2m"
 MEDIAN = "job:gpufleet_straggler_signal:median2m"
 NODES = "job:gpufleet_straggler_signal:count"
 MAD = "job:gpufleet_straggler_signal:mad2m"
@@ -56,6 +61,9 @@ CAUSE = "instance:gpufleet_straggler_cause:active"
 # Besides the cluster: the labels that make a group of peers.
 PEERS = ("scheduler", "job_id", "model", "signal")
 _STALLS_WINDOW = "10m"
+# How far back a paused node's minutes of work stand in for its pause: past it, the node leaves its job's
+# comparison until it works again, and a job whose GPUs all wait is `JobHung`'s.
+_CARRIED = "5m"
 
 
 def _causes(c: Config) -> list[dict[str, Any]]:
@@ -85,6 +93,30 @@ def _causes(c: Config) -> list[dict[str, Any]]:
     return [record(CAUSE, expr, cause=name) for name, expr in causes.items()]
 
 
+def _paused(c: Config) -> list[dict[str, Any]]:
+    """Each node's minutes of work: a minute in which one of its GPUs in a job read less than
+    `straggler_pause_utilization` at a scrape, idle through the whole interval the exporter averages, or did in
+    the minute before (the scrape after a pause reads part of it), is the node pausing (one rank writing a
+    checkpoint, a node that stalls, every rank writing at once), and the node's best minute of work of the last
+    few stands in for it. Counted as slow, a minute's write by the first node alone reads low in each minute
+    whose scrapes it touches: three in a row when it falls across two minutes' edges, which the median keeps
+    for three evaluations, exactly the `for`. Left out, the window's remaining minutes would be the partly idle
+    ones at the write's edges; its last minute of work would often be the first of those."""
+    gpu = c.by(*GPU_KEY)
+    named = c.metric("gpufleet_gpu_job_info", 'job_id!=""')
+    lookback = c.d(duration.render(2 * duration.parse(TREND_INTERVAL)))
+    idle = (f"min_over_time({c.metric('gpufleet_gpu_utilization_ratio')}[{lookback}]) < "
+            f"{c.straggler_pause_utilization:g}")
+    node, keys = c.by("instance"), c.by(*PEERS, "peers", "instance")
+    return [
+        record(PAUSED, f"count by ({node}) ({idle} and on ({gpu}) ({named} or {BUSY_WITHOUT_JOB}))"),
+        record(WORKING, f"{NODE_SIGNAL} unless on ({node}) {PAUSED}"),
+        # Only while the node is in the job now: its minutes of work would otherwise outlive the job.
+        record(STEADY, f"{WORKING} or on ({keys}) (max_over_time({WORKING}[{c.d(_CARRIED)}]) and on ({keys}) "
+                       f"{NODE_SIGNAL})"),
+    ]
+
+
 def stragglers(c: Config) -> dict[str, Any]:
     peers = c.by(*PEERS)
     window = c.d(c.signal_window)
@@ -93,18 +125,18 @@ def stragglers(c: Config) -> dict[str, Any]:
     before = c.d(duration.render(2 * duration.parse(TREND_INTERVAL)))
     rules = [
         *node_signals(c),
-        # The best of the node's minutes over the window, not their mean or median: a node that stalls while its
-        # peers wait (one rank writing a checkpoint, a garbage collection, a slow read) reads low in each minute
-        # whose scrapes the stall touches, the scrape after its end included: three in a row for a minute's
-        # write across two minutes' edges, which a median of three leaves in two evaluations and a mean in all.
-        # A straggler is slow in every minute, and the best of three needs three; the `for` asks a fourth.
+        *_paused(c),
+        # The median of the node's minutes over the window, not their mean: a node that stalls for part of a
+        # minute (a garbage collection, a slow read) reads one or two low minutes, which the median leaves out,
+        # where a mean carried one low minute through every evaluation of the window and the `for`. A straggler
+        # is slow in every minute, and moves the median as far.
         # Only over a full window that leaves out the node's first evaluation in the job: that one averages
         # what its scrapes held before (a Prometheus that just started, a node that was idle before it
         # joined), a sample or two that are not yet the mean of several training steps. Each test spares one
         # missing evaluation, so a missed scrape does not drop a node from its job for a minute.
-        record(SIGNAL, f"max_over_time({NODE_SIGNAL}[{window}]) and "
-                       f"count_over_time({NODE_SIGNAL}[{window}]) >= {full} and "
-                       f"present_over_time({NODE_SIGNAL}[{before}] offset {settled})"),
+        record(SIGNAL, f"quantile_over_time(0.5, {STEADY}[{window}]) and "
+                       f"count_over_time({STEADY}[{window}]) >= {full} and "
+                       f"present_over_time({STEADY}[{before}] offset {settled})"),
         record(MEDIAN, f"quantile by ({peers}) (0.5, {SIGNAL})"),
         record(NODES, f"count by ({peers}) ({SIGNAL})"),
         record(MAD, f"quantile by ({peers}) (0.5, abs({SIGNAL} - on ({peers}) group_left {MEDIAN})) >= "
