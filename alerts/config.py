@@ -97,10 +97,9 @@ class Config:
     # others wait, a node that stalls. The node's best recent minute of work stands in for it. A straggler's
     # GPUs work through every scrape; a node whose stalls outlast a scrape interval is hung, not slow.
     straggler_pause_utilization: float = 0.05
-    # A stall that leaves every scrape partly busy reads low in each minute whose scrapes it touches: it fires
-    # once it touches three minutes in a row, which one shorter than a minute less a scrape interval never
-    # does. One that idles a whole scrape is a pause, which never fires. Each minute added here spares a
-    # minute more of stalls that never idle a whole scrape.
+    # A stall too short to idle a whole scrape reads low in each minute whose scrapes it touches, two at most,
+    # which the median leaves out; a node that stalls so again and again is slow, and fires once its median
+    # minute has been low for this long.
     straggler_for: Duration = "2m"
     straggler_min_nodes: int = 4
     # Score against the job's median node. A node that stretches a step by 5 % runs its SM clock about 7 %
