@@ -71,6 +71,11 @@ class Tally:
     false: list[str] = field(default_factory=list)
 
 
+def in_simulator(checkpoint: tuple[float, float] | None, scale: float) -> tuple[float, float] | None:
+    """A checkpoint's production seconds (every, lasts) as the simulator's at time scale `scale`, for `layout`."""
+    return None if checkpoint is None else (checkpoint[0] / scale, checkpoint[1] / scale)
+
+
 def layout(sizes: list[int], seed: int, scheduler: str = "slurm", periods: tuple[float, float] = (4.3, 6.7),
            checkpoint: tuple[float, float] | None = None) -> tuple[int, list[dict[str, Any]]]:
     """The fleet's jobs, one of each size, all of one scheduler or, `mixed`, Slurm and Kubernetes in turn, each
@@ -352,8 +357,8 @@ def _inject(sweep: Sweep, jobs: list[dict[str, Any]], sim_url: str) -> list[Case
 def run(sweep: Sweep) -> Outcome:
     """Run the sweep in the real programs and judge every alert that fired."""
     scale = sweep.time_scale
-    checkpoint = None if sweep.checkpoint is None else (sweep.checkpoint[0] / scale, sweep.checkpoint[1] / scale)
-    nodes, jobs = layout(sweep.sizes, sweep.seed, sweep.scheduler, (STEPS[0] / scale, STEPS[1] / scale), checkpoint)
+    nodes, jobs = layout(sweep.sizes, sweep.seed, sweep.scheduler, (STEPS[0] / scale, STEPS[1] / scale),
+                         in_simulator(sweep.checkpoint, scale))
     config = Config().scaled(scale)
     with tempfile.TemporaryDirectory(prefix="detection-") as tmp:
         work = Path(tmp)

@@ -24,7 +24,7 @@ from gpufleet.alerts.recording import NODE_WORK
 from gpufleet.alerts.rules import render
 from gpufleet.devtools import incidents
 from gpufleet.devtools.delivery import Receiver, routing
-from gpufleet.devtools.detection import layout, restart_rates
+from gpufleet.devtools.detection import in_simulator, layout, restart_rates
 from gpufleet.devtools.net import free_port, http
 from gpufleet.devtools.oncall import PROMETHEUS_TIMERS, Fault, Plan, Week, plan
 from gpufleet.devtools.processes import Server
@@ -141,8 +141,7 @@ def stack(week: Week, the_plan: Plan, work: Path, receiver: Receiver) -> Iterato
     """Every program of the week, running; yields once Prometheus scrapes every node and the remediator."""
     scale = week.time_scale
     (work / "rules.yml").write_text(render(Config().scaled(scale)))
-    checkpoint = None if week.checkpoint is None else (week.checkpoint[0] / scale, week.checkpoint[1] / scale)
-    sizes, jobs = layout(list(week.jobs), week.seed, checkpoint=checkpoint)
+    sizes, jobs = layout(list(week.jobs), week.seed, checkpoint=in_simulator(week.checkpoint, scale))
     if sizes > week.nodes:
         raise HarnessError(f"jobs of {week.jobs} need {sizes} nodes; the week has {week.nodes}")
     (work / "layout.yml").write_text(yaml.safe_dump({"jobs": jobs}))

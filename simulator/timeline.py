@@ -53,7 +53,7 @@ class Segment:
 
     @property
     def _origin(self) -> float:
-        return self.start if self.origin is None else min(self.origin, self.start)
+        return self.start if self.origin is None else self.origin
 
     def phase_at(self, t: float) -> Levels:
         offset = (t - self._origin) % self.period
