@@ -101,6 +101,11 @@ class Config:
     # which the median leaves out; a node that stalls so again and again is slow, and fires once its median
     # minute has been low for this long.
     straggler_for: Duration = "2m"
+    # A node below this share of its job's median node in every minute of the signal's window is slow, not
+    # stalled: a stall too short to idle a scrape touches two minutes at most, a longer one is a pause. It fires
+    # without waiting out `straggler_for`, as a fast burn rate needs a shorter window than a slow one: a 10 %
+    # straggler is found a minute or two sooner, a 5 % one as before.
+    straggler_relative_deep: float = 0.93
     straggler_min_nodes: int = 4
     # Score against the job's median node. A node that stretches a step by 5 % runs its SM clock about 7 %
     # slower (clock, thermal and power causes) or its GPUs about 5 % less busy (PCIe and host causes); healthy

@@ -57,6 +57,7 @@ MAD = "job:gpufleet_straggler_signal:mad2m"
 RELATIVE = "job_instance:gpufleet_straggler_signal:relative2m"
 ZSCORE = "job_instance:gpufleet_straggler_signal:zscore2m"
 CAUSE = "instance:gpufleet_straggler_cause:active"
+SLOW = "job_instance:gpufleet_straggler_score:slow"
 
 # Besides the cluster: the labels that make a group of peers.
 PEERS = ("scheduler", "job_id", "model", "signal")
@@ -115,6 +116,26 @@ def _paused(c: Config) -> list[dict[str, Any]]:
         record(STEADY, f"{WORKING} or on ({keys}) (max_over_time({WORKING}[{c.d(_CARRIED)}]) and on ({keys}) "
                        f"{NODE_SIGNAL})"),
     ]
+
+
+def _confirmed(c: Config) -> str:
+    """A slow node that has been slow at every evaluation of `straggler_for`, counted here rather than by the
+    alert's `for`, or one below `straggler_relative_deep` of its job's median node in every minute of the
+    signal's window, which no noise and no stall does (a short stall touches two minutes, a long one is a
+    pause) and which confirms itself. Only within a job: nodes compared by model run different jobs, and the
+    port's waits are a ratio, not a score."""
+    interval = duration.parse(TREND_INTERVAL)
+    evaluations = round(duration.parse(c.straggler_for) / interval)
+    minutes = round(duration.parse(c.signal_window) / interval) + 1
+    keys = c.by(*PEERS, "peers", "instance")
+    span = c.d(duration.render((minutes - 1) * interval + interval / 2))
+    deep = (f'max_over_time({STEADY}{{peers="job",signal=~"sm_clock|utilization"}}[{span}]) '
+            f"/ on ({c.by(*PEERS)}) group_left {MEDIAN} < {c.straggler_relative_deep:g} "
+            f'and on ({keys}) count_over_time({STEADY}[{span}]) >= {minutes}')
+    if evaluations == 0:
+        return SLOW
+    held = c.d(duration.render(evaluations * interval + interval / 2))
+    return f"{SLOW} and on ({keys}) (count_over_time({SLOW}[{held}]) > {evaluations} or {deep})"
 
 
 def stragglers(c: Config) -> dict[str, Any]:
@@ -176,12 +197,13 @@ def stragglers(c: Config) -> dict[str, Any]:
     named = '{job_id!=""}'
     waiting = (f"{waits_more_than_peers(c, named)} and {JOB_XMIT_WAIT} > {c.xmit_wait_per_second / 10:g} "
                f"and on ({job}) count by ({job}) ({JOB_XMIT_WAIT}{named}) >= {c.straggler_min_nodes}")
+    rules.append(record(
+        SLOW, f"{relative} and on ({peers}, instance) {ZSCORE} < {c.straggler_zscore:g}"
+              f" and on ({peers}) {NODES} >= {c.straggler_min_nodes}"
+              f' or label_replace(label_replace({waiting}, "signal", "infiniband_xmit_wait", "", ""),'
+              f' "peers", "job", "", "")'))
     rules.append(alert(
-        c, "NodeStraggler",
-        f"{relative} and on ({peers}, instance) {ZSCORE} < {c.straggler_zscore:g}"
-        f" and on ({peers}) {NODES} >= {c.straggler_min_nodes}"
-        f' or label_replace(label_replace({waiting}, "signal", "infiniband_xmit_wait", "", ""),'
-        f' "peers", "job", "", "")',
+        c, "NodeStraggler", _confirmed(c),
         "warning", "A node holds back the other nodes of its job.",
         "{{ $labels.instance }} straggles among {{ if $labels.job_id }}the nodes of {{ $labels.scheduler }} job "
         "{{ $labels.job_id }}{{ else }}the busy {{ $labels.model }} nodes{{ end }}: "
@@ -189,5 +211,5 @@ def stragglers(c: Config) -> dict[str, Any]:
         "{{ $value | humanize }} times as long as the job's median node's"
         "{{ else }}its {{ $labels.signal }} is {{ $value | humanizePercentage }} of the median node's{{ end }}. "
         f"Likely cause: {causes}.{cost}",
-        for_=c.straggler_for))
+))
     return {"name": "gpufleet-stragglers", "interval": c.d(TREND_INTERVAL), "rules": rules}
