@@ -119,11 +119,17 @@ def _paused(c: Config) -> list[dict[str, Any]]:
 
 
 def _confirmed(c: Config) -> str:
-    """A slow node that has been slow at every evaluation of `straggler_for`, counted here rather than by the
-    alert's `for`, or one below `straggler_relative_deep` of its job's median node in every minute of the
-    signal's window, which no noise and no stall does (a short stall touches two minutes, a long one is a
-    pause) and which confirms itself. Only within a job: nodes compared by model run different jobs, and the
-    port's waits are a ratio, not a score."""
+    """A slow node that has been slow for `straggler_for`, or one below `straggler_relative_deep` of its job's
+    median node in every minute of the signal's window, which no noise and no stall does (a short stall
+    touches two minutes, a longer one is a pause) and which needs no more confirmation. Only within a job, on
+    the GPUs' own signals: nodes compared by model run different jobs, and the port's waits are a ratio.
+
+    The alert has no `for`, which would hold back the deep node too: its evaluations are counted instead, over
+    one more than `straggler_for` holds. vmalert reads a group's records an evaluation late (it writes them to
+    the store, which it queries at once), and counts the evaluations before the one it cannot see yet where
+    Prometheus counts up to its own: slow now and at all but one of the evaluations before, it fires an
+    evaluation later, as a `for` would have. The deep test needs every minute of the window, so there it
+    waits for the shallow one."""
     interval = duration.parse(TREND_INTERVAL)
     evaluations = round(duration.parse(c.straggler_for) / interval)
     minutes = round(duration.parse(c.signal_window) / interval) + 1
@@ -131,10 +137,10 @@ def _confirmed(c: Config) -> str:
     span = c.d(duration.render((minutes - 1) * interval + interval / 2))
     deep = (f'max_over_time({STEADY}{{peers="job",signal=~"sm_clock|utilization"}}[{span}]) '
             f"/ on ({c.by(*PEERS)}) group_left {MEDIAN} < {c.straggler_relative_deep:g} "
-            f'and on ({keys}) count_over_time({STEADY}[{span}]) >= {minutes}')
+            f"and on ({keys}) count_over_time({STEADY}[{span}]) >= {minutes}")
     if evaluations == 0:
         return SLOW
-    held = c.d(duration.render(evaluations * interval + interval / 2))
+    held = c.d(duration.render(evaluations * interval + 1.5 * interval))
     return f"{SLOW} and on ({keys}) (count_over_time({SLOW}[{held}]) > {evaluations} or {deep})"
 
 

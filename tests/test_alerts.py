@@ -358,5 +358,5 @@ def test_a_config_file_changes_what_is_built_and_nothing_else():
     assert "cluster" not in re.sub(r"cluster(_(name|job)(_bucket)?)?:", "", rules)  # Recorded names keep `cluster`.
     assert 'gpufleet_gpu_up{job="gpu-nodes"}' in rules and "> 0.85" in rules
     [straggler] = [r for g in yaml.safe_load(rules)["groups"] for r in g["rules"] if r.get("alert") == "NodeStraggler"]
-    assert "count_over_time(job_instance:gpufleet_straggler_score:slow[20m30s]) > 20" in straggler["expr"]
+    assert "count_over_time(job_instance:gpufleet_straggler_score:slow[21m30s]) > 20" in straggler["expr"]
     assert render(Config()) == RULES_FILE.read_text(encoding="utf-8")
