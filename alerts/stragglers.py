@@ -14,9 +14,10 @@ named by a training operator). Nodes without a job id (no attribution, or pods n
 within their cluster and GPU model, on their SM clock alone, and only while busy: an idle node holds nobody back.
 This group first reduces each signal to one series per node and job (`recording.node_signals`), then
 takes the median of those over `signal_window`, so its window spans a thousand series, not eight thousand. It
-runs every minute (`TREND_INTERVAL`), its signals are medians of the minutes in 2-minute windows and its
-`for` is 2 minutes: what a straggler takes to be found is the minutes its slowdown needs to move the median
-past the thresholds, the `for`, and up to one evaluation on top.
+runs every minute (`TREND_INTERVAL`), its signals are medians of the minutes in 2-minute windows, and a node
+must stay slow for 2 minutes (`straggler_for`) unless it was far below its job in every minute of the window:
+what a straggler takes to be found is the minutes its slowdown needs to move the median past the thresholds,
+those 2 minutes or the window's minutes, and up to one evaluation on top.
 Network throughput is not a signal: in a synchronous job every node moves the same bytes per step,
 so the straggler's throughput falls with everyone else's. What its port waits to send is: a node whose
 InfiniBand ports wait `xmit_wait_outlier` times more than its job's median node holds the job's
@@ -47,7 +48,7 @@ from gpufleet.alerts.recording import (
 from gpufleet.alerts.rule import TREND_INTERVAL, alert, printf, record
 from gpufleet.alerts.stake import JOB_GPUS
 
-PAUSED = "instance:gpufleet_gpu_paused:count1m"
+PAUSED = "job_instance:gpufleet_gpu_paused:count1m"
 WORKING = "job_instance:gpufleet_straggler_signal:avg_working"
 STEADY = "job_instance:gpufleet_straggler_signal:avg_steady"
 SIGNAL = "job_instance:gpufleet_straggler_signal:median_over_time2m"
@@ -95,23 +96,25 @@ def _causes(c: Config) -> list[dict[str, Any]]:
 
 
 def _paused(c: Config) -> list[dict[str, Any]]:
-    """Each node's minutes of work: a minute in which one of its GPUs in a job read less than
+    """Each node's minutes of work in each job: a minute in which one of its GPUs in the job read less than
     `straggler_pause_utilization` at a scrape, idle through the whole interval the exporter averages, or did in
     the minute before (the scrape after a pause reads part of it), is the node pausing (one rank writing a
     checkpoint, a node that stalls, every rank writing at once), and the node's best minute of work of the last
     few stands in for it. Counted as slow, a minute's write by the first node alone reads low in each minute
     whose scrapes it touches: three in a row when it falls across two minutes' edges, which the median keeps
-    for three evaluations, exactly the `for`. Left out, the window's remaining minutes would be the partly idle
-    ones at the write's edges; its last minute of work would often be the first of those."""
+    for three evaluations, all that `straggler_for` asks. Left out, the window's remaining minutes would be the
+    partly idle ones at the write's edges; its last minute of work would often be the first of those. A pause
+    is the job's, not the node's: on a node shared by two jobs, one job's checkpoint hides nothing of the
+    other's (GPUs without a job id pause together, as they are compared together)."""
     gpu = c.by(*GPU_KEY)
     named = c.metric("gpufleet_gpu_job_info", 'job_id!=""')
     lookback = c.d(duration.render(2 * duration.parse(TREND_INTERVAL)))
     idle = (f"min_over_time({c.metric('gpufleet_gpu_utilization_ratio')}[{lookback}]) < "
             f"{c.straggler_pause_utilization:g}")
-    node, keys = c.by("instance"), c.by(*PEERS, "peers", "instance")
+    job, keys = c.by("instance", "scheduler", "job_id"), c.by(*PEERS, "peers", "instance")
     return [
-        record(PAUSED, f"count by ({node}) ({idle} and on ({gpu}) ({named} or {BUSY_WITHOUT_JOB}))"),
-        record(WORKING, f"{NODE_SIGNAL} unless on ({node}) {PAUSED}"),
+        record(PAUSED, f"count by ({job}) (({named} or {BUSY_WITHOUT_JOB}) and on ({gpu}) {idle})"),
+        record(WORKING, f"{NODE_SIGNAL} unless on ({job}) {PAUSED}"),
         # Only while the node is in the job now: its minutes of work would otherwise outlive the job.
         record(STEADY, f"{WORKING} or on ({keys}) (max_over_time({WORKING}[{c.d(_CARRIED)}]) and on ({keys}) "
                        f"{NODE_SIGNAL})"),
