@@ -48,7 +48,8 @@ import psutil
 import yaml
 
 from gpufleet.alerts.cli import VMALERT_RULES_FILE
-from gpufleet.alerts.stragglers import SIGNAL
+from gpufleet.alerts.recording import NODES_SEEN, NODES_STALE
+from gpufleet.alerts.stragglers import SIGNAL, STEADY
 from gpufleet.devtools import results
 from gpufleet.devtools.compose import victoria_metrics_flags, vmalert_flags
 from gpufleet.devtools.net import get
@@ -163,6 +164,7 @@ def node_series(node: Node, straggler: bool, rng: random.Random) -> Iterator[tup
     base = {"cluster": CLUSTER, "instance": node.instance}
     scale = SLOW if straggler else 1.0
     yield "up", ({**base, "job": "gpufleet"}, lambda t: 1.0)
+    yield NODES_SEEN, (base, lambda t: t)
     # Eight ports, each waiting about 200,000 ticks a second: the node's sum per job, and its most waiting port.
     yield "instance:gpufleet_infiniband_xmit_wait:max_rate5m", (base, noisy(2.6e5, 0.15))
     if node.job_id:
@@ -175,8 +177,9 @@ def node_series(node: Node, straggler: bool, rng: random.Random) -> Iterator[tup
     peers = ({"scheduler": "slurm", "job_id": node.job_id, "peers": "job"} if node.job_id
              else {"model": MODEL, "peers": "model"})
     for signal, level, spread in (("sm_clock", 1.98e9, 0.003), ("power", 650.0, 0.02), ("utilization", 0.97, 0.01)):
-        yield SIGNAL, (
-            {**base, **peers, "signal": signal}, noisy(level * scale, spread))
+        # Each minute of work, and their median over the signal's window, which is as noisy.
+        for name in (STEADY, SIGNAL):
+            yield name, ({**base, **peers, "signal": signal}, noisy(level * scale, spread))
 
 
 def import_lines(fleet_nodes: list[Node], start: float, end: float, wanted: set[str]) -> Iterator[str]:
@@ -190,7 +193,8 @@ def import_lines(fleet_nodes: list[Node], start: float, end: float, wanted: set[
             times = [float(t) for t in range(int(start) // step * step, int(end), step)]
             yield json.dumps({"metric": {"__name__": name, **labels}, "values": [round(value(t), 6) for t in times],
                               "timestamps": [int(t * 1000) for t in times]})
-    missing = wanted - made
+    # Only a node whose scraper died without a staleness marker is stale: none here.
+    missing = wanted - made - {NODES_STALE}
     if missing:
         raise HarnessError(f"the rules read series this bench does not write: {sorted(missing)}")
 
