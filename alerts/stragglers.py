@@ -50,6 +50,7 @@ from gpufleet.alerts.stake import JOB_GPUS
 
 PAUSED = "job_instance:gpufleet_gpu_paused:count1m"
 WORKING = "job_instance:gpufleet_straggler_signal:avg_working"
+RECENT = "job_instance:gpufleet_straggler_signal:max_working2m"
 STEADY = "job_instance:gpufleet_straggler_signal:avg_steady"
 SIGNAL = "job_instance:gpufleet_straggler_signal:median_over_time2m"
 MEDIAN = "job:gpufleet_straggler_signal:median2m"
@@ -112,11 +113,16 @@ def _paused(c: Config) -> list[dict[str, Any]]:
     idle = (f"min_over_time({c.metric('gpufleet_gpu_utilization_ratio')}[{lookback}]) < "
             f"{c.straggler_pause_utilization:g}")
     job, keys = c.by("instance", "scheduler", "job_id"), c.by(*PEERS, "peers", "instance")
+    two = c.d(duration.render(1.5 * duration.parse(TREND_INTERVAL)))
     return [
         record(PAUSED, f"count by ({job}) (({named} or {BUSY_WITHOUT_JOB}) and on ({gpu}) {idle})"),
         record(WORKING, f"{NODE_SIGNAL} unless on ({job}) {PAUSED}"),
+        # The better of its last two minutes of work, kept through a pause: the minute a pause begins in reads part
+        # of it without counting as one, and the minute before it stands in for both. Two, not more: a straggler
+        # that was slow before the pause stays slow through it.
+        record(RECENT, f"max_over_time({WORKING}[{two}]) and on ({keys}) {WORKING}"),
         # Only while the node is in the job now: its minutes of work would otherwise outlive the job.
-        record(STEADY, f"{WORKING} or on ({keys}) (max_over_time({WORKING}[{c.d(_CARRIED)}]) and on ({keys}) "
+        record(STEADY, f"{WORKING} or on ({keys}) (last_over_time({RECENT}[{c.d(_CARRIED)}]) and on ({keys}) "
                        f"{NODE_SIGNAL})"),
     ]
 
