@@ -6,8 +6,8 @@ firing on noise. Both stand on the median, which one slow node cannot move and t
 does not set. Each node's signal is the mean of each minute's scrapes, and the median of those minutes over
 `signal_window`: a minute holds the compute and communication phases of a few training steps, and one slow
 minute does not move the median. A minute in which one of the node's GPUs did no work for a whole scrape is a
-pause, not a slow minute (a checkpoint written, a hang, a job that starts), and counts as the node's best
-recent minute of work: a straggler's GPUs work through every scrape, only more slowly. Lower is worse for every signal.
+pause, not a slow minute (a checkpoint written, a hang, a job that starts), and counts as the better of the
+node's last two minutes of work: a straggler's GPUs work through every scrape, only more slowly. Lower is worse for every signal.
 
 Peers are the nodes of one job where the scheduler names jobs (Slurm, a job mapping file, a Kubernetes pod
 named by a training operator). Nodes without a job id (no attribution, or pods named otherwise) are compared
@@ -100,8 +100,8 @@ def _paused(c: Config) -> list[dict[str, Any]]:
     """Each node's minutes of work in each job: a minute in which one of its GPUs in the job read less than
     `straggler_pause_utilization` at a scrape, idle through the whole interval the exporter averages, or did in
     the minute before (the scrape after a pause reads part of it), is the node pausing (one rank writing a
-    checkpoint, a node that stalls, every rank writing at once), and the node's best minute of work of the last
-    few stands in for it. Counted as slow, a minute's write by the first node alone reads low in each minute
+    checkpoint, a node that stalls, every rank writing at once), and the better of the node's last two minutes of
+    work stands in for it. Counted as slow, a minute's write by the first node alone reads low in each minute
     whose scrapes it touches: three in a row when it falls across two minutes' edges, which the median keeps
     for three evaluations, all that `straggler_for` asks. Left out, the window's remaining minutes would be the
     partly idle ones at the write's edges; its last minute of work would often be the first of those. A pause
