@@ -7,7 +7,8 @@ does not set. Each node's signal is the mean of each minute's scrapes, and the m
 `signal_window`: a minute holds the compute and communication phases of a few training steps, and one slow
 minute does not move the median. A minute in which one of the node's GPUs did no work for a whole scrape is a
 pause, not a slow minute (a checkpoint written, a hang, a job that starts), and counts as the better of the
-node's last two minutes of work: a straggler's GPUs work through every scrape, only more slowly. Lower is worse for every signal.
+node's last two minutes of work: a straggler's GPUs work through every scrape, only more slowly. Lower is
+worse for every signal.
 
 Peers are the nodes of one job where the scheduler names jobs (Slurm, a job mapping file, a Kubernetes pod
 named by a training operator). Nodes without a job id (no attribution, or pods named otherwise) are compared
@@ -141,14 +142,14 @@ def _confirmed(c: Config) -> str:
     waits for the shallow one."""
     interval = duration.parse(TREND_INTERVAL)
     evaluations = round(duration.parse(c.straggler_for) / interval)
+    if evaluations == 0:
+        return SLOW
     minutes = round(duration.parse(c.signal_window) / interval) + 1
     keys = c.by(*PEERS, "peers", "instance")
     span = c.d(duration.render((minutes - 1) * interval + interval / 2))
     deep = (f'max_over_time({STEADY}{{peers="job",signal=~"sm_clock|utilization"}}[{span}]) '
             f"/ on ({c.by(*PEERS)}) group_left {MEDIAN} < {c.straggler_relative_deep:g} "
             f"and on ({keys}) count_over_time({STEADY}[{span}]) >= {minutes}")
-    if evaluations == 0:
-        return SLOW
     held = c.d(duration.render(evaluations * interval + 1.5 * interval))
     return f"{SLOW} and on ({keys}) (count_over_time({SLOW}[{held}]) > {evaluations} or {deep})"
 
@@ -225,6 +226,5 @@ def stragglers(c: Config) -> dict[str, Any]:
         '{{ if eq $labels.signal "infiniband_xmit_wait" }}its InfiniBand ports wait to send '
         "{{ $value | humanize }} times as long as the job's median node's"
         "{{ else }}its {{ $labels.signal }} is {{ $value | humanizePercentage }} of the median node's{{ end }}. "
-        f"Likely cause: {causes}.{cost}",
-))
+        f"Likely cause: {causes}.{cost}"))
     return {"name": "gpufleet-stragglers", "interval": c.d(TREND_INTERVAL), "rules": rules}
