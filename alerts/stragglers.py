@@ -64,6 +64,8 @@ SLOW = "job_instance:gpufleet_straggler_score:slow"
 
 # Besides the cluster: the labels that make a group of peers.
 PEERS = ("scheduler", "job_id", "model", "signal")
+# What names one node's series of a signal among its peers.
+NODE_KEYS = (*PEERS, "peers", "instance")
 _STALLS_WINDOW = "10m"
 # How far back a paused node's minutes of work stand in for its pause: past it, the node leaves its job's
 # comparison until it works again, and a job whose GPUs all wait is `JobHung`'s.
@@ -113,7 +115,7 @@ def _paused(c: Config) -> list[dict[str, Any]]:
     lookback = c.d(duration.render(2 * duration.parse(TREND_INTERVAL)))
     idle = (f"min_over_time({c.metric('gpufleet_gpu_utilization_ratio')}[{lookback}]) < "
             f"{c.straggler_pause_utilization:g}")
-    job, keys = c.by("instance", "scheduler", "job_id"), c.by(*PEERS, "peers", "instance")
+    job, keys = c.by("instance", "scheduler", "job_id"), c.by(*NODE_KEYS)
     two = c.d(duration.render(1.5 * duration.parse(TREND_INTERVAL)))
     return [
         record(PAUSED, f"count by ({job}) (({named} or {BUSY_WITHOUT_JOB}) and on ({gpu}) {idle})"),
@@ -145,7 +147,7 @@ def _confirmed(c: Config) -> str:
     if evaluations == 0:
         return SLOW
     minutes = round(duration.parse(c.signal_window) / interval) + 1
-    keys = c.by(*PEERS, "peers", "instance")
+    keys = c.by(*NODE_KEYS)
     span = c.d(duration.render((minutes - 1) * interval + interval / 2))
     deep = (f'max_over_time({STEADY}{{peers="job",signal=~"sm_clock|utilization"}}[{span}]) '
             f"/ on ({c.by(*PEERS)}) group_left {MEDIAN} < {c.straggler_relative_deep:g} "
