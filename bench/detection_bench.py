@@ -34,6 +34,7 @@ import argparse
 import dataclasses
 import statistics
 import time
+from pathlib import Path
 
 from gpufleet.devtools import incidents, results
 from gpufleet.devtools.detection import Outcome, Sweep, cases, run, short
@@ -58,10 +59,12 @@ def _checkpoint(text: str) -> tuple[float, float] | None:
 
 
 def sweep_from(args: argparse.Namespace) -> Sweep:
+    if args.keep is not None and args.keep.exists():
+        raise SystemExit(f"--keep {args.keep}: already there; name a new directory")
     sizes = [int(size) for size in args.jobs.split(",")]
     moving = {"seed": args.seed, "time_scale": args.time_scale, "interval": args.interval,
               "restarts_per_node_day": args.restarts_per_node_day, "missed_scrapes": args.missed_scrapes,
-              "uncabled": args.uncabled, "removals": args.removals, "scheduler": args.scheduler}
+              "uncabled": args.uncabled, "removals": args.removals, "scheduler": args.scheduler, "keep": args.keep}
     if args.checkpoints is not None:
         moving["checkpoint"] = _checkpoint(args.checkpoints)
     if args.short:
@@ -152,6 +155,8 @@ def main() -> None:
                         help="nodes with a GPU taken out on purpose, halfway through the healthy start "
                              "(default: %(default)s)")
     parser.add_argument("--checkpoints", metavar="MINUTES:SECONDS", help=CHECKPOINTS_HELP)
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="keep the run's rules, layout and Prometheus data in DIR (new) to query afterwards")
     parser.add_argument("--short", action="store_true",
                         help="CI's version: jobs of 4 and 8, one 20%% clock and one 20%% NIC straggler, one round")
     results.add_argument(parser)

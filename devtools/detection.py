@@ -14,6 +14,7 @@ windows fill, are neither judged nor counted as healthy node-hours.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import statistics
@@ -179,8 +180,13 @@ def explains(labels: dict[str, str], first: float, last: float, done: list[Case]
     return False
 
 
-def judge(log: AlertLog, done: list[Case], scale: float, since: float, round_: list[incidents.Injected],
-          removed: set[str]) -> Tally:
+def judge(log: AlertLog, done: list[Case], scale: float, since: float, began: float,
+          round_: list[incidents.Injected], removed: set[str]) -> Tally:
+    """Every alert episode after `since`, explained by a fault or false; a false one is told with the production
+    minutes of the run it fired in (from `began`), to be looked up in the run's data."""
+    def minute(at: float) -> str:
+        return f"{(at - began) * scale / 60:.1f}"
+
     tally = Tally()
     for key, spells in log.episodes.items():
         labels = dict(key)
@@ -192,7 +198,8 @@ def judge(log: AlertLog, done: list[Case], scale: float, since: float, round_: l
                 tally.explained += 1
             else:
                 tally.false.append(f"{labels.get('alertname')} on {labels.get('instance')} "
-                                   f"{ {k: v for k, v in labels.items() if k not in ('alertname', 'instance')} }")
+                                   f"{ {k: v for k, v in labels.items() if k not in ('alertname', 'instance')} } "
+                                   f"from production minute {minute(first)} to {minute(last)}")
     for case in done:
         # Each episode's own description: a node can straggle again in a later round, for another cause.
         straggling = [(spell, told.get("description", "")) for key, spells in log.episodes.items()
@@ -270,6 +277,9 @@ class Sweep:
     uncabled: int = 2
     storage_hca: bool = True
     removals: int = 1
+    # Where the run's rules, layout and Prometheus data stay, so that what an alert saw can be queried after the
+    # run (a Prometheus started on `data`); None: a temporary directory, removed at the end.
+    keep: Path | None = None
 
 
 def short() -> Sweep:
@@ -360,8 +370,12 @@ def run(sweep: Sweep) -> Outcome:
     nodes, jobs = layout(sweep.sizes, sweep.seed, sweep.scheduler, (STEPS[0] / scale, STEPS[1] / scale),
                          in_simulator(sweep.checkpoint, scale))
     config = Config().scaled(scale)
-    with tempfile.TemporaryDirectory(prefix="detection-") as tmp:
-        work = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if sweep.keep is None:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="detection-")))
+        else:
+            work = sweep.keep
+            work.mkdir(parents=True, exist_ok=False)
         (work / "rules.yml").write_text(render(config))
         (work / "layout.yml").write_text(yaml.safe_dump({"jobs": jobs}))
         receiver = Receiver()
@@ -386,7 +400,7 @@ def run(sweep: Sweep) -> Outcome:
     faulted = sum(min(c.end + 600 / scale, ended) - c.start for c in done)
     faulted += sum(ended - f.start for f in round_)  # Their held alerts last to the end.
     healthy_node_hours = (nodes * (ended - since) - faulted) * scale / 3600
-    tally = judge(log, done, scale, since, round_, _site(sweep, nodes)[1])
+    tally = judge(log, done, scale, since, began, round_, _site(sweep, nodes)[1])
     return Outcome(config, done, tally, healthy_node_hours, delivered, moved, round_, false_pages)
 
 
