@@ -94,7 +94,7 @@ class Config:
     signal_window: Duration = "2m"
     # A minute in which one of a node's GPUs in a job read less than this at a scrape (idle through the whole
     # interval the exporter averages) is a pause, not a slow minute: one rank writing a checkpoint while the
-    # others wait, a node that stalls. The better of its last two minutes of work stands in for it. A straggler's
+    # others wait, a node that stalls. The better of its last two whole minutes of work stands in for it. A straggler's
     # GPUs work through every scrape; a node whose stalls outlast a scrape interval is hung, not slow.
     straggler_pause_utilization: float = 0.05
     # A stall too short to idle a whole scrape reads low in each minute whose scrapes it touches, two at most,

@@ -7,8 +7,8 @@ does not set. Each node's signal is the mean of each minute's scrapes, and the m
 `signal_window`: a minute holds the compute and communication phases of a few training steps, and one slow
 minute does not move the median. A minute in which one of the node's GPUs did no work for a whole scrape is a
 pause, not a slow minute (a checkpoint written, a hang, a job that starts), and counts as the better of the
-node's last two minutes of work: a straggler's GPUs work through every scrape, only more slowly. Lower is
-worse for every signal.
+node's last two whole minutes of work (every scrape read): a straggler's GPUs work through every scrape, only
+more slowly. Lower is worse for every signal.
 
 Peers are the nodes of one job where the scheduler names jobs (Slurm, a job mapping file, a Kubernetes pod
 named by a training operator). Nodes without a job id (no attribution, or pods named otherwise) are compared
@@ -51,6 +51,7 @@ from gpufleet.alerts.stake import JOB_GPUS
 
 PAUSED = "job_instance:gpufleet_gpu_paused:count1m"
 WORKING = "job_instance:gpufleet_straggler_signal:avg_working"
+WHOLE = "job_instance:gpufleet_straggler_signal:avg_working_scraped"
 RECENT = "job_instance:gpufleet_straggler_signal:max_working2m"
 STEADY = "job_instance:gpufleet_straggler_signal:avg_steady"
 SIGNAL = "job_instance:gpufleet_straggler_signal:median_over_time2m"
@@ -103,12 +104,12 @@ def _paused(c: Config) -> list[dict[str, Any]]:
     """Each node's minutes of work in each job: a minute in which one of its GPUs in the job read less than
     `straggler_pause_utilization` at a scrape, idle through the whole interval the exporter averages, or did in
     the minute before (the scrape after a pause reads part of it), is the node pausing (one rank writing a
-    checkpoint, a node that stalls, every rank writing at once), and the better of the node's last two minutes of
-    work stands in for it. Counted as slow, a minute's write by the first node alone reads low in each minute
-    whose scrapes it touches: three in a row when it falls across two minutes' edges, which the median keeps
-    for three evaluations, all that `straggler_for` asks. Left out, the window's remaining minutes would be the
-    partly idle ones at the write's edges; its last minute of work would often be the first of those. A pause
-    is the job's, not the node's: on a node shared by two jobs, one job's checkpoint hides nothing of the
+    checkpoint, a node that stalls, every rank writing at once), and the better of the node's last two whole
+    minutes of work stands in for it. Counted as slow, a minute's write by the first node alone reads low in each
+    minute whose scrapes it touches: three in a row when it falls across two minutes' edges, which the median
+    keeps for three evaluations, all that `straggler_for` asks. Left out, the window's remaining minutes would be
+    the partly idle ones at the write's edges; its last minute of work would often be the first of those. A
+    pause is the job's, not the node's: on a node shared by two jobs, one job's checkpoint hides nothing of the
     other's (GPUs without a job id pause together, as they are compared together)."""
     gpu = c.by(*GPU_KEY)
     named = c.metric("gpufleet_gpu_job_info", 'job_id!=""')
@@ -116,14 +117,23 @@ def _paused(c: Config) -> list[dict[str, Any]]:
     idle = (f"min_over_time({c.metric('gpufleet_gpu_utilization_ratio')}[{lookback}]) < "
             f"{c.straggler_pause_utilization:g}")
     job, keys = c.by("instance", "scheduler", "job_id"), c.by(*NODE_KEYS)
-    two = c.d(duration.render(1.5 * duration.parse(TREND_INTERVAL)))
+    interval = duration.parse(TREND_INTERVAL)
+    two, three = (c.d(duration.render(n * interval)) for n in (1.5, 2.5))
+    missed = f"min_over_time({c.up()}[{c.d(TREND_INTERVAL)}]) == 0"
     return [
         record(PAUSED, f"count by ({job}) (({named} or {BUSY_WITHOUT_JOB}) and on ({gpu}) {idle})"),
         record(WORKING, f"{NODE_SIGNAL} unless on ({job}) {PAUSED}"),
-        # The better of its last two minutes of work, kept through a pause: the minute a pause begins in reads part
-        # of it without counting as one, and the minute before it stands in for both. Two, not more: a straggler
-        # that was slow before the pause stays slow through it.
-        record(RECENT, f"max_over_time({WORKING}[{two}]) and on ({keys}) {WORKING}"),
+        # A minute of work in which every scrape of the node was read: one that missed a scrape is the mean of
+        # the samples left, which fall where they fall in a step and can read several percent low, and one that
+        # missed the scrape before an evaluation has no value at all (the node's job is stale then).
+        record(WHOLE, f"{WORKING} unless on ({c.by('instance')}) {missed}"),
+        # The better of its last two whole minutes of work, kept through a pause: the minute a pause begins in
+        # reads part of it without counting as one, and the minute before it stands in for both. Two, not more: a
+        # straggler that was slow before the pause stays slow through it. Whole ones, reaching a minute further
+        # back past one that is not: a pause counts its value once a minute, so one low minute carried through a
+        # two-minute write reads as three, which the window's median and the deep test both take for a straggler.
+        record(RECENT, f"(max_over_time({WHOLE}[{two}]) and on ({keys}) count_over_time({WHOLE}[{two}]) >= 2 "
+                       f"or max_over_time({WHOLE}[{three}])) and on ({keys}) {WORKING}"),
         # Only while the node is in the job now: its minutes of work would otherwise outlive the job.
         record(STEADY, f"{WORKING} or on ({keys}) (last_over_time({RECENT}[{c.d(_CARRIED)}]) and on ({keys}) "
                        f"{NODE_SIGNAL})"),
