@@ -9,7 +9,9 @@ The sweep itself is `gpufleet.devtools.detection` (CI runs its short form in `te
 `--cases` names (cause, slowdown) pairs instead of crossing `--causes` with `--slowdowns`. `--healthy-hours`
 runs no straggler: the fleet runs healthy for that long while jobs end and new ones take most of their nodes
 (`--job-lifetime`), exporters restart (`--restarts-per-node-day`, each refusing scrapes for 20 production
-seconds), and a share of scrapes fails (`--missed-scrapes`).
+seconds), and a share of scrapes fails (`--missed-scrapes`). `--keep DIR` keeps the run's rules, layout and
+Prometheus data, and each false alert is printed with the production minutes it fired in, so that what it saw
+can be queried afterwards from a Prometheus started on DIR/data.
 
 Figures are in production minutes: wall seconds times the time scale. Per cause, slowdown and job size:
 recall (a `NodeStraggler` on the straggler's node while its fault lasts), the cause named (the alert's
