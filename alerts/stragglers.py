@@ -7,8 +7,8 @@ does not set. Each node's signal is the mean of each minute's scrapes, and the m
 `signal_window`: a minute holds the compute and communication phases of a few training steps, and one slow
 minute does not move the median. A minute in which one of the node's GPUs did no work for a whole scrape is a
 pause, not a slow minute (a checkpoint written, a hang, a job that starts), and counts as the better of the
-node's last two whole minutes of work (every scrape read): a straggler's GPUs work through every scrape, only
-more slowly. Lower is worse for every signal.
+node's last two whole minutes of work (every scrape read), as does, in the median, a minute that missed a
+scrape: a straggler's GPUs work through every scrape, only more slowly. Lower is worse for every signal.
 
 Peers are the nodes of one job where the scheduler names jobs (Slurm, a job mapping file, a Kubernetes pod
 named by a training operator). Nodes without a job id (no attribution, or pods named otherwise) are compared
@@ -179,6 +179,7 @@ def stragglers(c: Config) -> dict[str, Any]:
     full = max(1, round(duration.parse(c.signal_window) / duration.parse(TREND_INTERVAL)) - 1)
     settled = c.d(duration.render(duration.parse(c.signal_window) + duration.parse(TREND_INTERVAL)))
     before = c.d(duration.render(2 * duration.parse(TREND_INTERVAL)))
+    recent = c.d(duration.render(1.5 * duration.parse(TREND_INTERVAL)))
     rules = [
         *node_signals(c),
         *_paused(c),
@@ -190,8 +191,12 @@ def stragglers(c: Config) -> dict[str, Any]:
         # what its scrapes held before (a Prometheus that just started, a node that was idle before it
         # joined), a sample or two that are not yet the mean of several training steps. Each test spares one
         # missing evaluation, so a missed scrape does not drop a node from its job for a minute.
+        # Only while the node is in its job, at this evaluation or the one before: once its job has left it, its
+        # window holds its last minutes alone, the last often partly idle as the job tears down, and a node whose
+        # scrape before the evaluation ahead of them failed read that minute alone for two evaluations after.
         record(SIGNAL, f"quantile_over_time(0.5, {STEADY_WHOLE}[{window}]) and "
                        f"count_over_time({STEADY_WHOLE}[{window}]) >= {full} and "
+                       f"present_over_time({STEADY_WHOLE}[{recent}]) and "
                        f"present_over_time({STEADY_WHOLE}[{before}] offset {settled})"),
         record(MEDIAN, f"quantile by ({peers}) (0.5, {SIGNAL})"),
         record(NODES, f"count by ({peers}) ({SIGNAL})"),
