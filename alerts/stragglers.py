@@ -121,6 +121,8 @@ def _paused(c: Config) -> list[dict[str, Any]]:
     interval = duration.parse(TREND_INTERVAL)
     two, three = (c.d(duration.render(n * interval)) for n in (1.5, 2.5))
     missed = f"min_over_time({c.up()}[{c.d(TREND_INTERVAL)}]) == 0"
+    # Only while the node is in the job now: its minutes of work would otherwise outlive the job.
+    stand_in = f"(last_over_time({RECENT}[{c.d(_CARRIED)}]) and on ({keys}) {NODE_SIGNAL})"
     return [
         record(PAUSED, f"count by ({job}) (({named} or {BUSY_WITHOUT_JOB}) and on ({gpu}) {idle})"),
         record(WORKING, f"{NODE_SIGNAL} unless on ({job}) {PAUSED}"),
@@ -135,15 +137,12 @@ def _paused(c: Config) -> list[dict[str, Any]]:
         # two-minute write reads as three, which the window's median and the deep test both take for a straggler.
         record(RECENT, f"(max_over_time({WHOLE}[{two}]) and on ({keys}) count_over_time({WHOLE}[{two}]) >= 2 "
                        f"or max_over_time({WHOLE}[{three}])) and on ({keys}) {WORKING}"),
-        # Only while the node is in the job now: its minutes of work would otherwise outlive the job.
-        record(STEADY, f"{WORKING} or on ({keys}) (last_over_time({RECENT}[{c.d(_CARRIED)}]) and on ({keys}) "
-                       f"{NODE_SIGNAL})"),
+        record(STEADY, f"{WORKING} or on ({keys}) {stand_in}"),
         # The same, with a minute of work that is not whole stood in for too, for the window's median: the mean
         # of the samples left, beside one low minute of the node's, made two of the window's three low. The deep
         # test keeps such a minute as it read, which no noise takes below `straggler_relative_deep`, so a
         # straggler that misses a scrape in its first slow minutes is found as soon as before.
-        record(STEADY_WHOLE, f"{WHOLE} or on ({keys}) (last_over_time({RECENT}[{c.d(_CARRIED)}]) and on ({keys}) "
-                             f"{NODE_SIGNAL})"),
+        record(STEADY_WHOLE, f"{WHOLE} or on ({keys}) {stand_in}"),
     ]
 
 
